@@ -1,0 +1,20 @@
+"""megatron_loop: pretraining stack for looped language models (LoopLMs).
+
+    from megatron_loop import load_config, build_model
+    cfg = load_config("examples/llama_4x5.yaml", overrides=["model.train_loops=3"])
+    model = build_model(cfg.model)
+    out = model(input_ids, num_loops=r, labels=input_ids)   # .logits, .loss
+"""
+
+from megatron_loop.config import Config, ModelConfig, load_config
+from megatron_loop.errors import LoopConfigError, LoopDataError
+
+
+def build_model(config, device=None):
+    """Build a :class:`~megatron_loop.model.LoopLM` (imported lazily: megatron-core is heavy)."""
+    from megatron_loop.model import build_model as _build
+
+    return _build(config, device=device)
+
+
+__all__ = ["Config", "ModelConfig", "load_config", "build_model", "LoopConfigError", "LoopDataError"]

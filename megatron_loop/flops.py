@@ -1,0 +1,41 @@
+"""FLOP accounting over the effective depth L(r) = p + r*s + c (Sec. 2.1).
+
+Model FLOPs per token of one training step (forward + backward = 3 x forward; activation
+recomputation is not counted, as in MFU reporting by Megatron-LM, PaLM and OLMo):
+
+    forward per token = L(r) * [2 * (d*H*hd + 2*d*G*hd + H*hd*d + 3*d*ffn)      block matmuls
+                                + 2 * 2 * seq * H*hd]                           attention scores + AV
+                        + 2 * d * V                                              LM head
+
+Attention is counted over the full seq x seq score matrix (the PaLM / Megatron convention;
+a causal kernel skips about half of it). Norms, RoPE, softmax and the conditioning
+mechanisms are O(d) per token and left out.
+"""
+
+from __future__ import annotations
+
+from megatron_loop.config import ModelConfig
+
+H100_BF16_PEAK_FLOPS = 989e12  # dense bf16 peak of one H100 SXM (H200 the same)
+
+
+def block_matmul_params(cfg: ModelConfig) -> int:
+    d, hd = cfg.hidden_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    return d * q + 2 * d * kv + q * d + 3 * d * cfg.intermediate_size
+
+
+def forward_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None) -> float:
+    depth = cfg.effective_depth(num_loops)
+    attention = 2 * 2 * seq_length * cfg.num_attention_heads * cfg.head_dim
+    return depth * (2 * block_matmul_params(cfg) + attention) + 2 * cfg.hidden_size * cfg.vocab_size
+
+
+def train_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None) -> float:
+    """Forward + backward model FLOPs per token at the training loop count (3 x forward)."""
+    return 3 * forward_flops_per_token(cfg, seq_length, num_loops)
+
+
+def mfu(tokens_per_second: float, cfg: ModelConfig, seq_length: int, peak_flops: float,
+        num_loops: int | None = None) -> float:
+    return tokens_per_second * train_flops_per_token(cfg, seq_length, num_loops) / peak_flops

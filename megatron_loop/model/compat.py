@@ -1,0 +1,138 @@
+"""Everything that lets megatron-core layers run on any device, CPU included.
+
+megatron-core's local attention path, its RoPE module, its default causal mask and its CUDA
+RNG tracker call CUDA. We avoid those paths, and keep the replacements here:
+
+* :func:`ensure_parallel_state` -- megatron-core layers need model-parallel process groups;
+  outside a launcher we create a one-process gloo group (tensor/pipeline parallel size 1).
+* :class:`SDPACoreAttention` -- a megatron-core ``core_attention`` submodule backed by
+  ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention / memory-efficient
+  kernels on GPU; never the unfused path that materialises the score matrix).
+* :func:`rope_inv_freq` / :func:`rope_freqs` -- rotary frequencies computed on the input's
+  device (Llama 3 scaling rule included), in megatron-core's ``[s, 1, 1, head_dim]``
+  rotate-half layout, consumed by megatron-core's own ``apply_rotary_pos_emb``.
+* :func:`transformer_config` -- a megatron-core ``TransformerConfig`` with CPU
+  initialisation and every CUDA-only fusion off.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+with warnings.catch_warnings():  # megatron-core warns loudly when Apex/TE are absent
+    warnings.simplefilter("ignore")
+    from megatron.core import parallel_state
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+def ensure_parallel_state() -> None:
+    """Initialise megatron-core's model-parallel groups (TP = PP = 1) if nobody has.
+
+    Under ``deepspeed``/``torchrun`` the default process group already exists and every rank
+    calls this while building the model. In a plain process (tests, export, probes) we create
+    a one-process gloo group over an in-memory store.
+    """
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+
+
+def transformer_config(*, num_layers: int, hidden_size: int, intermediate_size: int, num_attention_heads: int,
+                       num_key_value_heads: int, head_dim: int, rms_norm_eps: float, qk_norm: bool,
+                       initializer_range: float, params_dtype: torch.dtype = torch.float32) -> TransformerConfig:
+    """megatron-core config for a pre-norm RMSNorm / GQA / RoPE / SwiGLU block without biases or dropout."""
+
+    def init_method(weight: torch.Tensor) -> torch.Tensor:
+        # App. A.2: every linear weight ~ N(0, 0.02); no depth scaling of output layers.
+        return nn.init.normal_(weight, mean=0.0, std=initializer_range)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return TransformerConfig(
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            ffn_hidden_size=intermediate_size,
+            num_attention_heads=num_attention_heads,
+            num_query_groups=num_key_value_heads,
+            kv_channels=head_dim,
+            normalization="RMSNorm",
+            layernorm_epsilon=rms_norm_eps,
+            qk_layernorm=qk_norm,
+            add_bias_linear=False,
+            add_qkv_bias=False,
+            gated_linear_unit=True,
+            activation_func=F.silu,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            init_method=init_method,
+            output_layer_init_method=init_method,
+            use_cpu_initialization=True,
+            params_dtype=params_dtype,
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            apply_rope_fusion=False,
+            masked_softmax_fusion=False,
+            persist_layer_norm=False,
+            gradient_accumulation_fusion=False,
+            rotary_interleaved=False,
+        )
+
+
+class SDPACoreAttention(nn.Module):
+    """megatron-core ``core_attention`` submodule on ``F.scaled_dot_product_attention``.
+
+    Inputs follow megatron-core: query ``[s, b, heads, d]``, key/value ``[s, b, groups, d]``;
+    output ``[s, b, heads * d]``. Causal (no explicit mask is ever built); grouped-query
+    attention through SDPA's ``enable_gqa``.
+    """
+
+    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type=None, **_unused):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_groups = config.num_query_groups
+
+    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        if attention_mask is not None or attention_bias is not None or packed_seq_params is not None:
+            raise NotImplementedError("SDPACoreAttention supports causal attention over packed sequences only")
+        s, b, h, d = query.shape
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_groups != self.num_heads)
+        return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    """Inverse rotary frequencies [head_dim / 2], with the Llama 3 scaling rule when given.
+
+    Llama 3 rule: wavelengths longer than original_context / low_freq_factor are divided by
+    ``factor``; shorter than original_context / high_freq_factor are kept; in between they
+    are smoothly interpolated (identical to transformers' ``_compute_llama3_parameters``).
+    """
+    # float32 arithmetic exactly as transformers computes it, so exports match bit for bit.
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is None:
+        return inv_freq
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_ctx = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rope_freqs(inv_freq: torch.Tensor, seq_len: int, device: torch.device) -> torch.Tensor:
+    """Rotary angles for positions 0..seq_len-1 as megatron-core expects: ``[s, 1, 1, head_dim]``."""
+    pos = torch.arange(seq_len, device=device, dtype=torch.float32)
+    freqs = torch.outer(pos, inv_freq.to(device=device, dtype=torch.float32))
+    return torch.cat([freqs, freqs], dim=-1)[:, None, None, :]

@@ -1,0 +1,124 @@
+"""The transformer block of every LoopLM: megatron-core SelfAttention + MLP in a pre-norm layer.
+
+One block class serves Prelude, Core and Coda (App. A.1 "Backbone architectures"): RMSNorm
+before attention and before the MLP, causal GQA self-attention with RoPE (and per-head QK
+RMSNorm for Qwen3), SwiGLU MLP, no biases, no dropout. It is assembled from a megatron-core
+``ModuleSpec`` (:func:`loop_block_spec`) so the attention/MLP implementations can be swapped
+(e.g. for Transformer Engine modules on GPU) without touching the model.
+
+Core blocks may carry a timestep modulation per residual branch (BranchGating or AdaLN,
+``conditioning.py``); the block then applies Eq. (branch_timestep_modulation):
+``u+ = u + g * Branch((1 + s) * Norm(u))``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from megatron_loop.model import roles
+from megatron_loop.model.compat import SDPACoreAttention
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.mlp import MLP, MLPSubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+@dataclass
+class LoopBlockSubmodules:
+    input_layernorm: ModuleSpec | type = WrappedTorchNorm
+    self_attention: ModuleSpec | type = IdentityOp
+    pre_mlp_layernorm: ModuleSpec | type = WrappedTorchNorm
+    mlp: ModuleSpec | type = IdentityOp
+
+
+def loop_block_spec(qk_norm: bool) -> ModuleSpec:
+    """megatron-core local spec of one block: fused QKV, SDPA core attention, fused SwiGLU fc1."""
+    return ModuleSpec(
+        module=LoopBlock,
+        submodules=LoopBlockSubmodules(
+            input_layernorm=WrappedTorchNorm,
+            self_attention=ModuleSpec(
+                module=SelfAttention,
+                params={"attn_mask_type": AttnMaskType.causal},
+                submodules=SelfAttentionSubmodules(
+                    linear_qkv=ColumnParallelLinear,
+                    core_attention=SDPACoreAttention,
+                    linear_proj=RowParallelLinear,
+                    q_layernorm=WrappedTorchNorm if qk_norm else IdentityOp,
+                    k_layernorm=WrappedTorchNorm if qk_norm else IdentityOp,
+                ),
+            ),
+            pre_mlp_layernorm=WrappedTorchNorm,
+            mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear,
+                                                                linear_fc2=RowParallelLinear)),
+        ),
+    )
+
+
+class LoopBlock(nn.Module):
+    """Pre-norm transformer block; optional per-branch timestep modulation (core blocks only)."""
+
+    def __init__(self, config: TransformerConfig, submodules: LoopBlockSubmodules, layer_number: int = 1):
+        super().__init__()
+        d = config.hidden_size
+        eps = config.layernorm_epsilon
+        self.input_layernorm = build_module(submodules.input_layernorm, config=config, hidden_size=d, eps=eps)
+        self.self_attention = build_module(submodules.self_attention, config=config, layer_number=layer_number)
+        self.pre_mlp_layernorm = build_module(submodules.pre_mlp_layernorm, config=config, hidden_size=d, eps=eps)
+        self.mlp = build_module(submodules.mlp, config=config)
+        # Timestep modulation of the two residual branches (set by the model for core blocks).
+        self.attn_gate = self.mlp_gate = None  # BranchGating
+        self.attn_adaln = self.mlp_adaln = None  # AdaLN
+        self._tag_roles(config)
+
+    def _tag_roles(self, config: TransformerConfig) -> None:
+        heads, groups = config.num_attention_heads, config.num_query_groups
+        attn = self.self_attention
+        roles.set_role(attn.linear_qkv.weight, roles.MATRIX,
+                       roles.QKVSplit(num_groups=groups, heads_per_group=heads // groups, head_dim=config.kv_channels))
+        roles.set_role(attn.linear_proj.weight, roles.MATRIX)
+        roles.set_role(self.mlp.linear_fc1.weight, roles.MATRIX, roles.GateUpSplit(config.ffn_hidden_size))
+        roles.set_role(self.mlp.linear_fc2.weight, roles.MATRIX)
+        for norm in (self.input_layernorm, self.pre_mlp_layernorm, attn.q_layernorm, attn.k_layernorm):
+            for p in norm.parameters() if norm is not None else ():
+                roles.set_role(p, roles.NORM)
+
+    def set_timestep_modulation(self, attn: nn.Module | None, mlp: nn.Module | None, kind: str) -> None:
+        """Attach BranchGating (``kind='branch_gating'``) or AdaLN modules to the two branches."""
+        if kind == "branch_gating":
+            self.attn_gate, self.mlp_gate = attn, mlp
+        elif kind == "adaln":
+            self.attn_adaln, self.mlp_adaln = attn, mlp
+
+    @staticmethod
+    def _modulated(branch, norm, u: torch.Tensor, modulation: nn.Module | None, psi: torch.Tensor | None,
+                   **branch_kwargs) -> torch.Tensor:
+        """u + g * Branch((1 + s) * Norm(u)), Eq. (branch_timestep_modulation); g = 1, s = 0 without modulation."""
+        x = norm(u)
+        if modulation is None:
+            out, _ = branch(x, **branch_kwargs)
+            return u + out
+        gate, scale = modulation(psi)
+        if scale is not None:
+            x = x * (1 + scale.to(x.dtype))
+        out, _ = branch(x, **branch_kwargs)
+        return u + gate.to(out.dtype) * out
+
+    def forward(self, hidden: torch.Tensor, rotary_pos_emb: torch.Tensor,
+                psi: torch.Tensor | None = None) -> torch.Tensor:
+        """``hidden`` is ``[s, b, d]`` (megatron-core layout); ``psi`` the timestep features of this loop."""
+        hidden = self._modulated(self.self_attention, self.input_layernorm, hidden,
+                                 self.attn_gate or self.attn_adaln, psi,
+                                 attention_mask=None, rotary_pos_emb=rotary_pos_emb)
+        return self._modulated(self.mlp, self.pre_mlp_layernorm, hidden, self.mlp_gate or self.mlp_adaln, psi)

@@ -1,0 +1,202 @@
+"""LoopLM: token embedding -> Prelude -> Core applied r times (weight-tied) -> Coda -> RMSNorm -> LM head.
+
+Paper Sec. 2.1, Eq. (loop-state-evolution):
+
+    h^0 = P(e(x));   h^{t+1} = F(h^t; gamma_t), 0 <= t < r;   y = W C(h^r)
+
+``gamma_t`` is the optional conditioning (``conditioning.py``): initial-state injection,
+history-state injection and timestep conditioning (Loop Gating, Branch Gating, AdaLN), in
+any combination:
+
+    u_l     = I_phi(h_l, h0) + sum_j B_j(h_{l-j} - h_l)           (injection, Sec. 4.1)
+    y_l     = F(u_l; psi_l)                                          (core, BG/AdaLN inside F)
+    h_{l+1} = h_l + g_l (y_l - h_l)   with LG,   y_l otherwise       (Loop Gating)
+
+Training runs exactly K loops with full backpropagation through all of them (App. A.2
+"Recurrent backpropagation"); nothing is detached. Activation checkpointing ``per_loop``
+wraps one loop iteration, ``per_block`` one block; gradients equal ``none``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from megatron_loop.config import ModelConfig
+from megatron_loop.errors import LoopConfigError
+from megatron_loop.model import roles
+from megatron_loop.model.compat import ensure_parallel_state, rope_freqs, rope_inv_freq, transformer_config
+from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStateInjection, LoopGating,
+                                              branch_modulation, history_window, timestep_features)
+from megatron_loop.model.layers import loop_block_spec
+
+with __import__("warnings").catch_warnings():
+    __import__("warnings").simplefilter("ignore")
+    from megatron.core.transformer.spec_utils import build_module
+
+
+@dataclass
+class LoopLMOutput:
+    logits: torch.Tensor | None
+    loss: torch.Tensor | None = None
+    # Recurrent trajectory [h^0, h^1, ..., h^r], each [batch, seq, hidden] (when requested).
+    trajectory: list[torch.Tensor] | None = None
+
+
+class LoopLM(nn.Module):
+    """A looped decoder ``p+s×K+c`` built from megatron-core blocks."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        config.validate()
+        self.config = config
+        ensure_parallel_state()
+        d = config.hidden_size
+        tcfg = transformer_config(
+            num_layers=config.physical_depth, hidden_size=d, intermediate_size=config.intermediate_size,
+            num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+            head_dim=config.head_dim, rms_norm_eps=config.rms_norm_eps, qk_norm=config.qk_norm,
+            initializer_range=config.initializer_range)
+        spec = loop_block_spec(config.qk_norm)
+        numbers = iter(range(1, config.physical_depth + 1))
+
+        def blocks(n: int) -> nn.ModuleList:
+            return nn.ModuleList(build_module(spec, config=tcfg, layer_number=next(numbers)) for _ in range(n))
+
+        self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        nn.init.normal_(self.embed_tokens.weight, mean=0.0, std=config.initializer_range)
+        roles.set_role(self.embed_tokens.weight, roles.EMBEDDING)
+        self.prelude = blocks(config.prelude_layers)
+        self.core = blocks(config.core_layers)
+        self.coda = blocks(config.coda_layers)
+        self.norm = nn.RMSNorm(d, eps=config.rms_norm_eps)
+        roles.set_role(self.norm.weight, roles.NORM)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+            nn.init.normal_(self.lm_head.weight, mean=0.0, std=config.initializer_range)
+            roles.set_role(self.lm_head.weight, roles.HEAD)
+
+        # ---- conditioning (Sec. 4); all of it starts as the identity
+        self.initial_injection = (None if config.initial_injection == "none"
+                                  else InitialStateInjection(config.initial_injection, d))
+        self.history_injection = (None if config.history_injection == "none"
+                                  else HistoryStateInjection(config.history_injection, d, config.history_window))
+        self.loop_gating = LoopGating() if config.timestep == "loop_gating" else None
+        for block in self.core:  # only the shared core layers are modulated
+            block.set_timestep_modulation(branch_modulation(config.timestep, d),
+                                          branch_modulation(config.timestep, d), config.timestep)
+
+        self.register_buffer("rope_inv_freq", rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling),
+                             persistent=False)
+        self.activation_checkpointing = config.activation_checkpointing
+        for name, p in self.named_parameters():
+            roles.role_of(p)  # every parameter must carry a role (raises otherwise)
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def uses_timestep(self) -> bool:
+        return self.config.timestep != "none"
+
+    def head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def num_parameters(self, backbone_only: bool = False) -> int:
+        """Trainable parameters; ``backbone_only`` excludes injection and timestep parameters."""
+        return sum(p.numel() for p in self.parameters()
+                   if not (backbone_only and roles.role_of(p) == roles.CONDITIONING))
+
+    def _run_block(self, block: nn.Module, h: torch.Tensor, rope: torch.Tensor, psi: torch.Tensor | None):
+        if self.activation_checkpointing == "per_block" and torch.is_grad_enabled():
+            return checkpoint(block, h, rope, psi, use_reentrant=False)
+        return block(h, rope, psi)
+
+    def loop_iteration(self, h: torch.Tensor, h0: torch.Tensor, rope: torch.Tensor, psi: torch.Tensor | None,
+                       *past: torch.Tensor) -> torch.Tensor:
+        """One complete loop h_l -> h_{l+1}: injection, the shared core, loop-level gating.
+
+        ``past`` is the history window h_{l-1}, ..., h_{l-m_l} (possibly empty).
+        """
+        u = h if self.initial_injection is None else self.initial_injection(h, h0)
+        if self.history_injection is not None and past:
+            # differences are taken w.r.t. the recurrent state h_l, not the injected input
+            u = u + self.history_injection(h, list(past))
+        y = u
+        for block in self.core:
+            y = self._run_block(block, y, rope, psi)
+        if self.loop_gating is not None:
+            y = self.loop_gating(h, y, psi)
+        return y
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, input_ids: torch.Tensor, num_loops: int | None = None, labels: torch.Tensor | None = None,
+                return_trajectory: bool = False, timestep_grid: str | None = None,
+                compute_logits: bool = True) -> LoopLMOutput:
+        """Logits ``[b, s, V]`` and, with ``labels``, the mean next-token loss.
+
+        ``labels`` follows the HF convention: ``labels[:, t]`` is the token at position t and the
+        loss averages the s - 1 predictions of tokens 1..s-1 (positions with -100 ignored).
+        ``num_loops`` defaults to the training K; any r >= 1 runs. ``timestep_grid`` overrides
+        the config's inference grid (``rescaled`` | ``prefix``).
+        """
+        cfg = self.config
+        r = cfg.train_loops if num_loops is None else int(num_loops)
+        if r < 1:
+            raise LoopConfigError(f"num_loops={num_loops}: expected an integer >= 1")
+        if input_ids.shape[1] > cfg.max_position_embeddings:
+            raise LoopConfigError(f"input length {input_ids.shape[1]} exceeds model.max_position_embeddings="
+                                  f"{cfg.max_position_embeddings}")
+        grid = timestep_grid or cfg.timestep_grid
+        psi_all = (timestep_features(r, cfg.train_loops, grid, device=input_ids.device)
+                   if self.uses_timestep else None)
+
+        h = self.embed_tokens(input_ids).transpose(0, 1)  # [s, b, d]
+        rope = rope_freqs(self.rope_inv_freq, input_ids.shape[1], input_ids.device)
+        for block in self.prelude:
+            h = self._run_block(block, h, rope, None)
+
+        h0 = h
+        trajectory = [h0] if return_trajectory else None
+        completed: list[torch.Tensor] = []  # h_1 .. h_l (h0 excluded), for the history window
+        w = cfg.history_window if self.history_injection is not None else 0
+        for step in range(r):
+            psi = None if psi_all is None else psi_all[step]
+            past = history_window(completed, w) if w else []
+            if self.activation_checkpointing == "per_loop" and torch.is_grad_enabled():
+                h = checkpoint(self.loop_iteration, h, h0, rope, psi, *past, use_reentrant=False)
+            else:
+                h = self.loop_iteration(h, h0, rope, psi, *past)
+            if w:
+                completed = completed[-w:] + [h]  # keep only what later windows can reach
+            if trajectory is not None:
+                trajectory.append(h)
+
+        for block in self.coda:
+            h = self._run_block(block, h, rope, None)
+        h = self.norm(h).transpose(0, 1)  # [b, s, d]
+
+        loss = None
+        if labels is not None:
+            loss = self.loss(h, labels)
+        logits = F.linear(h, self.head_weight()) if compute_logits else None
+        if trajectory is not None:
+            trajectory = [t.transpose(0, 1) for t in trajectory]
+        return LoopLMOutput(logits=logits, loss=loss, trajectory=trajectory)
+
+    def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy (App. A.2) from final hidden states ``[b, s, d]``."""
+        logits = F.linear(hidden[:, :-1], self.head_weight()).float()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+def build_model(config: ModelConfig, device: torch.device | str | None = None) -> LoopLM:
+    """Build a LoopLM (CPU unless ``device`` is given; ``"meta"`` for shape-only dry runs)."""
+    if device is None:
+        return LoopLM(config)
+    with torch.device(device):
+        return LoopLM(config)

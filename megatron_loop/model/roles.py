@@ -1,0 +1,93 @@
+"""Parameter roles: the model's own knowledge of what each parameter is.
+
+The optimizer (App. A.2 "Optimizer") puts the matrix-valued attention and MLP projection
+weights of Prelude, Core and Coda into Muon and everything else (embeddings, LM head, norms,
+conditioning parameters) into AdamW. That split is decided here, when the model builds each
+parameter, never by matching parameter names.
+
+Fused megatron-core matrices carry how to split them into their projections, so that Muon
+orthogonalises each projection on its own (q, k, v of the fused QKV, as Megatron's
+``muon_split_qkv``; gate and up of the fused fc1), exactly as if the model had separate
+``q_proj``/``k_proj``/``v_proj``/``gate_proj``/``up_proj`` matrices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MATRIX = "matrix"  # hidden projection matrix -> Muon
+EMBEDDING = "embedding"  # token embedding -> AdamW
+HEAD = "head"  # LM head (absent when tied) -> AdamW
+NORM = "norm"  # RMSNorm weights -> AdamW
+CONDITIONING = "conditioning"  # injection / timestep parameters -> AdamW
+ROLES = (MATRIX, EMBEDDING, HEAD, NORM, CONDITIONING)
+
+_ROLE_ATTR = "looplm_role"
+_SPLIT_ATTR = "looplm_split"
+
+
+@dataclass(frozen=True)
+class QKVSplit:
+    """megatron-core fused QKV layout: rows grouped per query group as
+    ``[q (heads_per_group * head_dim), k (head_dim), v (head_dim)]`` repeated ``num_groups`` times."""
+
+    num_groups: int
+    heads_per_group: int
+    head_dim: int
+
+    def row_index(self) -> list[torch.Tensor]:
+        per_group = (self.heads_per_group + 2) * self.head_dim
+        q_rows = self.heads_per_group * self.head_dim
+        base = torch.arange(self.num_groups).unsqueeze(1) * per_group
+        q = (base + torch.arange(q_rows)).reshape(-1)
+        k = (base + q_rows + torch.arange(self.head_dim)).reshape(-1)
+        v = (base + q_rows + self.head_dim + torch.arange(self.head_dim)).reshape(-1)
+        return [q, k, v]
+
+
+@dataclass(frozen=True)
+class GateUpSplit:
+    """megatron-core fused SwiGLU fc1 layout: ``[gate (ffn rows); up (ffn rows)]``."""
+
+    ffn_size: int
+
+    def row_index(self) -> list[torch.Tensor]:
+        return [torch.arange(self.ffn_size), torch.arange(self.ffn_size, 2 * self.ffn_size)]
+
+
+def set_role(param: torch.nn.Parameter, role: str, split: QKVSplit | GateUpSplit | None = None) -> None:
+    if role not in ROLES:
+        raise ValueError(f"unknown parameter role {role!r}; expected one of {ROLES}")
+    setattr(param, _ROLE_ATTR, role)
+    setattr(param, _SPLIT_ATTR, split)
+
+
+def role_of(param: torch.nn.Parameter) -> str:
+    role = getattr(param, _ROLE_ATTR, None)
+    if role is None:
+        raise ValueError(f"parameter of shape {tuple(param.shape)} has no role; every model parameter must be tagged")
+    return role
+
+
+def uses_muon(param: torch.nn.Parameter) -> bool:
+    return role_of(param) == MATRIX
+
+
+def projection_rows(param: torch.nn.Parameter) -> list[torch.Tensor] | None:
+    """Row indices of each projection inside a fused matrix (None: the matrix is one projection)."""
+    split = getattr(param, _SPLIT_ATTR, None)
+    return None if split is None else split.row_index()
+
+
+def split_projections(matrix: torch.Tensor, param: torch.nn.Parameter) -> list[torch.Tensor]:
+    """The per-projection sub-matrices of ``matrix`` (shaped like ``param``)."""
+    rows = projection_rows(param)
+    return [matrix] if rows is None else [matrix.index_select(0, r.to(matrix.device)) for r in rows]
+
+
+def tag_all(module: torch.nn.Module, role: str) -> None:
+    """Tag every parameter of ``module`` with ``role`` (used for conditioning modules)."""
+    for p in module.parameters():
+        set_role(p, role)

@@ -1,0 +1,53 @@
+#!/usr/bin/env python
+"""Train a LoopLM.
+
+    deepspeed pretrain_loop.py --config examples/llama_4x5.yaml [--set key.path=value ...]
+    python pretrain_loop.py --config FILE --dry-run      # one JSON line, meta device
+    torchrun --nproc_per_node 2 pretrain_loop.py --config FILE        # also: plain python, srun
+
+The loop lives in ``megatron_loop.training``; errors in the config or data print one
+``error: ...`` line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from megatron_loop.config import load_config
+from megatron_loop.errors import LoopConfigError, LoopDataError
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="YAML config (see examples/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a config value, e.g. --set model.train_loops=3 (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="print parameter counts and the training plan as JSON")
+    p.add_argument("--resume", default=None, metavar="PATH",
+                   help="resume from this checkpoint folder (a run's checkpoints/ or one global_step* in it); "
+                        "default: the newest complete checkpoint of train.output_dir when train.resume is true")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if args.dry_run:
+            from megatron_loop.dryrun import dry_run_report
+
+            print(json.dumps(dry_run_report(cfg)))
+            return 0
+        from megatron_loop.training import main as train_main
+
+        return train_main(cfg, args)
+    except (LoopConfigError, LoopDataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
