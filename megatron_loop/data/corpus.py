@@ -1,0 +1,333 @@
+"""A small, licence-clean corpus generated from templates, with depth-controlled reasoning.
+
+The paper pretrains on FineWeb-Edu (App. A.1) and measures reasoning on ProofWriter, CLUTRR
+and BBH ``tracking_shuffled_objects`` (App. A.3, Tab. "Reasoning group"), the three tasks whose
+difficulty is set by an explicit compositional parameter. Nothing here is downloaded: prose is
+built from word lists in this file, and the three reasoning generators mirror those tasks
+with a ``depth`` knob (chain length, proof depth, number of swaps), so a tiny model trained
+on CPU can show accuracy by depth and loop count. Everything is deterministic given a seed
+(``random.Random`` seeded with a string uses SHA-512, not Python's salted ``hash``).
+
+Generated text is original and released with the repository (Apache-2.0).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from megatron_loop.errors import LoopConfigError
+
+FEMALE_NAMES = (
+    "Alice", "Beth", "Clara", "Diana", "Emma", "Fiona", "Grace", "Hannah", "Irene", "Julia",
+    "Karen", "Laura", "Maria", "Nora", "Olivia", "Paula", "Quinn", "Rosa", "Sara", "Tina",
+)
+MALE_NAMES = (
+    "Adam", "Brian", "Carl", "David", "Eric", "Frank", "George", "Henry", "Ivan", "James",
+    "Kevin", "Louis", "Mark", "Nathan", "Oscar", "Peter", "Ralph", "Steve", "Tom", "Victor",
+)
+ATTRIBUTES = (
+    "red", "big", "kind", "green", "round", "quiet", "young", "rough", "cold", "nice",
+    "blue", "smart", "furry", "white", "tall", "happy", "calm", "loud", "soft", "brave",
+    "heavy", "shy", "fast", "sweet", "wise", "bright", "dark", "small", "warm", "strong",
+)
+COLORS = ("red", "blue", "green", "yellow", "purple", "orange", "white", "black", "pink")
+OBJECT_NOUNS = ("ball", "present", "hat", "book", "kite")
+
+# Prose word lists: enough variety for a BPE tokenizer and a language-model warm-up.
+_ADJ = ("small", "old", "quiet", "bright", "busy", "green", "cold", "warm", "tall", "gentle",
+        "careful", "curious", "heavy", "narrow", "wide", "early", "late", "simple", "strange")
+_NOUN = ("river", "garden", "teacher", "farmer", "village", "window", "bridge", "forest",
+         "student", "library", "market", "mountain", "kitchen", "road", "school", "boat",
+         "letter", "lamp", "field", "storm", "clock", "painter", "doctor", "bird")
+_PLACE = ("the park", "the station", "the old mill", "the harbour", "the valley",
+          "the town square", "the museum", "the orchard", "the hill", "the beach")
+_VERB = ("watched", "painted", "carried", "found", "opened", "visited", "repaired", "cleaned",
+         "followed", "counted", "measured", "described", "remembered", "built", "planted")
+_ADVERB = ("slowly", "quickly", "carefully", "happily", "quietly", "again", "together", "early")
+_TIME = ("In the morning", "At noon", "Later that day", "In the evening", "Before dawn",
+         "After the rain", "During the winter", "Every spring", "On Sunday", "Last year")
+_FACT = (
+    "Water boils when it is heated for a long time.",
+    "Plants need light and water to grow.",
+    "A week has seven days.",
+    "The sun rises in the east and sets in the west.",
+    "Ice melts when it becomes warm.",
+    "Birds build nests in the spring.",
+    "A triangle has three sides.",
+    "Bees carry pollen from one flower to another.",
+    "Sound travels more slowly than light.",
+    "Rivers flow from the hills down to the sea.",
+)
+
+TASKS = ("clutrr", "proofwriter", "tracking")
+TASK_NAMES = {task: f"looplm_{task}_local" for task in TASKS}
+
+
+@dataclass(frozen=True)
+class ReasoningItem:
+    """One multiple-choice reasoning problem; ``depth`` is its compositional parameter."""
+
+    task: str
+    depth: int
+    context: str
+    question: str
+    choices: tuple[str, ...]
+    gold: int
+
+    @property
+    def query(self) -> str:
+        return f"{self.context}\nQuestion: {self.question}\nAnswer:"
+
+    def training_text(self) -> str:
+        """Pretraining document: the query followed by the answer, as lm-eval scores it."""
+        return f"{self.query} {self.choices[self.gold]}"
+
+    def eval_doc(self) -> dict:
+        """lm-eval multiple-choice document (``doc_to_text``/``choice``/``target`` fields)."""
+        return {"query": self.query, "choices": list(self.choices), "gold": self.gold,
+                "depth": self.depth, "task": self.task}
+
+
+def _shuffled_choices(rng: random.Random, correct: str, distractors: list[str]) -> tuple[tuple[str, ...], int]:
+    choices = [correct] + [d for d in dict.fromkeys(distractors) if d != correct]
+    rng.shuffle(choices)
+    return tuple(choices), choices.index(correct)
+
+
+def _kin_word(direction: str, generations: int, female: bool) -> str:
+    """Kinship noun for a lineal relative ``generations`` steps up ("up") or down ("down")."""
+    base = {("up", True): "mother", ("up", False): "father",
+            ("down", True): "daughter", ("down", False): "son"}[(direction, female)]
+    if generations == 1:
+        return base
+    return "great-" * (generations - 2) + "grand" + base
+
+
+def make_clutrr(rng: random.Random, depth: int) -> ReasoningItem:
+    """CLUTRR-style kinship chain: ``depth`` stated parent/child hops, facts shuffled.
+
+    The answer (e.g. "great-grandmother") composes all hops, so the chain length is the
+    number of relation compositions needed, as in CLUTRR's k-hop stories.
+    """
+    direction = rng.choice(("up", "down"))
+    genders = [rng.random() < 0.5 for _ in range(depth + 1)]
+    pools = {True: list(FEMALE_NAMES), False: list(MALE_NAMES)}
+    for pool in pools.values():
+        rng.shuffle(pool)
+    people = [pools[female].pop() for female in genders]
+    facts = []
+    for i in range(depth):
+        rel = _kin_word(direction, 1, genders[i + 1])
+        if rng.random() < 0.5:
+            facts.append(f"{people[i + 1]} is the {rel} of {people[i]}.")
+        else:
+            facts.append(f"{people[i]}'s {rel} is {people[i + 1]}.")
+    rng.shuffle(facts)
+    female = genders[-1]
+    correct = _kin_word(direction, depth, female)
+    near = depth + 2 if depth == 1 else depth - 1
+    distractors = [_kin_word(direction, near, female), _kin_word(direction, depth + 1, female),
+                   _kin_word(direction, depth, not female)]
+    choices, gold = _shuffled_choices(rng, correct, distractors)
+    question = f"How is {people[-1]} related to {people[0]}? {people[-1]} is {people[0]}'s"
+    return ReasoningItem("clutrr", depth, " ".join(facts), question, choices, gold)
+
+
+def make_proofwriter(rng: random.Random, depth: int) -> ReasoningItem:
+    """ProofWriter-style rule chaining under the closed-world assumption.
+
+    Two entities each have one fact and a ``depth``-long chain of rules starting from it;
+    the question asks whether one entity has the last attribute of one of the chains. The
+    answer is True (proof of depth ``depth``) or False (the chain starts from the other
+    entity's fact), so both answers need the whole chain to be followed.
+    """
+    attrs = rng.sample(ATTRIBUTES, 2 * (depth + 1))
+    chain_a, chain_b = attrs[: depth + 1], attrs[depth + 1:]
+    ent_a, ent_b = rng.sample(FEMALE_NAMES + MALE_NAMES, 2)
+    facts = [f"{ent_a} is {chain_a[0]}.", f"{ent_b} is {chain_b[0]}."]
+    rules = [f"If someone is {c[i]} then they are {c[i + 1]}."
+             for c in (chain_a, chain_b) for i in range(depth)]
+    rng.shuffle(facts)
+    rng.shuffle(rules)
+    entity, owner_chain, other_chain = rng.choice(((ent_a, chain_a, chain_b), (ent_b, chain_b, chain_a)))
+    truth = rng.random() < 0.5
+    queried = (owner_chain if truth else other_chain)[-1]
+    question = f"Is the statement \"{entity} is {queried}\" True or False?"
+    return ReasoningItem("proofwriter", depth, " ".join(facts + rules), question,
+                         ("True", "False"), 0 if truth else 1)
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def make_tracking(rng: random.Random, depth: int, num_objects: int = 3) -> ReasoningItem:
+    """BBH ``tracking_shuffled_objects``-style: ``depth`` pairwise swaps among ``num_objects``."""
+    noun = rng.choice(OBJECT_NOUNS)
+    people = rng.sample(FEMALE_NAMES + MALE_NAMES, num_objects)
+    objects = [f"{c} {noun}" for c in rng.sample(COLORS, num_objects)]
+    holding = dict(zip(people, objects))
+    start = ", ".join(f"{p} has {_article(o)} {o}" for p, o in holding.items())
+    swaps = []
+    for _ in range(depth):
+        a, b = rng.sample(people, 2)
+        holding[a], holding[b] = holding[b], holding[a]
+        swaps.append(f"Then {a} and {b} swap their {noun}s.")
+    target = rng.choice(people)
+    context = (f"{', '.join(people[:-1])} and {people[-1]} are playing a game. At the start, "
+               f"{start}. " + " ".join(swaps))
+    question = f"At the end of the game, what does {target} have? {target} has the"
+    choices = tuple(objects)
+    return ReasoningItem("tracking", depth, context, question, choices, choices.index(holding[target]))
+
+
+GENERATORS: dict[str, Callable[[random.Random, int], ReasoningItem]] = {
+    "clutrr": make_clutrr, "proofwriter": make_proofwriter, "tracking": make_tracking,
+}
+
+
+def make_prose(rng: random.Random) -> str:
+    """A paragraph of simple English-like prose from templates."""
+    sentences = []
+    for _ in range(rng.randint(3, 8)):
+        kind = rng.randrange(4)
+        if kind == 0:
+            sentences.append(f"The {rng.choice(_ADJ)} {rng.choice(_NOUN)} {rng.choice(_VERB)} "
+                             f"the {rng.choice(_NOUN)} near {rng.choice(_PLACE)}.")
+        elif kind == 1:
+            name = rng.choice(FEMALE_NAMES + MALE_NAMES)
+            sentences.append(f"{rng.choice(_TIME)}, {name} {rng.choice(_VERB)} a "
+                             f"{rng.choice(_ADJ)} {rng.choice(_NOUN)} {rng.choice(_ADVERB)}.")
+        elif kind == 2:
+            sentences.append(rng.choice(_FACT))
+        else:
+            sentences.append(f"Nobody at {rng.choice(_PLACE)} {rng.choice(_VERB)} the "
+                             f"{rng.choice(_NOUN)}, so the {rng.choice(_NOUN)} stayed "
+                             f"{rng.choice(_ADJ)}.")
+    return " ".join(sentences)
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """Sizes and depth ranges of a generated corpus (defaults: about 3 MB of text)."""
+
+    seed: int = 0
+    prose_docs: int = 3000
+    reasoning_docs_per_task: int = 2000
+    valid_docs: int = 300
+    eval_items_per_depth: int = 100
+    train_max_depth: int = 4
+    eval_max_depth: int = 6
+
+    def validate(self) -> None:
+        if self.train_max_depth < 1 or self.eval_max_depth < 1:
+            raise LoopConfigError("corpus depths must be >= 1 (train_max_depth, eval_max_depth)")
+        if min(self.prose_docs, self.reasoning_docs_per_task, self.valid_docs,
+               self.eval_items_per_depth) < 0:
+            raise LoopConfigError("corpus document counts must be >= 0")
+
+
+def _documents(rng: random.Random, spec: CorpusSpec, n_prose: int, n_reasoning: int) -> list[dict]:
+    """Mixed prose and reasoning documents; reasoning depths uniform in 1..train_max_depth."""
+    docs = [{"text": make_prose(rng), "source": "prose", "depth": 0} for _ in range(n_prose)]
+    for task in TASKS:
+        for _ in range(n_reasoning):
+            item = GENERATORS[task](rng, rng.randint(1, spec.train_max_depth))
+            docs.append({"text": item.training_text(), "source": task, "depth": item.depth})
+    rng.shuffle(docs)
+    return docs
+
+
+def _eval_items(task: str, spec: CorpusSpec, seen: set[str]) -> Iterator[ReasoningItem]:
+    """Held-out items, ``eval_items_per_depth`` per depth; queries seen in training are skipped."""
+    rng = random.Random(f"{spec.seed}-eval-{task}")
+    for depth in range(1, spec.eval_max_depth + 1):
+        made, attempts = 0, 0
+        while made < spec.eval_items_per_depth:
+            attempts += 1
+            if attempts > 100 * max(1, spec.eval_items_per_depth):
+                raise LoopConfigError(
+                    f"cannot draw {spec.eval_items_per_depth} distinct held-out {task} items at "
+                    f"depth {depth}; lower eval_items_per_depth")
+            item = GENERATORS[task](rng, depth)
+            if item.query in seen:
+                continue
+            seen.add(item.query)
+            made += 1
+            yield item
+
+
+def lm_eval_task_yaml(task: str, jsonl_path: Path) -> str:
+    """A local lm-eval multiple-choice task reading ``jsonl_path`` (absolute: lm-eval resolves
+    ``data_files`` against the working directory, not the YAML's folder)."""
+    return (
+        f"task: {TASK_NAMES[task]}\n"
+        "dataset_path: json\n"
+        "dataset_kwargs:\n"
+        "  data_files:\n"
+        f"    test: {json.dumps(str(jsonl_path.resolve()))}\n"
+        "test_split: test\n"
+        "output_type: multiple_choice\n"
+        # Column names, not templates: lm-eval reads a feature of that name directly.
+        "doc_to_text: query\n"
+        "doc_to_choice: choices\n"
+        "doc_to_target: gold\n"
+        "metric_list:\n"
+        "  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+        "  - metric: acc_norm\n    aggregation: mean\n    higher_is_better: true\n"
+        "metadata:\n  version: 1.0\n"
+    )
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def generate_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> dict:
+    """Write ``train.jsonl``, ``valid.jsonl``, ``eval/<task>.jsonl``, ``eval/<task>.yaml`` and
+    ``manifest.json`` under ``output_dir``; returns the manifest.
+
+    Train/valid lines are ``{"text", "source", "depth"}`` (depth 0 for prose). Eval lines are
+    lm-eval multiple-choice docs ``{"query", "choices", "gold", "depth", "task"}``; the YAMLs
+    define tasks ``looplm_clutrr_local``, ``looplm_proofwriter_local``, ``looplm_tracking_local``
+    (load with ``lm_eval --include_path <output_dir>/eval``).
+    """
+    spec.validate()
+    out = Path(output_dir)
+    (out / "eval").mkdir(parents=True, exist_ok=True)
+    train = _documents(random.Random(f"{spec.seed}-train"), spec, spec.prose_docs,
+                       spec.reasoning_docs_per_task)
+    # Validation keeps the train mix: the prose share and per-task share of valid_docs.
+    total = max(1, spec.prose_docs + len(TASKS) * spec.reasoning_docs_per_task)
+    n_reason = round(spec.valid_docs * spec.reasoning_docs_per_task / total)
+    valid = _documents(random.Random(f"{spec.seed}-valid"), spec,
+                       spec.valid_docs - len(TASKS) * n_reason, n_reason)
+    _write_jsonl(out / "train.jsonl", train)
+    _write_jsonl(out / "valid.jsonl", valid)
+
+    # Held-out items must not appear verbatim in the training text.
+    seen = {d["text"].rsplit("\nAnswer:", 1)[0] + "\nAnswer:" for d in train + valid
+            if d["source"] != "prose"}
+    eval_counts = {}
+    for task in TASKS:
+        rows = [item.eval_doc() for item in _eval_items(task, spec, seen)]
+        path = out / "eval" / f"{task}.jsonl"
+        _write_jsonl(path, rows)
+        (out / "eval" / f"{task}.yaml").write_text(lm_eval_task_yaml(task, path), encoding="utf-8")
+        eval_counts[TASK_NAMES[task]] = len(rows)
+    manifest = {
+        "seed": spec.seed, "spec": spec.__dict__, "train_documents": len(train),
+        "valid_documents": len(valid), "eval_items": eval_counts,
+        "eval_include_path": str((out / "eval").resolve()),
+        "licence": "generated from templates in megatron_loop/data/corpus.py; Apache-2.0",
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest

@@ -1,0 +1,183 @@
+"""Train/validation DataLoaders from the ``data:`` config section (App. A.1, SPEC "Data semantics").
+
+``data:`` keys (a mapping or an object with these attributes):
+
+``train``      one prefix, a list of prefixes (equal weights), a list of ``{prefix, weight}``
+               mappings, or Megatron's flat ``[w1, P1, w2, P2, ...]``.
+``valid``      the same forms; optional. When absent, ``<first train prefix>_valid`` is used if
+               its files exist (what ``tools/preprocess_data.py --validation-documents`` writes).
+``cache_dir``  where packing indexes are cached (default: next to each prefix).
+``num_workers`` DataLoader worker processes (default 0).
+``valid_samples`` cap on validation sequences per evaluation (default: all).
+
+Batches are ``{"tokens": LongTensor[B, S], "inputs": tokens[:, :-1], "targets": tokens[:, 1:]}``;
+``inputs``/``targets`` are already shifted (the loss averages the ``S - 1`` predictions). A model
+that shifts internally (HF ``labels=``) takes ``tokens`` for both.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch.utils.data import DataLoader
+
+from megatron_loop.data.blend import BlendedDataset, max_blend_samples, samples_needed
+from megatron_loop.data.indexed import check_token_ids, count_tokens, open_indexed
+from megatron_loop.data.packed import PackedDataset, epochs_for
+from megatron_loop.data.preprocess import VALID_SUFFIX
+from megatron_loop.data.sampler import GlobalBatchSampler
+from megatron_loop.errors import LoopConfigError, LoopDataError
+
+
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+    if isinstance(cfg, Mapping):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def parse_blend(spec: Any, where: str) -> list[tuple[str, float]]:
+    """``[(prefix, weight), ...]`` from any of the accepted ``data.train``/``data.valid`` forms."""
+    if isinstance(spec, (str, os.PathLike)):
+        return [(str(spec), 1.0)]
+    if not isinstance(spec, Sequence) or not spec:
+        raise LoopConfigError(f"{where}: expected a prefix, a list of prefixes, a list of "
+                              f"{{prefix, weight}} or [w1, P1, w2, P2, ...]; got {spec!r}")
+    if all(isinstance(x, Mapping) or hasattr(x, "prefix") for x in spec):
+        if any(_get(x, "prefix") is None for x in spec):
+            raise LoopConfigError(f"{where}: each entry needs a 'prefix' key")
+        return [(str(_get(x, "prefix")), float(_get(x, "weight", 1.0) or 1.0)) for x in spec]
+    if all(isinstance(x, (str, os.PathLike)) for x in spec):
+        try:  # Megatron's flat form: weights are numbers written as strings on the CLI
+            pairs = [(str(spec[i + 1]), float(spec[i])) for i in range(0, len(spec), 2)]
+            if len(spec) % 2 == 0:
+                return pairs
+        except ValueError:
+            pass
+        return [(str(x), 1.0) for x in spec]
+    if len(spec) % 2 == 0 and all(isinstance(spec[i], (int, float)) for i in range(0, len(spec), 2)):
+        return [(str(spec[i + 1]), float(spec[i])) for i in range(0, len(spec), 2)]
+    raise LoopConfigError(f"{where}: cannot read {spec!r} as a prefix blend")
+
+
+def _packed(prefixes: list[tuple[str, float]], seq_length: int, seed: int, num_samples: int | None,
+            cache_dir: str | None, vocab_size: int | None) -> torch.utils.data.Dataset:
+    """One PackedDataset per prefix (enough epochs for ``num_samples``), blended if several.
+
+    Component ``k`` gets seed ``seed + k`` so two prefixes never share a document order.
+    """
+    for prefix, _ in prefixes:
+        if vocab_size is not None:
+            open_indexed(prefix)  # clear errors for a damaged prefix before scanning it
+            check_token_ids(prefix, vocab_size)
+    weights = [w for _, w in prefixes]
+    if num_samples is None:
+        # One pass: as many samples as the blend can take without exhausting any component.
+        one_pass = [PackedDataset(p, seq_length, seed + k, 1, cache_dir)
+                    for k, (p, _) in enumerate(prefixes)]
+        if len(one_pass) == 1:
+            return one_pass[0]
+        return BlendedDataset(one_pass, weights, max_blend_samples([len(d) for d in one_pass], weights))
+    needs = samples_needed(weights, num_samples) if len(prefixes) > 1 else [num_samples]
+    datasets = []
+    for k, ((prefix, _), need) in enumerate(zip(prefixes, needs)):
+        tokens = count_tokens(prefix)
+        datasets.append(PackedDataset(prefix, seq_length, seed + k,
+                                      epochs_for(tokens, seq_length, max(need, 1)), cache_dir))
+    if len(datasets) == 1:
+        return datasets[0]
+    return BlendedDataset(datasets, weights, num_samples)
+
+
+def collate_packed(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    tokens = torch.stack([x["tokens"] for x in items])
+    return {"tokens": tokens, "inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+
+
+@dataclass
+class TrainValidLoaders:
+    """What ``build_train_valid_loaders`` returns; ``valid`` is None without validation data."""
+
+    train: DataLoader
+    valid: DataLoader | None
+    train_dataset: torch.utils.data.Dataset
+    valid_dataset: torch.utils.data.Dataset | None
+    train_sampler: GlobalBatchSampler
+
+
+def _loader(dataset, sampler: GlobalBatchSampler, num_workers: int) -> DataLoader:
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
+                      collate_fn=collate_packed, persistent_workers=False)
+
+
+def build_train_valid_loaders(data_cfg: Any, *, seq_length: int, global_batch_size: int,
+                              micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1,
+                              seed: int = 1234, consumed_samples: int = 0,
+                              vocab_size: int | None = None,
+                              train_samples: int | None = None) -> TrainValidLoaders:
+    """DataLoaders for one data-parallel rank.
+
+    ``train_samples``: total sequences the run will consume (``train_steps * global_batch_size``);
+    datasets get enough epochs for it. ``None`` means one pass over the data. The train loader
+    starts after ``consumed_samples`` (resume) and yields this rank's micro-batches of every
+    global batch in order (``accumulation_steps`` per global batch). The validation loader
+    yields micro-batches of ``micro_batch_size`` per rank over the validation set from its start.
+    ``vocab_size``: when given, every prefix is checked for token ids >= vocab_size.
+    """
+    train_spec = next((_get(data_cfg, k) for k in ("train", "prefixes", "prefix")
+                       if _get(data_cfg, k) is not None), None)
+    if train_spec is None:
+        raise LoopConfigError("data.train: missing; expected the indexed prefix(es) to train on")
+    train_prefixes = parse_blend(train_spec, "data.train")
+    cache_dir = _get(data_cfg, "cache_dir")
+    num_workers = int(_get(data_cfg, "num_workers", 0) or 0)
+    train_ds = _packed(train_prefixes, seq_length, seed, train_samples, cache_dir, vocab_size)
+    total = len(train_ds) if train_samples is None else train_samples
+    if len(train_ds) < global_batch_size:
+        raise LoopDataError(f"data.train {[p for p, _ in train_prefixes]}: {len(train_ds)} sequences "
+                            f"of seq_length {seq_length}; expected at least one global batch "
+                            f"({global_batch_size})")
+    sampler = GlobalBatchSampler(total, global_batch_size, micro_batch_size, dp_rank, dp_size,
+                                 consumed_samples)
+
+    valid_spec = _get(data_cfg, "valid")
+    default_valid = train_prefixes[0][0] + VALID_SUFFIX
+    if valid_spec is None and os.path.isfile(default_valid + ".idx"):
+        valid_spec = default_valid
+    valid_ds = valid = None
+    if valid_spec is not None:
+        valid_ds = _packed(parse_blend(valid_spec, "data.valid"), seq_length, seed, None,
+                           cache_dir, vocab_size)
+        cap = _get(data_cfg, "valid_samples")
+        n_valid = len(valid_ds) if cap is None else min(len(valid_ds), int(cap))
+        step = micro_batch_size * dp_size
+        if n_valid < step:
+            raise LoopDataError(f"data.valid: {len(valid_ds)} sequences of seq_length {seq_length}; "
+                                f"expected at least micro_batch_size x data-parallel size = {step}")
+        valid = _loader(valid_ds, GlobalBatchSampler(n_valid, step, micro_batch_size, dp_rank,
+                                                     dp_size), num_workers)
+    return TrainValidLoaders(_loader(train_ds, sampler, num_workers), valid, train_ds, valid_ds, sampler)
+
+
+def measure_loader_throughput(prefix: str, seq_length: int = 2048, micro_batch_size: int = 8,
+                              num_batches: int = 200, seed: int = 1234, num_workers: int = 0,
+                              cache_dir: str | None = None) -> dict:
+    """Samples/s and tokens/s of the train loader reading ``prefix`` (run it twice to measure
+    from the page cache). Returns ``{"samples_per_s", "tokens_per_s", "batches",
+    "index_build_s"}``; ``index_build_s`` is the packing-index build (or cache load) time."""
+    start = time.perf_counter()
+    ds = PackedDataset(prefix, seq_length, seed, 1, cache_dir)
+    index_s = time.perf_counter() - start
+    n = min(num_batches, len(ds) // micro_batch_size)
+    if n < 1:
+        raise LoopDataError(f"{prefix}: fewer than {micro_batch_size} sequences of {seq_length} tokens")
+    loader = _loader(ds, GlobalBatchSampler(n * micro_batch_size, micro_batch_size,
+                                            micro_batch_size), num_workers)
+    start = time.perf_counter()
+    samples = sum(len(b["tokens"]) for b in loader)
+    seconds = time.perf_counter() - start
+    return {"samples_per_s": samples / seconds, "tokens_per_s": samples * seq_length / seconds,
+            "batches": n, "index_build_s": index_s}

@@ -1,0 +1,113 @@
+"""``tools/probe_geometry.py``: App. A.4 geometry probes of a checkpoint or an HF export.
+
+    python tools/probe_geometry.py --checkpoint runs/qwen_4x7/checkpoints --valid-prefix data/val \
+        --loops 7,14,21 --num-sequences 49 --num-positions 100000 --seq-length 2048 --output probe/
+
+Writes ``geometry.json`` (every metric, per loop count) and the PNG figures. Project errors
+print one ``error: ...`` line and exit 2 (``megatron_loop.data.cli.run_cli``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.probes.report import JSON_NAME, probe_geometry
+from megatron_loop.probes.runner import ProbeSettings
+from megatron_loop.probes.sampling import load_probe_sample
+from megatron_loop.probes.summaries import parse_lag_sets
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise LoopConfigError(f"{flag} {text!r}: expected comma-separated integers") from None
+    if not values:
+        raise LoopConfigError(f"{flag}: expected at least one integer")
+    return values
+
+
+def _sources(text: str) -> str | list[int]:
+    if text in ("all", "beyond_training", "none"):
+        return text
+    return _int_list(text, "--interaction-sources")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="DeepSpeed checkpoint folder (with looplm_config.json)")
+    src.add_argument("--model", help="HF export folder (megatron_loop.hf.convert.load_looplm_from_hf)")
+    p.add_argument("--valid-prefix", required=True, help="indexed validation prefix (P.bin / P.idx)")
+    p.add_argument("--loops", default="1,2,4,8", help="inference loop counts, comma-separated")
+    p.add_argument("--num-sequences", type=int, default=49, help="packed sequences read (N)")
+    p.add_argument("--num-positions", type=int, default=None,
+                   help="selected next-token positions M (default: every position of the N sequences)")
+    p.add_argument("--seq-length", type=int, default=2048, help="packed window length in tokens")
+    p.add_argument("--seed", type=int, default=0, help="document-order seed of the packing")
+    p.add_argument("--output", required=True, help="output folder for geometry.json and the figures")
+    p.add_argument("--interaction-sources", default="all",
+                   help="skipped occurrences: all | beyond_training | none | comma-separated positions")
+    p.add_argument("--lag-sets", default=None, help="lag sets for C_D, e.g. '1-6,2-6' (default: common range)")
+    p.add_argument("--reference-json", default=None,
+                   help="another configuration's geometry.json: adds percent differences and R(d)")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per forward")
+    p.add_argument("--skip-batch", type=int, default=4, help="skip configurations per forward")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="model weights dtype")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return p
+
+
+def load_model(checkpoint: str | None, hf_dir: str | None) -> torch.nn.Module:
+    """The LoopLM of a DeepSpeed checkpoint folder or of an HF export."""
+    if checkpoint is not None:
+        from megatron_loop.model.io import load_model_from_checkpoint
+
+        return load_model_from_checkpoint(checkpoint)[0]
+    try:
+        from megatron_loop.hf.convert import load_looplm_from_hf
+    except ImportError:
+        raise LoopDataError("--model: the HF export loader megatron_loop.hf.convert.load_looplm_from_hf "
+                            "is not available in this installation; use --checkpoint") from None
+    if not Path(hf_dir).is_dir():
+        raise LoopDataError(f"--model {hf_dir}: folder not found")
+    return load_looplm_from_hf(hf_dir)
+
+
+def _reference(path: str | None) -> dict | None:
+    if path is None:
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise LoopDataError(f"--reference-json {path}: cannot read a probe report ({e})") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    loops = _int_list(args.loops, "--loops")
+    settings = ProbeSettings(loops=loops, sources=_sources(args.interaction_sources), batch_size=args.batch_size,
+                             skip_batch=args.skip_batch, progress=not args.no_progress)
+    lag_sets = parse_lag_sets(args.lag_sets) if args.lag_sets else None
+    reference = _reference(args.reference_json)
+    sample = load_probe_sample(args.valid_prefix, args.seq_length, args.num_sequences, args.num_positions, args.seed)
+    model = load_model(args.checkpoint, args.model)
+    from megatron_loop.data.indexed import check_token_ids
+
+    check_token_ids(args.valid_prefix, model.config.vocab_size)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = model.to(device=device, dtype=DTYPES[args.dtype])
+    report = probe_geometry(model, sample, settings, args.output, lag_sets, reference)
+    print(f"wrote {Path(args.output) / JSON_NAME} and {', '.join(report['files'])} "
+          f"(N={report['sampling']['num_sequences']}, |T|={report['sampling']['num_positions']}, "
+          f"loops {','.join(report['loops'])})")
+    return 0

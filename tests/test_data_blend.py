@@ -1,0 +1,101 @@
+"""Blending: weights respected, deterministic, components read unchanged; config forms."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from data_fixtures import data_assets
+from megatron_loop.data.blend import BlendedDataset, blend_index, max_blend_samples
+from megatron_loop.data.loaders import build_train_valid_loaders, parse_blend
+from megatron_loop.errors import LoopConfigError, LoopDataError
+
+
+@pytest.mark.parametrize("weights", [(0.7, 0.3), (1, 1, 2), (0.98, 0.01, 0.01), (5, 1, 1, 1, 1, 1)])
+def test_blend_counts_track_weights_at_every_prefix(weights):
+    n = 5000
+    which, local = blend_index(weights, n)
+    w = np.asarray(weights, dtype=float) / sum(weights)
+    onehot = np.eye(len(w), dtype=np.int64)[which]
+    counts = np.cumsum(onehot, axis=0)  # counts[i, k]: samples of k among the first i + 1
+    expected = np.arange(1, n + 1)[:, None] * w[None, :]
+    assert np.abs(counts - expected).max() <= 2.0  # greedy schedule: within two samples throughout
+    # Each component is read in order from its first sample, without gaps or repeats.
+    for k in range(len(w)):
+        assert local[which == k].tolist() == list(range(int((which == k).sum())))
+    again = blend_index(weights, n)
+    assert np.array_equal(again[0], which) and np.array_equal(again[1], local)
+
+
+def test_blend_rejects_bad_weights():
+    for bad in ([], [1, -1], [0.5, float("nan")]):
+        with pytest.raises(LoopConfigError, match="expected one positive number per prefix"):
+            blend_index(bad, 10)
+
+
+def test_blended_dataset_serves_component_items():
+    a = [torch.tensor([0, i]) for i in range(100)]
+    b = [torch.tensor([1, i]) for i in range(100)]
+    ds = BlendedDataset([a, b], [0.25, 0.75], 80)
+    items = [ds[i] for i in range(len(ds))]
+    assert sum(int(x[0]) == 0 for x in items) == 20
+    assert [int(x[1]) for x in items if int(x[0]) == 1] == list(range(60))
+    with pytest.raises(LoopDataError, match="blend needs 60 samples from"):
+        BlendedDataset([a, b[:10]], [0.25, 0.75], 80)
+
+
+@pytest.mark.parametrize("sizes, weights", [([100, 100], [0.25, 0.75]), ([7, 1000, 50], [0.1, 0.1, 0.8])])
+def test_max_blend_samples_is_tight(sizes, weights):
+    parts = [list(range(n)) for n in sizes]
+    n = max_blend_samples(sizes, weights)
+    assert len(BlendedDataset(parts, weights, n)) == n
+    with pytest.raises(LoopDataError, match="blend needs"):
+        BlendedDataset(parts, weights, n + 1)
+
+
+def test_loaders_one_pass_blend(tmp_path):
+    src = data_assets().prefix
+    for name in ("a", "b"):
+        for suffix in (".bin", ".idx"):
+            shutil.copy(src + suffix, tmp_path / f"{name}{suffix}")
+    loaders = build_train_valid_loaders({"train": [str(tmp_path / "a"), str(tmp_path / "b")]},
+                                        seq_length=64, global_batch_size=8, micro_batch_size=4, seed=5)
+    ds = loaders.train_dataset
+    assert len(ds) == max_blend_samples([len(d) for d in ds.datasets], [1, 1]) >= 2 * len(ds.datasets[0]) - 2
+    assert all(d.num_epochs == 1 for d in ds.datasets)
+
+
+def test_loaders_blend_two_prefixes(tmp_path):
+    src = data_assets().prefix
+    for name in ("a", "b"):
+        for suffix in (".bin", ".idx"):
+            shutil.copy(src + suffix, tmp_path / f"{name}{suffix}")
+    cfg = {"train": [{"prefix": str(tmp_path / "a"), "weight": 3}, {"prefix": str(tmp_path / "b"), "weight": 1}]}
+    loaders = build_train_valid_loaders(cfg, seq_length=64, global_batch_size=8, micro_batch_size=4,
+                                        seed=5, train_samples=2000)
+    ds = loaders.train_dataset
+    assert isinstance(ds, BlendedDataset) and len(ds) == 2000
+    share = np.bincount(ds.dataset_index[:2000]) / 2000
+    np.testing.assert_allclose(share, [0.75, 0.25], atol=1e-3)
+    # The two copies get different seeds, so their document orders differ.
+    assert not np.array_equal(ds.datasets[0].index.doc_order, ds.datasets[1].index.doc_order)
+    # Component a needs 1500 sequences: more than one pass over the data.
+    assert ds.datasets[0].num_epochs > 1 and len(ds.datasets[0]) >= 1500
+    first = next(iter(loaders.train))["tokens"]
+    k, j = int(ds.dataset_index[0]), int(ds.dataset_sample_index[0])
+    assert torch.equal(first[0], ds.datasets[k][j]["tokens"])
+
+
+def test_parse_blend_forms():
+    assert parse_blend("p", "x") == [("p", 1.0)]
+    assert parse_blend(["p", "q"], "x") == [("p", 1.0), ("q", 1.0)]
+    assert parse_blend(["0.3", "p", "0.7", "q"], "x") == [("p", 0.3), ("q", 0.7)]
+    assert parse_blend([0.3, "p", 0.7, "q"], "x") == [("p", 0.3), ("q", 0.7)]
+    assert parse_blend([{"prefix": "p", "weight": 2}], "x") == [("p", 2.0)]
+    with pytest.raises(LoopConfigError, match="data.train: expected a prefix"):
+        parse_blend([], "data.train")
+    with pytest.raises(LoopConfigError, match="needs a 'prefix' key"):
+        parse_blend([{"weight": 1}], "data.train")

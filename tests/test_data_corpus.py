@@ -1,0 +1,155 @@
+"""Generated corpus: determinism, held-out split, answers checked by independent solvers,
+lm-eval task files, and the corpus/tokenizer CLIs."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+
+from data_fixtures import data_assets, run_tool
+from megatron_loop.data.corpus import (
+    FEMALE_NAMES,
+    GENERATORS,
+    TASK_NAMES,
+    CorpusSpec,
+    generate_corpus,
+)
+from megatron_loop.errors import LoopConfigError
+
+
+def _solve_tracking(query: str) -> str:
+    start = re.search(r"At the start, (.*?)\.", query).group(1)
+    holding = dict(re.findall(r"(\w+) has an? ([\w ]+?)(?:,|$)", start))
+    for a, b in re.findall(r"Then (\w+) and (\w+) swap", query):
+        holding[a], holding[b] = holding[b], holding[a]
+    target = re.search(r"what does (\w+) have\?", query).group(1)
+    return holding[target]
+
+
+def _solve_proofwriter(query: str) -> str:
+    facts = set(re.findall(r"(\w+) is (\w+)\.", query))
+    rules = re.findall(r"If someone is (\w+) then they are (\w+)\.", query)
+    changed = True
+    while changed:  # forward chaining to a fixed point
+        changed = False
+        for entity, attr in list(facts):
+            for pre, post in rules:
+                if attr == pre and (entity, post) not in facts:
+                    facts.add((entity, post))
+                    changed = True
+    entity, attr = re.search(r'statement "(\w+) is (\w+)"', query).groups()
+    return "True" if (entity, attr) in facts else "False"
+
+
+def _solve_clutrr(query: str) -> str:
+    edges = {}  # person -> (relative, relation word)
+    for rel_person, word, person in re.findall(r"(\w+) is the (\w+) of (\w+)\.", query):
+        edges[person] = (rel_person, word)
+    for person, word, rel_person in re.findall(r"(\w+)'s (\w+) is (\w+)\.", query):
+        edges[person] = (rel_person, word)
+    target, source = re.search(r"How is (\w+) related to (\w+)\?", query).groups()
+    hops, person, word = 0, source, None
+    while person != target:
+        person, word = edges[person]
+        hops += 1
+    base = {"mother": "mother", "father": "father", "son": "son", "daughter": "daughter"}[word]
+    return base if hops == 1 else "great-" * (hops - 2) + "grand" + base
+
+
+SOLVERS = {"tracking": _solve_tracking, "proofwriter": _solve_proofwriter, "clutrr": _solve_clutrr}
+
+
+@pytest.mark.parametrize("task", sorted(GENERATORS))
+def test_generated_answers_match_independent_solver(task):
+    rng = random.Random(0)
+    for depth in range(1, 8):
+        for _ in range(30):
+            item = GENERATORS[task](rng, depth)
+            assert item.depth == depth
+            assert SOLVERS[task](item.query) == item.choices[item.gold]
+            assert len(set(item.choices)) == len(item.choices) >= 2
+
+
+def test_clutrr_answer_gender_follows_last_person():
+    rng = random.Random(1)
+    for _ in range(50):
+        item = GENERATORS["clutrr"](rng, 3)
+        last = re.search(r"How is (\w+) related", item.query).group(1)
+        answer = item.choices[item.gold]
+        assert answer.endswith(("mother", "daughter")) == (last in FEMALE_NAMES)
+
+
+def test_corpus_files_deterministic_and_held_out(tmp_path):
+    spec = CorpusSpec(seed=3, prose_docs=50, reasoning_docs_per_task=40, valid_docs=20,
+                      eval_items_per_depth=5, train_max_depth=2, eval_max_depth=3)
+    m1 = generate_corpus(tmp_path / "a", spec)
+    generate_corpus(tmp_path / "b", spec)
+    generate_corpus(tmp_path / "c", CorpusSpec(**{**spec.__dict__, "seed": 4}))
+    names = ["train.jsonl", "valid.jsonl", "eval/clutrr.jsonl", "eval/proofwriter.jsonl", "eval/tracking.jsonl"]
+    for name in names:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+        assert (tmp_path / "a" / name).read_bytes() != (tmp_path / "c" / name).read_bytes()
+    train = [json.loads(line) for line in (tmp_path / "a" / "train.jsonl").open()]
+    assert len(train) == m1["train_documents"] == 50 + 3 * 40
+    assert {d["source"] for d in train} == {"prose", "clutrr", "proofwriter", "tracking"}
+    assert max(d["depth"] for d in train) == 2
+    train_text = "\n".join(d["text"] for d in train)
+    for task in ("clutrr", "proofwriter", "tracking"):
+        docs = [json.loads(line) for line in (tmp_path / "a" / "eval" / f"{task}.jsonl").open()]
+        assert len(docs) == 15 == m1["eval_items"][TASK_NAMES[task]]
+        assert sorted({d["depth"] for d in docs}) == [1, 2, 3]
+        for d in docs:
+            assert set(d) == {"query", "choices", "gold", "depth", "task"}
+            assert d["query"].endswith("\nAnswer:") and 0 <= d["gold"] < len(d["choices"])
+            assert d["query"] not in train_text  # held out
+
+
+def test_default_corpus_is_a_few_megabytes(tmp_path):
+    generate_corpus(tmp_path, CorpusSpec())
+    size = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+    assert 1_000_000 < size < 5_000_000
+
+
+def test_bad_spec_rejected(tmp_path):
+    with pytest.raises(LoopConfigError, match="depths must be >= 1"):
+        generate_corpus(tmp_path, CorpusSpec(train_max_depth=0))
+
+
+def test_lm_eval_loads_local_tasks(monkeypatch, tmp_path):
+    import datasets
+    from lm_eval.tasks import TaskManager
+
+    # Keep the arrow cache of the local json files out of the user's ~/.cache.
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
+    a = data_assets()
+    tm = TaskManager(include_path=str(a.corpus / "eval"), include_defaults=False)
+    assert set(TASK_NAMES.values()) <= set(tm.all_tasks)
+    task = tm.load_task_or_group(["looplm_tracking_local"])["looplm_tracking_local"]
+    docs = list(task.test_docs())
+    assert len(docs) == 8 * 4
+    doc = docs[0]
+    assert task.doc_to_text(doc) == doc["query"]
+    assert task.doc_to_choice(doc) == doc["choices"]
+    assert task.doc_to_target(doc) == doc["gold"]
+    assert task.OUTPUT_TYPE == "multiple_choice"
+
+
+def test_make_corpus_and_train_tokenizer_clis(tmp_path):
+    r = run_tool("make_corpus.py", "--output-dir", str(tmp_path / "c"), "--prose-docs", "40",
+                 "--reasoning-docs-per-task", "20", "--valid-docs", "10", "--eval-items-per-depth", "2")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["train_documents"] == 100
+    r = run_tool("train_tokenizer.py", "--input", str(tmp_path / "c" / "train.jsonl"),
+                 "--output", str(tmp_path / "tok"), "--vocab-size", "400")
+    assert r.returncode == 0, r.stderr
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    assert tok.eos_token == "<|endoftext|>" and len(tok) <= 400
+    text = "Alice has a red ball.\n  Then   Bob swaps."
+    assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+    bad = run_tool("make_corpus.py", "--output-dir", str(tmp_path / "d"), "--eval-max-depth", "0")
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: corpus depths must be >= 1")

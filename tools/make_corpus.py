@@ -1,0 +1,39 @@
+#!/usr/bin/env python
+"""Generate the bundled corpus: template prose plus depth-controlled reasoning (CLUTRR-,
+ProofWriter- and BBH tracking-style), with held-out lm-eval tasks. Nothing is downloaded.
+
+    python tools/make_corpus.py --output-dir runs/corpus --seed 0
+    lm_eval ... --include_path runs/corpus/eval --tasks looplm_clutrr_local
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from megatron_loop.data.cli import run_cli
+from megatron_loop.data.corpus import CorpusSpec, generate_corpus
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    d = CorpusSpec()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--output-dir", required=True)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--prose-docs", type=int, default=d.prose_docs)
+    ap.add_argument("--reasoning-docs-per-task", type=int, default=d.reasoning_docs_per_task)
+    ap.add_argument("--valid-docs", type=int, default=d.valid_docs)
+    ap.add_argument("--eval-items-per-depth", type=int, default=d.eval_items_per_depth)
+    ap.add_argument("--train-max-depth", type=int, default=d.train_max_depth)
+    ap.add_argument("--eval-max-depth", type=int, default=d.eval_max_depth)
+    a = ap.parse_args(argv)
+    spec = CorpusSpec(a.seed, a.prose_docs, a.reasoning_docs_per_task, a.valid_docs,
+                      a.eval_items_per_depth, a.train_max_depth, a.eval_max_depth)
+    print(json.dumps(generate_corpus(a.output_dir, spec)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,35 @@
+#!/usr/bin/env python
+"""Train a small byte-level BPE tokenizer on a local corpus (see megatron_loop/data/tokenizer.py).
+
+    python tools/train_tokenizer.py --input runs/corpus/train.jsonl --output runs/tokenizer
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from megatron_loop.data.cli import run_cli
+from megatron_loop.data.sources import iter_local_documents, resolve_local_inputs
+from megatron_loop.data.tokenizer import train_bpe_tokenizer
+from megatron_loop.errors import LoopDataError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--input", required=True, help="local .jsonl/.json/.parquet/.txt file, folder or glob")
+    ap.add_argument("--output", required=True, help="folder for the transformers tokenizer files")
+    ap.add_argument("--vocab-size", type=int, default=2048)
+    ap.add_argument("--json-key", default="text")
+    args = ap.parse_args(argv)
+    paths = resolve_local_inputs(args.input)
+    if paths is None:
+        raise LoopDataError(f"input '{args.input}' not found; expected a local corpus file, folder or glob")
+    out = train_bpe_tokenizer(iter_local_documents(paths, args.json_key), args.output, args.vocab_size)
+    print(f"tokenizer saved to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
