@@ -1,5 +1,15 @@
-"""The LoopLM model: megatron-core blocks, recurrence conditioning, parameter roles."""
+"""The LoopLM model: megatron-core blocks, recurrence conditioning, parameter roles.
 
-from megatron_loop.model.looplm import LoopLM, LoopLMOutput, build_model
+``LoopLM``/``build_model`` are imported lazily: megatron-core is slow to import, and light
+modules such as ``megatron_loop.model.roles`` must not pay for it (every distributed rank does).
+"""
 
 __all__ = ["LoopLM", "LoopLMOutput", "build_model"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from megatron_loop.model import looplm
+
+        return getattr(looplm, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,275 @@
+"""DeepSpeed engine construction for the paper's optimizer (App. A.2; issue 5 items 2-4).
+
+Mechanism: we shard Muon ourselves. :class:`~megatron_loop.optim.optimizer.MuonAdamW` is a
+plain torch optimizer handed to ``deepspeed.initialize`` (``zero_allow_untested_optimizer``);
+ZeRO 1/2/3 flatten and partition its two groups as for any optimizer, reduce and clip the RAW
+gradients with one global norm (which the engine reports), then call our ``step`` on the flat
+fp32 partitions. After ``initialize`` we read ZeRO's own bookkeeping (flat offsets, partition
+sizes, stage-3 sub-groups) into one :class:`~megatron_loop.optim.layout.PartitionLayout` per
+partition, registered with the optimizer, so Muon can all-gather its Newton-Schulz input back to
+whole matrices. Momentum and AdamW moments stay sharded on the partitions.
+DeepSpeed's built-in Muon is not used at all, which sidesteps its traps: name-based tagging that
+overwrites flags (DeepSpeed#8438), SGD at stage 0 (#8441), clipping of the orthogonalised update
+(#8439), the stage-3 reduce_scatter restriction, the torch.compiled Newton-Schulz, and bf16
+momentum on resume (#7746, #8433: our momentum lives on ZeRO's fp32 master partition and torch's
+``load_state_dict`` casts state to its dtype). The learning rate is a ``LambdaLR`` given to
+``deepspeed.initialize`` (DeepSpeed's WarmupLR would overwrite per-group rates).
+
+Stage 0 (no ZeRO) is supported in fp32: the optimizer then sees whole weights and clips the raw
+gradients itself (DeepSpeed's own clip at stage 0 does not report the norm).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from megatron_loop.errors import LoopConfigError
+from megatron_loop.optim.layout import PartitionLayout
+from megatron_loop.optim.muon import ScaleRule
+from megatron_loop.optim.optimizer import MuonAdamW, role_param_groups
+from megatron_loop.optim.schedule import wsd_scheduler
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "deepspeed_configs"
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """App. A.2 recipe; ``lr`` is the peak learning rate shared by both groups."""
+
+    lr: float
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    muon_scale: ScaleRule = "match_rms_adamw"
+    grad_clip: float = 1.0
+
+
+class EngineParts(NamedTuple):
+    engine: Any  # deepspeed.DeepSpeedEngine
+    optimizer: MuonAdamW  # the base optimizer: param_groups[i]["name"] / ["lr"] for logging
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+
+
+def build_optimizer(model: torch.nn.Module, settings: OptimizerSettings, *, clip_in_optimizer: bool) -> MuonAdamW:
+    """``MuonAdamW`` over ``model``'s role groups; it clips raw gradients itself only when
+    ``clip_in_optimizer`` (whole weights: no DeepSpeed or ZeRO stage 0)."""
+    return MuonAdamW(
+        role_param_groups(model),
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+        betas=settings.betas,
+        eps=settings.eps,
+        momentum=settings.momentum,
+        nesterov=settings.nesterov,
+        ns_steps=settings.ns_steps,
+        muon_scale=settings.muon_scale,
+        clip_grad=settings.grad_clip if clip_in_optimizer and settings.grad_clip > 0 else None,
+    )
+
+
+def load_ds_config(zero_stage: int | None = None, ds_config: str | Path | dict | None = None) -> dict:
+    """A DeepSpeed config: ``ds_config`` (file or dict) or ``deepspeed_configs/zero{stage}.json``."""
+    if ds_config is None:
+        if zero_stage is None:
+            raise LoopConfigError("give zero_stage or ds_config")
+        if zero_stage == 0:
+            return {"zero_optimization": {"stage": 0}}
+        ds_config = CONFIG_DIR / f"zero{zero_stage}.json"
+    if isinstance(ds_config, dict):
+        config = json.loads(json.dumps(ds_config))  # deep copy
+    else:
+        path = Path(ds_config)
+        if not path.is_file():
+            raise LoopConfigError(f"DeepSpeed config {path} not found")
+        config = json.loads(path.read_text())
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    if zero_stage is not None and stage != zero_stage:
+        raise LoopConfigError(f"DeepSpeed config has ZeRO stage {stage}, expected {zero_stage}")
+    return config
+
+
+def resolve_ds_config(
+    config: dict,
+    *,
+    micro_batch_size: int,
+    grad_accum: int,
+    data_parallel_size: int,
+    bf16: bool | None,
+    grad_clip: float,
+) -> dict:
+    """Fill DeepSpeed's ``"auto"`` values from the run and check the batch arithmetic.
+
+    ``train_batch_size = micro_batch_size * grad_accum * data_parallel_size`` (App. A.2: 38 x 6
+    x 8 = 1,824); a number already in the file must agree. ``bf16=None`` takes the file's value,
+    where ``"auto"`` means bf16 on GPU and fp32 on CPU. The optimizer and scheduler come from
+    code, so the file must not name any. Gradient clipping goes to ZeRO (stage >= 1, raw
+    gradients) or to the optimizer (stage 0), see :func:`build_engine`.
+    """
+    config = json.loads(json.dumps(config))
+    for key in ("optimizer", "scheduler"):
+        if key in config:
+            raise LoopConfigError(
+                f"DeepSpeed config must not set {key!r}: the optimizer and WSD schedule come from code"
+            )
+    if min(micro_batch_size, grad_accum, data_parallel_size) < 1:
+        raise LoopConfigError("micro_batch_size, grad_accum and data-parallel size must be >= 1")
+    wanted = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": micro_batch_size * grad_accum * data_parallel_size,
+    }
+    for key, value in wanted.items():
+        given = config.get(key, AUTO)
+        if given != AUTO and given != value:
+            raise LoopConfigError(
+                f"DeepSpeed config {key}={given} disagrees with micro {micro_batch_size} x accum "
+                f"{grad_accum} x data-parallel {data_parallel_size} (= global {wanted['train_batch_size']})"
+            )
+        config[key] = value
+    stage = config.setdefault("zero_optimization", {}).setdefault("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise LoopConfigError(f"ZeRO stage must be 0-3, got {stage}")
+    for key in ("offload_optimizer", "offload_param"):
+        device = config["zero_optimization"].get(key, {}).get("device", "none")
+        if device not in (None, "none"):
+            # the Muon gather runs on the partitions' device; offloaded partitions are untested
+            raise LoopConfigError(f"zero_optimization.{key} is not supported with the Muon optimizer")
+    if bf16 is None:
+        given = config.get("bf16", {}).get("enabled", AUTO)
+        bf16 = torch.cuda.is_available() if given == AUTO else bool(given)
+    if bf16 and stage == 0:
+        # DeepSpeed wraps bf16 at stage 0 in its own optimizers; use ZeRO 1 (same maths).
+        raise LoopConfigError("bf16 needs ZeRO stage >= 1 (use deepspeed_configs/zero1.json)")
+    config["bf16"] = {**config.get("bf16", {}), "enabled": bool(bf16)}
+    config.setdefault("fp16", {})["enabled"] = False
+    given_clip = config.get("gradient_clipping", AUTO)
+    if given_clip != AUTO and float(given_clip) != float(grad_clip):
+        raise LoopConfigError(f"DeepSpeed config gradient_clipping={given_clip} disagrees with grad_clip={grad_clip}")
+    # stage >= 1: ZeRO clips the raw gradient partitions with one global norm; stage 0: the
+    # optimizer clips (DeepSpeed's stage-0 clip would not report the norm).
+    config["gradient_clipping"] = float(grad_clip) if stage >= 1 else 0.0
+    config["zero_allow_untested_optimizer"] = True
+    return config
+
+
+def init_distributed() -> None:
+    """Initialise torch.distributed through DeepSpeed (nccl on GPU, gloo on CPU).
+
+    A plain ``python`` launch (no ``RANK`` in the environment) becomes a world of one on a free
+    local port, so the same entry point runs on one process without a launcher.
+    """
+    if dist.is_initialized():
+        return
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=None, auto_mpi_discovery=False)
+
+
+def attach_zero_layouts(zero_optimizer: Any, optimizer: MuonAdamW) -> int:
+    """Give ``optimizer`` a :class:`PartitionLayout` for every fp32 partition of ``zero_optimizer``
+    (DeepSpeed's ZeRO 1/2/3 or BF16 wrapper around it).
+
+    Reads DeepSpeed's own bookkeeping; returns the number of partitions tagged. Layouts are
+    attached to all partitions (AdamW ignores them: its maths is elementwise).
+    """
+    if hasattr(zero_optimizer, "fp32_partitioned_groups_flat"):  # stage 3
+        count = 0
+        for index, flat in enumerate(zero_optimizer.fp32_partitioned_groups_flat):
+            params = zero_optimizer.fp16_groups[index]
+            layout = PartitionLayout.striped(
+                params,
+                [p.ds_shape for p in params],
+                [p.partition_numel() for p in params],
+                zero_optimizer.sub_group_process_groups[index],
+            )
+            optimizer.set_partition_layout(flat, layout)
+            count += 1
+        return count
+    if hasattr(zero_optimizer, "fp32_groups_flat_partition"):  # BF16_Optimizer (bf16, ZeRO 1, fp32 accumulation)
+        for index, flat in enumerate(zero_optimizer.fp32_groups_flat_partition):
+            params = zero_optimizer.bf16_groups[index]
+            offsets = [sum(p.numel() for p in params[:j]) for j in range(len(params))]
+            partition = flat.numel()
+            layout = PartitionLayout.contiguous(
+                params, [p.shape for p in params], offsets, partition, zero_optimizer.real_dp_process_group[index]
+            )
+            optimizer.set_partition_layout(flat, layout)
+        return len(zero_optimizer.fp32_groups_flat_partition)
+    if hasattr(zero_optimizer, "single_partition_of_fp32_groups"):  # stage 1/2
+        for index, flat in enumerate(zero_optimizer.single_partition_of_fp32_groups):
+            layout = PartitionLayout.contiguous(
+                zero_optimizer.round_robin_bit16_groups[index],
+                [meta.shape for meta in zero_optimizer.round_robin_bit16_meta[index]],
+                zero_optimizer.round_robin_bit16_offsets[index],
+                int(zero_optimizer.partition_size[index]),
+                zero_optimizer.real_dp_process_group[index],
+            )
+            optimizer.set_partition_layout(flat, layout)
+        return len(zero_optimizer.single_partition_of_fp32_groups)
+    raise TypeError(f"not a DeepSpeed ZeRO optimizer: {type(zero_optimizer).__name__}")
+
+
+def build_engine(
+    model: torch.nn.Module,
+    settings: OptimizerSettings,
+    *,
+    micro_batch_size: int,
+    grad_accum: int,
+    total_steps: int,
+    bf16: bool | None = None,
+    zero_stage: int | None = None,
+    ds_config: str | Path | dict | None = None,
+    dist_init: bool = True,
+) -> EngineParts:
+    """The DeepSpeed engine, base optimizer and WSD scheduler for ``model``.
+
+    Training loop contract: ``loss = ...engine(batch)...; engine.backward(loss); engine.step()``
+    per micro-batch. ``engine.backward`` divides the loss by ``grad_accum`` (App. A.2), the engine
+    steps the optimizer and scheduler at each accumulation boundary
+    (``engine.is_gradient_accumulation_boundary()``), and ``engine.get_global_grad_norm()`` is the
+    raw-gradient norm before clipping. ``engine.save_checkpoint`` / ``load_checkpoint`` carry the
+    Muon momentum, AdamW moments and the scheduler.
+    """
+    if dist_init:
+        init_distributed()
+    config = load_ds_config(zero_stage, ds_config)
+    config = resolve_ds_config(
+        config,
+        micro_batch_size=micro_batch_size,
+        grad_accum=grad_accum,
+        data_parallel_size=dist.get_world_size() if dist.is_initialized() else 1,
+        bf16=bf16,
+        grad_clip=settings.grad_clip,
+    )
+    stage = config["zero_optimization"]["stage"]
+    optimizer = build_optimizer(model, settings, clip_in_optimizer=stage == 0)
+    scheduler = wsd_scheduler(optimizer, total_steps)
+    import deepspeed
+
+    engine, engine_optimizer, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
+    )
+    if stage >= 1:
+        attach_zero_layouts(engine_optimizer, optimizer)
+    return EngineParts(engine, optimizer, scheduler)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

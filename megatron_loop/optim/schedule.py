@@ -1,0 +1,79 @@
+"""Warmup-stable-decay learning-rate schedule (App. A.2 "Learning-rate scheduler", Table 7).
+
+``lambda(t) = t/T_w`` for ``0 <= t <= T_w``; ``1`` for ``T_w < t <= T_w+T_s``;
+``1 - 0.9 (t - T_w - T_s)/T_d`` up to ``T_w+T_s+T_d``, so the last update runs at 0.1 x peak.
+Lengths: ``T_w = round(0.05 T)``, ``T_s = round(0.85 T)``, ``T_d = T - T_w - T_s``
+(5394 -> 270/4585/539, 2860 -> 143/2431/286).
+
+Convention: ``t`` counts optimizer updates from 1, i.e. update ``t`` (the t-th call of
+``optimizer.step``) runs at ``peak * lambda(t)``: the first update already moves (lambda(1) =
+1/T_w), warmup ends at update T_w with the peak, and update T (the last) runs at exactly 0.1 x
+peak. The same multiplier drives both param groups (one peak lr for Muon and AdamW).
+
+The schedule is applied by a ``torch.optim.lr_scheduler.LambdaLR`` passed to
+``deepspeed.initialize`` as ``lr_scheduler`` (not DeepSpeed's WarmupLR, which overwrites
+per-group learning rates); the engine steps it once per optimizer update and checkpoints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+WARMUP_FRACTION = 0.05
+STABLE_FRACTION = 0.85
+FINAL_FRACTION = 0.1
+
+
+class WSDSplit(NamedTuple):
+    warmup: int
+    stable: int
+    decay: int
+
+
+def wsd_split(total_steps: int) -> WSDSplit:
+    """Warmup / stable / decay update counts of a run of ``total_steps`` updates."""
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+    warmup = round(WARMUP_FRACTION * total_steps)
+    stable = round(STABLE_FRACTION * total_steps)
+    return WSDSplit(warmup, stable, total_steps - warmup - stable)
+
+
+def wsd_lambda(step: int, warmup: int, stable: int, decay: int, final: float = FINAL_FRACTION) -> float:
+    """The paper's multiplier ``lambda(t)`` at update ``t = step`` (held at ``final`` after the end)."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if step <= warmup:
+        return step / warmup if warmup > 0 else 1.0
+    if step <= warmup + stable:
+        return 1.0
+    if decay <= 0:
+        return 1.0
+    progress = min(step - warmup - stable, decay) / decay
+    return 1.0 - (1.0 - final) * progress
+
+
+@dataclass
+class WSDMultiplier:
+    """Picklable ``LambdaLR`` lambda: its fields go into the scheduler's state_dict (resume).
+
+    ``LambdaLR`` calls it with the number of updates already done; the next update is
+    ``done + 1`` (see the module docstring).
+    """
+
+    warmup: int
+    stable: int
+    decay: int
+    final: float = FINAL_FRACTION
+
+    def __call__(self, done: int) -> float:
+        return wsd_lambda(done + 1, self.warmup, self.stable, self.decay, self.final)
+
+
+def wsd_scheduler(optimizer: torch.optim.Optimizer, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """``LambdaLR`` applying the WSD multiplier to every group of ``optimizer`` (one peak lr)."""
+    split = wsd_split(total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, WSDMultiplier(*split))
