@@ -101,6 +101,8 @@ def test_corpus_files_deterministic_and_held_out(tmp_path):
         docs = [json.loads(line) for line in (tmp_path / "a" / "eval" / f"{task}.jsonl").open()]
         assert len(docs) == 15 == m1["eval_items"][TASK_NAMES[task]]
         assert sorted({d["depth"] for d in docs}) == [1, 2, 3]
+        # depths are interleaved so that lm-eval's --limit (first N documents) covers all of them
+        assert [d["depth"] for d in docs[:6]] == [1, 2, 3, 1, 2, 3]
         for d in docs:
             assert set(d) == {"query", "choices", "gold", "depth", "task"}
             assert d["query"].endswith("\nAnswer:") and 0 <= d["gold"] < len(d["choices"])

@@ -261,6 +261,16 @@ def _eval_items(task: str, spec: CorpusSpec, seen: set[str]) -> Iterator[Reasoni
             yield item
 
 
+def _interleave_depths(rows: list[dict]) -> list[dict]:
+    """Round-robin over depths (1, 2, ..., D, 1, 2, ...) so that lm-eval's ``--limit N``, which
+    keeps the first N documents, still covers every depth evenly."""
+    by_depth: dict[int, list[dict]] = {}
+    for row in rows:
+        by_depth.setdefault(row["depth"], []).append(row)
+    columns = [by_depth[d] for d in sorted(by_depth)]
+    return [col[i] for i in range(max(map(len, columns), default=0)) for col in columns if i < len(col)]
+
+
 def lm_eval_task_yaml(task: str, jsonl_path: Path) -> str:
     """A local lm-eval multiple-choice task reading ``jsonl_path`` (absolute: lm-eval resolves
     ``data_files`` against the working directory, not the YAML's folder)."""
@@ -318,7 +328,7 @@ def generate_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> 
             if d["source"] != "prose"}
     eval_counts = {}
     for task in TASKS:
-        rows = [item.eval_doc() for item in _eval_items(task, spec, seen)]
+        rows = _interleave_depths([item.eval_doc() for item in _eval_items(task, spec, seen)])
         path = out / "eval" / f"{task}.jsonl"
         _write_jsonl(path, rows)
         (out / "eval" / f"{task}.yaml").write_text(lm_eval_task_yaml(task, path), encoding="utf-8")

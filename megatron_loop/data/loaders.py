@@ -51,12 +51,11 @@ def parse_blend(spec: Any, where: str) -> list[tuple[str, float]]:
             raise LoopConfigError(f"{where}: each entry needs a 'prefix' key")
         return [(str(_get(x, "prefix")), float(_get(x, "weight", 1.0) or 1.0)) for x in spec]
     if all(isinstance(x, (str, os.PathLike)) for x in spec):
-        try:  # Megatron's flat form: weights are numbers written as strings on the CLI
-            pairs = [(str(spec[i + 1]), float(spec[i])) for i in range(0, len(spec), 2)]
-            if len(spec) % 2 == 0:
-                return pairs
-        except ValueError:
-            pass
+        if len(spec) % 2 == 0:
+            try:  # Megatron's flat form: weights are numbers written as strings on the CLI
+                return [(str(spec[i + 1]), float(spec[i])) for i in range(0, len(spec), 2)]
+            except ValueError:
+                pass
         return [(str(x), 1.0) for x in spec]
     if len(spec) % 2 == 0 and all(isinstance(spec[i], (int, float)) for i in range(0, len(spec), 2)):
         return [(str(spec[i + 1]), float(spec[i])) for i in range(0, len(spec), 2)]
