@@ -1,0 +1,65 @@
+"""One lm-evaluation-harness pass at one loop count r, on an in-memory model.
+
+``lm_eval.simple_evaluate`` with ``HFLM(pretrained=model)`` (zero-shot, log-likelihood
+multiple choice, logged samples). Returns the headline score of every task (percent; BBH =
+unweighted mean of its subtasks) and accuracy per ``depth`` of the logged samples.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from megatron_loop.errors import LoopDataError
+from megatron_loop.eval.tasks import TASKS_DIR, TaskSpec, mean
+
+
+def task_manager(include_paths: list[str] | None = None):
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=[str(TASKS_DIR), *(str(Path(p)) for p in include_paths or [])])
+
+
+def make_lm(model, tokenizer, batch_size: int = 8):
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+
+
+def depth_accuracy(samples: list[dict], metric: str) -> dict[int, dict[str, float]]:
+    """Accuracy (percent) and item count per ``doc['depth']`` of lm-eval logged samples."""
+    buckets: dict[int, list[float]] = defaultdict(list)
+    for sample in samples:
+        depth = sample["doc"].get("depth")
+        if depth is not None:
+            buckets[int(depth)].append(float(sample[metric]))
+    return {d: {"accuracy": 100.0 * mean(v), "n": len(v)} for d, v in sorted(buckets.items())}
+
+
+def evaluate_tasks(lm, specs: list[TaskSpec], manager, limit: int | float | None = None) -> tuple[dict, dict]:
+    """(scores {task key: percent}, per_depth {task key: {depth: {accuracy, n}}}) at the model's current r."""
+    import lm_eval
+
+    names = sorted({t for s in specs for t in s.lm_eval_tasks})
+    unknown = [n for n in names if n not in manager.all_tasks]
+    if unknown:
+        raise LoopDataError(f"lm-eval task {unknown[0]!r} not found; expected a stock task, one of "
+                            "megatron_loop/eval/tasks, or a task under --include-path")
+    out = lm_eval.simple_evaluate(model=lm, tasks=names, num_fewshot=0, limit=limit, log_samples=True,
+                                  task_manager=manager, bootstrap_iters=0, verbosity="WARNING")
+    results, samples = out["results"], out["samples"]
+    scores, per_depth = {}, {}
+    for spec in specs:
+        values = []
+        for name in spec.lm_eval_tasks:
+            key = f"{spec.metric},none"
+            if key not in results.get(name, {}):
+                raise LoopDataError(f"lm-eval task {name!r} reports no {spec.metric!r}; expected a multiple-choice "
+                                    "task with that metric")
+            values.append(100.0 * results[name][key])
+        scores[spec.key] = mean(values)
+        if spec.depth_axis is not None and len(spec.lm_eval_tasks) == 1:
+            strata = depth_accuracy(samples[spec.lm_eval_tasks[0]], spec.metric)
+            if strata:
+                per_depth[spec.key] = strata
+    return scores, per_depth

@@ -1,0 +1,33 @@
+"""Held-out loss and perplexity at the model's loop count r on an indexed validation prefix.
+
+The prefix is packed exactly as in training (``data.packed.PackedDataset``: seed-shuffled
+documents, non-overlapping ``seq_length`` windows, App. A.1); the loss of a window is the
+mean next-token cross-entropy over its ``seq_length - 1`` predictions; the reported loss is
+the mean over windows and perplexity = exp(loss).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def heldout_loss(model, prefix: str, seq_length: int, max_sequences: int | None = None,
+                 batch_size: int = 4, seed: int = 1234) -> dict[str, float]:
+    """``{"loss", "perplexity", "sequences"}`` of an HF causal LM at its configured loop count."""
+    from megatron_loop.data.packed import PackedDataset
+
+    dataset = PackedDataset(prefix, seq_length=seq_length, seed=seed)
+    n = len(dataset) if max_sequences is None else min(len(dataset), max_sequences)
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, n, batch_size):
+            tokens = torch.stack([dataset[i]["tokens"] for i in range(start, min(n, start + batch_size))]).to(device)
+            logits = model(tokens, use_cache=False).logits[:, :-1].float()
+            losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+            total += losses.mean(dim=1).sum().item()
+            count += tokens.shape[0]
+    loss = total / count
+    return {"loss": loss, "perplexity": math.exp(loss), "sequences": count}

@@ -1,0 +1,109 @@
+"""Loop sweep (paper Sec. 2.3, App. A.3): load an exported model once, then for every
+inference loop count r run the zero-shot suite and the held-out loss, and record scores
+against effective depth L(r) = p + r·s + c."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.eval.tasks import GROUPS, TaskSpec, aggregate
+
+
+@dataclass
+class SweepSettings:
+    loops: list[int]
+    tasks: list[TaskSpec] = field(default_factory=list)  # empty: held-out loss only
+    limit: int | float | None = None
+    include_paths: list[str] = field(default_factory=list)
+    valid_prefix: str | None = None
+    seq_length: int = 2048
+    valid_sequences: int | None = None
+    batch_size: int = 8
+    progress: bool = True
+    device: str | None = None  # default: cuda when available, else cpu
+    dtype: str = "float32"     # float32 | bfloat16 | float16
+
+
+def load_hf_model(model_dir: str | Path, device: str | None = None, dtype: str = "float32"):
+    """(model in eval mode on ``device``, tokenizer) from an exported folder (LoopLM or native)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise LoopConfigError(f"--dtype {dtype!r}: expected float32, bfloat16 or float16")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise LoopDataError(f"{model_dir / 'config.json'}: missing; expected a folder written by "
+                            "tools/convert_to_hf.py")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=True,
+                                                 dtype=getattr(torch, dtype)).to(device).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except Exception as e:  # no tokenizer files in the folder
+        raise LoopDataError(f"{model_dir}: cannot load the tokenizer ({e}); expected tokenizer files next to "
+                            "the model (convert_to_hf.py --tokenizer)") from None
+    return model, tokenizer
+
+
+def architecture(config) -> dict:
+    """p, s, c, K of a LoopLM export; a native Llama/Qwen3 export is NonLoop L×1."""
+    if config.model_type == "looplm":
+        return {"prelude_layers": config.prelude_layers, "core_layers": config.core_layers,
+                "coda_layers": config.coda_layers, "train_loops": config.train_loops}
+    return {"prelude_layers": 0, "core_layers": config.num_hidden_layers, "coda_layers": 0, "train_loops": 1}
+
+
+def set_loops(model, r: int) -> None:
+    if model.config.model_type == "looplm":
+        model.config.num_loops = r
+    elif r != 1:
+        raise LoopConfigError(f"--loops {r}: a native {model.config.model_type} export is NonLoop; only r = 1 runs")
+
+
+def run_sweep(model_dir: str | Path, settings: SweepSettings, label: str | None = None) -> dict:
+    from tqdm.auto import tqdm
+
+    if not settings.loops or any(r < 1 for r in settings.loops):
+        raise LoopConfigError(f"--loops {settings.loops}: expected loop counts >= 1")
+    model, tokenizer = load_hf_model(model_dir, settings.device, settings.dtype)
+    for r in settings.loops:  # refuse before spending any time
+        set_loops(model, r)
+    arch = architecture(model.config)
+    p, s, c, k = arch["prelude_layers"], arch["core_layers"], arch["coda_layers"], arch["train_loops"]
+    depth = {r: p + r * s + c for r in settings.loops}
+    results = {
+        "model": str(model_dir), "label": label, "layout": f"{p}+{s}x{k}+{c}", **arch,
+        "training_depth": p + k * s + c, "loops": list(settings.loops), "effective_depth": depth,
+        "metrics": {t.key: t.metric for t in settings.tasks}, "groups_of": {t.key: t.group for t in settings.tasks},
+        "lm_eval_tasks": {t.key: list(t.lm_eval_tasks) for t in settings.tasks}, "limit": settings.limit,
+        "tasks": {t.key: {} for t in settings.tasks}, "groups": {g: {} for g in (*GROUPS, "overall")},
+        "per_depth": {}, "heldout": {},
+    }
+    lm = manager = None
+    if settings.tasks:
+        from megatron_loop.eval.harness import make_lm, task_manager
+
+        lm, manager = make_lm(model, tokenizer, settings.batch_size), task_manager(settings.include_paths)
+    for r in tqdm(settings.loops, desc="loop sweep", unit="r", disable=not settings.progress):
+        set_loops(model, r)
+        if settings.tasks:
+            from megatron_loop.eval.harness import evaluate_tasks
+
+            scores, per_depth = evaluate_tasks(lm, settings.tasks, manager, settings.limit)
+            for key, value in scores.items():
+                results["tasks"][key][r] = value
+            for group, value in aggregate(scores, settings.tasks).items():
+                results["groups"][group][r] = value
+            for key, strata in per_depth.items():
+                results["per_depth"].setdefault(key, {})[r] = strata
+        if settings.valid_prefix:
+            from megatron_loop.eval.heldout import heldout_loss
+
+            results["heldout"][r] = heldout_loss(model, settings.valid_prefix, settings.seq_length,
+                                                 settings.valid_sequences, batch_size=settings.batch_size)
+    if model.config.model_type == "looplm":
+        set_loops(model, k)
+    return results

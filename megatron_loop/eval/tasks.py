@@ -1,0 +1,119 @@
+"""The paper's evaluation suite (App. A.3): task groups, headline metric per task, aggregation.
+
+Every task is zero-shot multiple choice scored by log-likelihood in lm-evaluation-harness.
+Headline metric (App. A.3: "length-normalized accuracy for multiple-choice tasks whose options
+differ in length, and plain accuracy for tasks with fixed-form options"):
+
+=============== ========================================== ========= =========================
+task            lm-eval task(s)                            metric    options
+=============== ========================================== ========= =========================
+SciQ            sciq                                       acc_norm  free-text answers
+ARC-Easy        arc_easy                                   acc_norm  free-text answers
+PIQA            piqa                                       acc_norm  free-text solutions
+ARC-Challenge   arc_challenge                              acc_norm  free-text answers
+WinoGrande      winogrande                                 acc       the two fillers, same continuation
+OpenBookQA      openbookqa                                 acc_norm  free-text answers
+HellaSwag       hellaswag                                  acc_norm  free-text endings
+CommonsenseQA   commonsense_qa                             acc       letters A-E
+ProofWriter     looplm_proofwriter (shipped YAML)          acc       True / False / Unknown
+CLUTRR          looplm_clutrr (shipped YAML)               acc_norm  kinship words
+BBH             looplm_bbh_<subtask> x 14 (shipped YAMLs)  acc       (A), (B), ... / Yes, No
+=============== ========================================== ========= =========================
+
+Scores are percentages. BBH's score is the unweighted mean of its 14 subtasks (Table 10).
+Group score = unweighted mean of its tasks; Overall = unweighted mean of all eleven tasks,
+Eq. (S_Know, S_Reas): (3 * 62.80 + 8 * 28.52) / 11 = 37.87.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from megatron_loop.errors import LoopConfigError
+
+TASKS_DIR = Path(__file__).with_name("tasks")
+
+BBH_SUBTASKS = (
+    "disambiguation_qa", "salient_translation_error_detection", "reasoning_about_colored_objects",
+    "causal_judgement", "date_understanding", "hyperbaton", "logical_deduction_three_objects",
+    "logical_deduction_seven_objects", "penguins_in_a_table", "snarks", "temporal_sequences",
+    "tracking_shuffled_objects_three_objects", "tracking_shuffled_objects_five_objects",
+    "tracking_shuffled_objects_seven_objects",
+)
+
+KNOWLEDGE, REASONING, EXTRA = "knowledge", "reasoning", "extra"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    key: str                       # our name (results, plots)
+    lm_eval_tasks: tuple[str, ...]  # the lm-eval task(s); several = unweighted mean (BBH)
+    metric: str                    # headline metric: acc or acc_norm
+    group: str                     # knowledge | reasoning | extra
+    depth_axis: str | None = None  # what the per-doc ``depth`` field means, if stratified
+
+
+PAPER_TASKS: dict[str, TaskSpec] = {t.key: t for t in (
+    TaskSpec("sciq", ("sciq",), "acc_norm", KNOWLEDGE),
+    TaskSpec("arc_easy", ("arc_easy",), "acc_norm", KNOWLEDGE),
+    TaskSpec("piqa", ("piqa",), "acc_norm", KNOWLEDGE),
+    TaskSpec("arc_challenge", ("arc_challenge",), "acc_norm", REASONING),
+    TaskSpec("winogrande", ("winogrande",), "acc", REASONING),
+    TaskSpec("openbookqa", ("openbookqa",), "acc_norm", REASONING),
+    TaskSpec("hellaswag", ("hellaswag",), "acc_norm", REASONING),
+    TaskSpec("commonsense_qa", ("commonsense_qa",), "acc", REASONING),
+    TaskSpec("proofwriter", ("looplm_proofwriter",), "acc", REASONING, depth_axis="proof depth"),
+    TaskSpec("clutrr", ("looplm_clutrr",), "acc_norm", REASONING, depth_axis="relation-chain length"),
+    TaskSpec("bbh", tuple(f"looplm_bbh_{s}" for s in BBH_SUBTASKS), "acc", REASONING),
+)}
+GROUPS = (KNOWLEDGE, REASONING)
+
+
+def resolve_tasks(items: list[str] | None) -> list[TaskSpec]:
+    """Task specs from ``--tasks`` items (default: all eleven paper tasks).
+
+    ``KEY`` is a paper task; ``KEY=LM_EVAL_TASK`` runs another lm-eval task (e.g. a local
+    file-backed one) in that task's slot, keeping its metric and group; any other name runs
+    as an extra task (metric ``acc``, in no group); ``NAME:METRIC`` picks the metric of an extra task.
+    """
+    if not items:
+        return list(PAPER_TASKS.values())
+    specs: list[TaskSpec] = []
+    for item in items:
+        if "=" in item:
+            key, task = (s.strip() for s in item.split("=", 1))
+            if key not in PAPER_TASKS:
+                raise LoopConfigError(f"--tasks {item!r}: unknown paper task {key!r}; expected one of "
+                                      f"{sorted(PAPER_TASKS)}")
+            if not task:
+                raise LoopConfigError(f"--tasks {item!r}: expected KEY=LM_EVAL_TASK")
+            specs.append(replace(PAPER_TASKS[key], lm_eval_tasks=(task,)))
+        elif item in PAPER_TASKS:
+            specs.append(PAPER_TASKS[item])
+        else:
+            name, _, metric = item.partition(":")
+            metric = metric or "acc"
+            if metric not in ("acc", "acc_norm"):
+                raise LoopConfigError(f"--tasks {item!r}: metric {metric!r}; expected acc or acc_norm")
+            specs.append(TaskSpec(name, (name,), metric, EXTRA, depth_axis="depth"))
+    keys = [s.key for s in specs]
+    if len(set(keys)) != len(keys):
+        raise LoopConfigError(f"--tasks: task listed twice in {keys}")
+    return specs
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def aggregate(scores: dict[str, float], specs: list[TaskSpec]) -> dict[str, float | None]:
+    """Group scores (unweighted mean of the group's tasks present) and Overall (unweighted mean of
+    every grouped task present). ``None`` for a group with no task."""
+    out: dict[str, float | None] = {}
+    for group in GROUPS:
+        members = [scores[s.key] for s in specs if s.group == group and s.key in scores]
+        out[group] = mean(members) if members else None
+    grouped = [scores[s.key] for s in specs if s.group in GROUPS and s.key in scores]
+    out["overall"] = mean(grouped) if grouped else None
+    return out

@@ -1,0 +1,80 @@
+"""Document processing for the shipped lm-eval tasks (ProofWriter, CLUTRR, BBH as multiple choice).
+
+Each ``process_*`` adds ``query`` (prompt), ``choices``, ``gold`` (index) and, for the
+depth-controlled tasks, ``depth``: ProofWriter's proof depth (``QDep``) and CLUTRR's
+relation-chain length (from ``task_name``). ``depth`` is what
+``megatron_loop.eval`` stratifies logged samples by (paper Fig. 1 b,c).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+PROOFWRITER_CHOICES = ["True", "False", "Unknown"]
+CLUTRR_RELATIONS = [
+    "father", "mother", "son", "daughter", "husband", "wife", "brother", "sister", "grandfather",
+    "grandmother", "grandson", "granddaughter", "uncle", "aunt", "nephew", "niece", "father-in-law",
+    "mother-in-law", "son-in-law", "daughter-in-law", "brother-in-law", "sister-in-law",
+]
+_OPTION = re.compile(r"^\(([A-R])\)", re.MULTILINE)
+
+
+def process_proofwriter(dataset):
+    """tasksource/proofwriter rows (theory, question, answer, QDep, config). Keeps the
+    ``depth-5`` configuration (proof depths 0-5) when the split has it."""
+    if "config" in dataset.column_names and "depth-5" in set(dataset["config"]):
+        dataset = dataset.filter(lambda d: d["config"] == "depth-5")
+
+    def one(doc):
+        answer = str(doc["answer"]).strip().capitalize()
+        return {"query": f"{doc['theory'].strip()}\nQuestion: {doc['question'].strip()} True, False, or Unknown?\n"
+                         "Answer:",
+                "choices": PROOFWRITER_CHOICES, "gold": PROOFWRITER_CHOICES.index(answer),
+                "depth": int(doc["QDep"])}
+
+    return dataset.map(one)
+
+
+def clutrr_chain_length(doc) -> int:
+    """Length of the relation chain: ``task_name`` "task_<noise>.<length>" (the dataset card:
+    "the second number directly indicates the length of clauses"), else the number of
+    relations in ``f_comb`` ("r1-r2-...")."""
+    name = str(doc.get("task_name") or "")
+    if re.fullmatch(r"task_\d+\.\d+", name):
+        return int(name.rsplit(".", 1)[1])
+    return len(str(doc["f_comb"]).split("-"))
+
+
+def process_clutrr(dataset):
+    """CLUTRR/v1 rows (story, query "('A', 'B')", target_text, f_comb, task_name)."""
+
+    def one(doc):
+        head, tail = ast.literal_eval(doc["query"]) if isinstance(doc["query"], str) else doc["query"]
+        story = re.sub(r"[\[\]]", "", doc["story"]).strip()
+        relations = CLUTRR_RELATIONS + ([doc["target_text"]] if doc["target_text"] not in CLUTRR_RELATIONS else [])
+        return {"query": f"{story}\nQuestion: How is {tail} related to {head}?\nAnswer: {tail} is {head}'s",
+                "choices": relations, "gold": relations.index(doc["target_text"]),
+                "depth": clutrr_chain_length(doc)}
+
+    return dataset.map(one)
+
+
+def process_bbh(dataset):
+    """BBH (SaylorTwift/bbh: input, target) as multiple choice over its fixed-form options:
+    the lettered options "(A)".."(R)" listed in the input, else Yes/No, True/False or valid/invalid."""
+
+    def one(doc):
+        target = doc["target"].strip()
+        letters = sorted(set(_OPTION.findall(doc["input"])))
+        if letters and re.fullmatch(r"\([A-R]\)", target):
+            choices = [f"({x})" for x in letters]
+        elif target in ("Yes", "No"):
+            choices = ["Yes", "No"]
+        elif target in ("True", "False"):
+            choices = ["True", "False"]
+        else:
+            choices = ["valid", "invalid"] if target in ("valid", "invalid") else [target]
+        return {"query": f"Q: {doc['input'].strip()}\nA:", "choices": choices, "gold": choices.index(target)}
+
+    return dataset.map(one)

@@ -1,0 +1,345 @@
+"""Training checkpoint <-> Hugging Face folder (SPEC.md "HF export contract").
+
+Export: consolidate the DeepSpeed checkpoint (any ZeRO stage, ``model.io``), rename every
+tensor to the export names, split megatron-core's fused matrices, and write ``config.json``
+(with ``auto_map``), ``modeling_looplm.py``, sharded safetensors, the tokenizer and a
+generation config into a temporary folder that is renamed into place at the end.
+
+* fused QKV ``[groups, (heads/groups + 2) * head_dim]`` rows -> ``q_proj``, ``k_proj``,
+  ``v_proj`` (grouped-query layout de-interleaved with ``roles.QKVSplit``);
+* fused SwiGLU ``fc1 = [gate; up]`` -> ``gate_proj``, ``up_proj``;
+* a NonLoop model (one loop, no conditioning) is written as a native ``LlamaForCausalLM``
+  (``qk_norm`` false) or ``Qwen3ForCausalLM`` (``qk_norm`` true) with no remote code.
+
+``load_looplm_from_hf`` is the inverse: an exported folder back to the training ``LoopLM``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from megatron_loop.config import ModelConfig, build_model_config
+from megatron_loop.errors import LoopDataError
+
+MODELING_FILE = Path(__file__).with_name("modeling_looplm.py")
+DEFAULT_MAX_SHARD_SIZE = "2GB"
+
+# Training-model suffix -> export suffix, per block (fused matrices are handled separately).
+_BLOCK_RENAMES = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+    "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+    "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+    "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
+    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+    "attn_gate.q": "attn_gate.q",
+    "mlp_gate.q": "mlp_gate.q",
+    "attn_adaln.weight": "attn_adaln.weight",
+    "mlp_adaln.weight": "mlp_adaln.weight",
+}
+_QKV = "self_attention.linear_qkv.weight"
+_FC1 = "mlp.linear_fc1.weight"
+_QKV_PARTS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+_FC1_PARTS = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
+_PARTS = ("prelude", "core", "coda")
+
+
+# --------------------------------------------------------------------------------------
+# Which class, which config
+# --------------------------------------------------------------------------------------
+
+
+def is_native(cfg: ModelConfig) -> bool:
+    """NonLoop (one loop) without any conditioning: a plain Llama / Qwen3 stack."""
+    return (cfg.train_loops == 1 and cfg.initial_injection == "none" and cfg.history_injection == "none"
+            and cfg.timestep == "none")
+
+
+def rope_parameters(cfg: ModelConfig) -> dict:
+    if cfg.rope_scaling is None:
+        return {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
+    return {**cfg.rope_scaling, "rope_theta": float(cfg.rope_theta)}
+
+
+def _common_fields(cfg: ModelConfig) -> dict:
+    return dict(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, rms_norm_eps=cfg.rms_norm_eps,
+                rope_parameters=rope_parameters(cfg), max_position_embeddings=cfg.max_position_embeddings,
+                initializer_range=cfg.initializer_range, tie_word_embeddings=cfg.tie_word_embeddings,
+                hidden_act="silu")
+
+
+def hf_config(cfg: ModelConfig, token_ids: dict | None = None):
+    """The transformers config object of the export (LoopLMConfig, LlamaConfig or Qwen3Config)."""
+    token_ids = token_ids or {}
+    if is_native(cfg):
+        depth = cfg.physical_depth
+        if cfg.qk_norm:
+            from transformers import Qwen3Config
+            return Qwen3Config(**_common_fields(cfg), num_hidden_layers=depth, attention_bias=False,
+                               use_sliding_window=False, **token_ids)
+        from transformers import LlamaConfig
+        return LlamaConfig(**_common_fields(cfg), num_hidden_layers=depth, attention_bias=False, mlp_bias=False,
+                           **token_ids)
+    from megatron_loop.hf.modeling_looplm import LoopLMConfig
+    return LoopLMConfig(**_common_fields(cfg), prelude_layers=cfg.prelude_layers, core_layers=cfg.core_layers,
+                        train_loops=cfg.train_loops, coda_layers=cfg.coda_layers, num_loops=cfg.train_loops,
+                        qk_norm=cfg.qk_norm, initial_injection=cfg.initial_injection,
+                        history_injection=cfg.history_injection, history_window=cfg.history_window,
+                        timestep=cfg.timestep, timestep_grid=cfg.timestep_grid, **token_ids)
+
+
+def model_config_from_hf(config) -> ModelConfig:
+    """Our ModelConfig from an exported config (LoopLM, Llama or Qwen3)."""
+    rope = dict(config.rope_parameters)
+    theta = rope.pop("rope_theta")
+    scaling = None if rope.get("rope_type", "default") == "default" else rope
+    fields = dict(hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                  num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+                  head_dim=config.head_dim, vocab_size=config.vocab_size, rms_norm_eps=config.rms_norm_eps,
+                  rope_theta=theta, rope_scaling=scaling, max_position_embeddings=config.max_position_embeddings,
+                  tie_word_embeddings=config.tie_word_embeddings, initializer_range=config.initializer_range)
+    if config.model_type == "looplm":
+        fields.update(prelude_layers=config.prelude_layers, core_layers=config.core_layers,
+                      train_loops=config.train_loops, coda_layers=config.coda_layers, qk_norm=config.qk_norm,
+                      initial_injection=config.initial_injection, history_injection=config.history_injection,
+                      history_window=config.history_window, timestep=config.timestep,
+                      timestep_grid=config.timestep_grid)
+    elif config.model_type in ("llama", "qwen3"):
+        fields.update(prelude_layers=0, core_layers=config.num_hidden_layers, train_loops=1, coda_layers=0,
+                      qk_norm=config.model_type == "qwen3")
+    else:
+        raise LoopDataError(f"model_type {config.model_type!r}: expected 'looplm', 'llama' or 'qwen3'")
+    return build_model_config(fields)
+
+
+# --------------------------------------------------------------------------------------
+# Tensor names
+# --------------------------------------------------------------------------------------
+
+
+def _fused_rows(cfg: ModelConfig):
+    from megatron_loop.model.roles import GateUpSplit, QKVSplit
+
+    qkv = QKVSplit(num_groups=cfg.num_key_value_heads,
+                   heads_per_group=cfg.num_attention_heads // cfg.num_key_value_heads, head_dim=cfg.head_dim)
+    return qkv.row_index(), GateUpSplit(cfg.intermediate_size).row_index()
+
+
+def _block_positions(cfg: ModelConfig, native: bool):
+    """(training prefix, export prefix) per block; native stacks number prelude, core, coda as layers."""
+    counts = {"prelude": cfg.prelude_layers, "core": cfg.core_layers, "coda": cfg.coda_layers}
+    layer = 0
+    for part in _PARTS:
+        for i in range(counts[part]):
+            yield f"{part}.{i}.", (f"model.layers.{layer}." if native else f"model.{part}.{i}.")
+            layer += 1
+
+
+def to_hf_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Training state dict (``LoopLM`` names, fused QKV / fc1) -> export names (split matrices)."""
+    state = {k: v for k, v in state.items() if not k.endswith("_extra_state")}
+    native = is_native(cfg)
+    qkv_rows, fc1_rows = _fused_rows(cfg)
+    out: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
+
+    def take(name: str) -> torch.Tensor:
+        if name not in state:
+            raise LoopDataError(f"checkpoint tensor '{name}' missing; expected by the architecture "
+                                f"{cfg.layout} in the run config")
+        used.add(name)
+        return state[name]
+
+    out["model.embed_tokens.weight"] = take("embed_tokens.weight")
+    out["model.norm.weight"] = take("norm.weight")
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = take("lm_head.weight")
+    for src, dst in _block_positions(cfg, native):
+        for old, new in _BLOCK_RENAMES.items():
+            if src + old in state:
+                out[dst + new] = take(src + old)
+        for name, rows in zip(_QKV_PARTS, qkv_rows):
+            out[dst + name] = take(src + _QKV).index_select(0, rows)
+        for name, rows in zip(_FC1_PARTS, fc1_rows):
+            out[dst + name] = take(src + _FC1).index_select(0, rows)
+    for name in state:
+        if name.split(".")[0] in ("initial_injection", "history_injection", "loop_gating"):
+            out["model." + name] = take(name)
+    unused = sorted(set(state) - used)
+    if unused:
+        raise LoopDataError(f"checkpoint tensor '{unused[0]}' has no place in the export of {cfg.layout} "
+                            f"(initial_injection={cfg.initial_injection}, history_injection="
+                            f"{cfg.history_injection}, timestep={cfg.timestep})")
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def from_hf_state_dict(hf_state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`to_hf_state_dict`: export names -> training names (fused matrices rebuilt)."""
+    native = is_native(cfg)
+    qkv_rows, fc1_rows = _fused_rows(cfg)
+    out = {"embed_tokens.weight": hf_state["model.embed_tokens.weight"], "norm.weight": hf_state["model.norm.weight"]}
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = hf_state["lm_head.weight"]
+
+    def fuse(prefix: str, names: tuple[str, ...], rows: list[torch.Tensor]) -> torch.Tensor:
+        parts = [hf_state[prefix + n] for n in names]
+        fused = parts[0].new_empty(sum(p.shape[0] for p in parts), parts[0].shape[1])
+        for p, r in zip(parts, rows):
+            fused[r] = p
+        return fused
+
+    for src, dst in _block_positions(cfg, native):
+        for old, new in _BLOCK_RENAMES.items():
+            if dst + new in hf_state:
+                out[src + old] = hf_state[dst + new]
+        out[src + _QKV] = fuse(dst, _QKV_PARTS, qkv_rows)
+        out[src + _FC1] = fuse(dst, _FC1_PARTS, fc1_rows)
+    for name, tensor in hf_state.items():
+        if name.split(".")[1] in ("initial_injection", "history_injection", "loop_gating"):
+            out[name[len("model."):]] = tensor
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Writing and reading folders
+# --------------------------------------------------------------------------------------
+
+
+def _prepare_output(output: Path, overwrite: bool) -> None:
+    if output.exists() and not output.is_dir():
+        raise LoopDataError(f"{output}: exists and is not a folder; expected an empty or new output folder")
+    if output.is_dir() and any(output.iterdir()) and not overwrite:
+        raise LoopDataError(f"{output}: output folder is not empty; pass --overwrite to replace it")
+
+
+def _load_tokenizer(tokenizer: str | None):
+    if tokenizer is None:
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(tokenizer)
+    except Exception as e:  # missing folder, offline hub, unknown format
+        raise LoopDataError(f"cannot load tokenizer '{tokenizer}': {e}; expected a tokenizer folder "
+                            "saved with save_pretrained or a cached hub name") from None
+
+
+def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: str | os.PathLike,
+                      tokenizer: str | None = None, overwrite: bool = False,
+                      max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE) -> Path:
+    """Write the HF folder for a training state dict; returns the folder."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    output = Path(output)
+    _prepare_output(output, overwrite)
+    tok = _load_tokenizer(tokenizer)
+    token_ids = {}
+    if tok is not None:
+        token_ids = {k: getattr(tok, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                     if getattr(tok, k, None) is not None}
+        if len(tok) > cfg.vocab_size:
+            raise LoopDataError(f"tokenizer '{tokenizer}' has {len(tok)} tokens but the model's vocab_size is "
+                                f"{cfg.vocab_size}; expected the tokenizer the model was trained with")
+    config = hf_config(cfg, token_ids)
+    hf_state = to_hf_state_dict(state, cfg)
+    if is_native(cfg):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    else:
+        from megatron_loop.hf.modeling_looplm import LoopLMForCausalLM
+        with torch.device("meta"):
+            model = LoopLMForCausalLM(config)
+    missing, unexpected = model.load_state_dict(hf_state, strict=False, assign=True)
+    missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise LoopDataError(f"export of {cfg.layout}: tensors missing {missing[:3]} / unexpected "
+                            f"{unexpected[:3]} for {type(model).__name__}")
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
+    model.generation_config = GenerationConfig(**token_ids)
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    try:
+        model.save_pretrained(tmp, max_shard_size=max_shard_size)
+        if tok is not None:
+            tok.save_pretrained(tmp)
+        _write_readme(tmp, cfg)
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return output
+
+
+def _write_readme(folder: Path, cfg: ModelConfig) -> None:
+    kind = "native" if is_native(cfg) else "looplm (trust_remote_code=True)"
+    (folder / "README.md").write_text(
+        f"# LoopLM {cfg.layout}\n\nExported by megatron_loop ({kind}). Effective depth at r loops: "
+        f"L(r) = {cfg.prelude_layers} + r*{cfg.core_layers} + {cfg.coda_layers}; trained with r = K = "
+        f"{cfg.train_loops}.\n\n```python\nfrom transformers import AutoModelForCausalLM\n"
+        f"model = AutoModelForCausalLM.from_pretrained(PATH, trust_remote_code=True, num_loops={cfg.train_loops})\n```\n")
+
+
+def convert_checkpoint(ckpt_dir: str | os.PathLike, output: str | os.PathLike, tag: str | None = None,
+                       tokenizer: str | None = None, overwrite: bool = False,
+                       max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE) -> Path:
+    """DeepSpeed checkpoint folder (any ZeRO stage) -> HF folder. The tokenizer defaults to the
+    run config's ``data.tokenizer``."""
+    from megatron_loop.model.io import consolidated_state_dict, load_run_config
+
+    ckpt_dir = Path(ckpt_dir)
+    output = Path(output)
+    _prepare_output(output, overwrite)  # fail before the (slow) consolidation
+    cfg = load_run_config(ckpt_dir)
+    state = consolidated_state_dict(ckpt_dir, tag)
+    return export_state_dict(state, cfg.model, output, tokenizer=tokenizer or cfg.data.tokenizer,
+                             overwrite=overwrite, max_shard_size=max_shard_size)
+
+
+def read_hf_state_dict(hf_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """All tensors of an exported folder (sharded or not)."""
+    from safetensors.torch import load_file
+
+    hf_dir = Path(hf_dir)
+    files = sorted(hf_dir.glob("*.safetensors"))
+    if not files:
+        raise LoopDataError(f"{hf_dir}: no *.safetensors files; expected a folder written by convert_to_hf")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+def load_looplm_from_hf(hf_dir: str | os.PathLike):
+    """An exported HF folder -> the training ``LoopLM`` (fp32, eval mode), for probing."""
+    from transformers import AutoConfig
+
+    from megatron_loop.model import build_model
+
+    hf_dir = Path(hf_dir)
+    if not (hf_dir / "config.json").is_file():
+        raise LoopDataError(f"{hf_dir / 'config.json'}: missing; expected a folder written by convert_to_hf")
+    config = AutoConfig.from_pretrained(hf_dir, trust_remote_code=True)
+    cfg = model_config_from_hf(config)
+    state = from_hf_state_dict({k: v.float() for k, v in read_hf_state_dict(hf_dir).items()}, cfg)
+    model = build_model(cfg)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise LoopDataError(f"{hf_dir}: tensors missing {missing[:3]} / unexpected {unexpected[:3]} for {cfg.layout}")
+    return model.eval()
+
+
+def read_export_config(hf_dir: str | os.PathLike) -> dict:
+    return json.loads((Path(hf_dir) / "config.json").read_text())

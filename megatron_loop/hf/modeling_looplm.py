@@ -1,0 +1,652 @@
+# coding=utf-8
+"""LoopLM for Hugging Face transformers: one self-contained file (plain torch + transformers).
+
+A looped language model ``p+s×K+c`` ("Prelude", "Core", "Coda"): token embedding, ``p`` Prelude
+blocks, a Core of ``s`` weight-tied blocks applied ``r`` times, ``c`` Coda blocks, a final
+RMSNorm and the LM head. The recurrence (paper Sec. 2.1, Eq. loop-state-evolution) is
+
+    h^0 = P(e(x)),    h^{t+1} = F(h^t; gamma_t)  for 0 <= t < r,    y = W C(h^r).
+
+The model was trained with ``r = K = train_loops``; ``num_loops`` (config field and
+``from_pretrained`` kwarg) sets the inference loop count r, which may be smaller or larger
+(extrapolation). Effective depth L(r) = p + r·s + c.
+
+Recurrence conditioning gamma_t (paper Sec. 4 and App. A.1), in any combination:
+
+* Initial-state injection   I_phi(h, h0)                    Eq. (initial_state_injection_variants)
+* History-state injection   sum_j B_j(h_{l-j} - h_l)        Eq. (history_state_injection)
+* Timestep features         psi(t, dt) in R^8               Eq. (timestep_features)
+* Loop Gating (LG)          h_{l+1} = h_l + g_l (y_l - h_l) Eq. (loop_level_timestep_gating)
+* Branch Gating (BG)        u+ = u + g Branch(Norm(u))      Eq. (branch_level_timestep_gating)
+* AdaLN                     u+ = u + g Branch((1+s) Norm(u)) Eq. (adaln_timestep_parameters)
+
+One loop iteration (``LoopLMModel._loop_iteration``):
+
+    u_l     = I_phi(h_l, h0) + sum_j B_j(h_{l-j} - h_l)
+    y_l     = Core(u_l; psi_l)
+    h_{l+1} = h_l + g_l (y_l - h_l) with LG,   y_l otherwise
+
+Each block is a pre-norm Llama / Qwen3 decoder layer (RMSNorm, GQA self-attention with
+rotate-half RoPE and optional per-head QK RMSNorm, SwiGLU MLP, no biases) running on
+``torch.nn.functional.scaled_dot_product_attention``.
+
+KV cache: a block executed several times has different keys and values at each execution, so
+the cache (transformers' ``DynamicCache``) holds one layer slot per *executed block
+occurrence*: slots ``0..p-1`` the Prelude, ``p + t·s + k`` Core layer k in loop t, then the
+Coda. ``config.num_hidden_layers`` is this count, L(r); decoding is exact at any r.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+INITIAL_INJECTIONS = ("none", "scalar", "channel", "residual_channel", "dense")
+HISTORY_INJECTIONS = ("none", "scalar", "channel", "dense")
+TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln")
+TIMESTEP_GRIDS = ("rescaled", "prefix")
+NUM_TIMESTEP_FEATURES = 8
+
+
+# ======================================================================================
+# Configuration
+# ======================================================================================
+
+
+class LoopLMConfig(PretrainedConfig):
+    """Configuration of a LoopLM ``p+s×K+c`` (names fixed by the export contract).
+
+    ``num_loops`` is the inference loop count r (``None``: the training count K); it can be
+    set as a ``from_pretrained`` kwarg or changed on a loaded model (``model.config.num_loops``).
+    ``timestep_grid`` picks the timestep grid at inference: ``rescaled`` (T = r, any r) or
+    ``prefix`` (T = K, the first r steps, r <= K).
+    """
+
+    model_type = "looplm"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(
+        self,
+        prelude_layers: int = 0,
+        core_layers: int = 4,
+        train_loops: int = 1,
+        coda_layers: int = 0,
+        num_loops: int | None = None,
+        hidden_size: int = 64,
+        intermediate_size: int = 160,
+        num_attention_heads: int = 4,
+        num_key_value_heads: int = 2,
+        head_dim: int = 16,
+        vocab_size: int = 2048,
+        rms_norm_eps: float = 1e-5,
+        rope_parameters: dict | None = None,
+        max_position_embeddings: int = 4096,
+        qk_norm: bool = False,
+        initial_injection: str = "none",
+        history_injection: str = "none",
+        history_window: int = 1,
+        timestep: str = "none",
+        timestep_grid: str = "rescaled",
+        initializer_range: float = 0.02,
+        hidden_act: str = "silu",
+        use_cache: bool = True,
+        tie_word_embeddings: bool = False,
+        **kwargs,
+    ):
+        self.prelude_layers = prelude_layers
+        self.core_layers = core_layers
+        self.train_loops = train_loops
+        self.coda_layers = coda_layers
+        self.num_loops = num_loops
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim
+        self.vocab_size = vocab_size
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_parameters = dict(rope_parameters or {"rope_type": "default", "rope_theta": 10000.0})
+        self.max_position_embeddings = max_position_embeddings
+        self.qk_norm = qk_norm
+        self.initial_injection = initial_injection
+        self.history_injection = history_injection
+        self.history_window = history_window
+        self.timestep = timestep
+        self.timestep_grid = timestep_grid
+        self.initializer_range = initializer_range
+        self.hidden_act = hidden_act
+        self.use_cache = use_cache
+        self.tie_word_embeddings = tie_word_embeddings
+        self._check()
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def _check(self) -> None:
+        choices = {"initial_injection": INITIAL_INJECTIONS, "history_injection": HISTORY_INJECTIONS,
+                   "timestep": TIMESTEPS, "timestep_grid": TIMESTEP_GRIDS}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"LoopLMConfig.{key}={getattr(self, key)!r}: expected one of {allowed}")
+        if self.num_loops is not None and int(self.num_loops) < 1:
+            raise ValueError(f"LoopLMConfig.num_loops={self.num_loops!r}: expected an integer >= 1 (or None = K)")
+        if self.hidden_act != "silu":
+            raise ValueError(f"LoopLMConfig.hidden_act={self.hidden_act!r}: only 'silu' (SwiGLU) is supported")
+
+    @property
+    def loops(self) -> int:
+        """The inference loop count r in effect (``num_loops``, or K when unset)."""
+        return self.train_loops if self.num_loops is None else int(self.num_loops)
+
+    def effective_depth(self, num_loops: int | None = None) -> int:
+        """L(r) = p + r·s + c."""
+        r = self.loops if num_loops is None else int(num_loops)
+        return self.prelude_layers + r * self.core_layers + self.coda_layers
+
+    @property
+    def num_hidden_layers(self) -> int:
+        """Executed block occurrences L(r) = KV-cache slots (what ``DynamicCache(config=...)`` sizes)."""
+        return self.effective_depth()
+
+
+# ======================================================================================
+# Building blocks: RMSNorm, rotary embedding, attention, SwiGLU MLP
+# ======================================================================================
+
+
+class LoopLMRMSNorm(nn.Module):
+    """RMSNorm: x / sqrt(mean(x^2) + eps) * weight, computed in float32."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x * self.weight.float()).to(dtype)
+
+
+def rope_inverse_frequencies(config: LoopLMConfig, device: torch.device | None = None) -> torch.Tensor:
+    """Inverse rotary frequencies [head_dim / 2]; ``rope_type`` ``default`` or ``llama3``.
+
+    Llama 3 rule: wavelengths longer than original_context / low_freq_factor are divided by
+    ``factor``, shorter than original_context / high_freq_factor kept, smoothly interpolated
+    in between.
+    """
+    rope = config.rope_parameters
+    dim = config.head_dim
+    inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
+    kind = rope.get("rope_type", "default")
+    if kind == "default":
+        return inv_freq
+    if kind != "llama3":
+        raise ValueError(f"rope_parameters.rope_type={kind!r}: expected 'default' or 'llama3'")
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old_ctx = rope["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class LoopLMRotaryEmbedding(nn.Module):
+    """cos/sin tables [b, s, head_dim] for given position ids (rotate-half convention).
+
+    The frequencies are recomputed on the input's device each call (head_dim / 2 numbers), so
+    there is no buffer to initialise or move.
+    """
+
+    def __init__(self, config: LoopLMConfig):
+        super().__init__()
+        self.config = config
+
+    @torch.no_grad()
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq = rope_inverse_frequencies(self.config, position_ids.device)
+        freqs = position_ids[..., None].float() * inv_freq
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [b, heads, s, d]; cos/sin [b, s, d]."""
+    cos, sin = cos[:, None], sin[:, None]
+    return x * cos + rotate_half(x) * sin
+
+
+class LoopLMAttention(nn.Module):
+    """Causal grouped-query self-attention (SDPA) with RoPE and optional QK-norm (Qwen3).
+
+    ``slot`` is this execution's KV-cache layer index (one per executed block occurrence).
+    """
+
+    def __init__(self, config: LoopLMConfig):
+        super().__init__()
+        d, hd = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
+        self.q_proj = nn.Linear(d, self.num_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, self.num_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(d, self.num_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * hd, d, bias=False)
+        if config.qk_norm:
+            self.q_norm = LoopLMRMSNorm(hd, config.rms_norm_eps)
+            self.k_norm = LoopLMRMSNorm(hd, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+                cache: Cache | None, slot: int) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, s, d]
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if cache is not None:
+            k, v = cache.update(k, v, slot)
+        gqa = self.num_kv_heads != self.num_heads
+        if mask is None:  # plain causal attention, nothing cached before (or a single new token)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=s > 1 and k.shape[2] == s, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
+
+
+class LoopLMMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: LoopLMConfig):
+        super().__init__()
+        d, f = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(d, f, bias=False)
+        self.up_proj = nn.Linear(d, f, bias=False)
+        self.down_proj = nn.Linear(f, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+# ======================================================================================
+# Recurrence conditioning (paper Sec. 4)
+# ======================================================================================
+
+
+def timestep_features(num_loops: int, train_loops: int, grid: str, device=None,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """psi(t_l, dt) for l = 0..r-1, shape [r, 8], Eq. (timestep_features):
+
+        psi(t, dt) = (t, dt, t^2, dt^2, t dt, sin(pi t), cos(pi t) - 1, sin(2 pi t)),
+        t_l = l / T, dt = 1 / T;  training T = K; ``rescaled`` T = r; ``prefix`` T = K, r <= K.
+    """
+    if grid == "rescaled":
+        horizon = num_loops
+    elif grid == "prefix":
+        if num_loops > train_loops:
+            raise ValueError(f"timestep_grid='prefix' needs num_loops <= train_loops={train_loops}, got "
+                             f"{num_loops}; use timestep_grid='rescaled' to extrapolate")
+        horizon = train_loops
+    else:
+        raise ValueError(f"timestep_grid={grid!r}: expected one of {TIMESTEP_GRIDS}")
+    t = torch.arange(num_loops, dtype=torch.float64) / horizon
+    dt = torch.full_like(t, 1.0 / horizon)
+    psi = torch.stack([t, dt, t * t, dt * dt, t * dt, torch.sin(math.pi * t),
+                       torch.cos(math.pi * t) - 1, torch.sin(2 * math.pi * t)], dim=-1)
+    return psi.to(device=device, dtype=dtype)
+
+
+class InitialStateInjection(nn.Module):
+    """I_phi(h, h0) before every execution of the Core, Eq. (initial_state_injection_variants):
+
+        scalar            h + alpha h0                   alpha [1]
+        channel           a * h + b * h0                 a, b [d]
+        residual_channel  (1 + delta_a) * h + b * h0     delta_a, b [d]
+        dense             concat(h, h0) @ weight.T       weight [d, 2d]
+    """
+
+    def __init__(self, kind: str, d: int):
+        super().__init__()
+        self.kind = kind
+        if kind == "scalar":
+            self.alpha = nn.Parameter(torch.zeros(1))
+        elif kind == "channel":
+            self.a, self.b = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+        elif kind == "residual_channel":
+            self.delta_a, self.b = nn.Parameter(torch.zeros(d)), nn.Parameter(torch.zeros(d))
+        else:  # dense, identity on h at initialisation
+            self.weight = nn.Parameter(torch.cat([torch.eye(d), torch.zeros(d, d)], dim=1))
+
+    def forward(self, h: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+        if self.kind == "scalar":
+            return h + self.alpha * h0
+        if self.kind == "channel":
+            return self.a * h + self.b * h0
+        if self.kind == "residual_channel":
+            return (1 + self.delta_a) * h + self.b * h0
+        return torch.cat([h, h0], dim=-1) @ self.weight.t()
+
+
+class HistoryStateInjection(nn.Module):
+    """sum_{j=1}^{m_l} B_j(h_{l-j} - h_l), Eq. (history_state_injection), m_l = min(w, max(l-1, 0)).
+
+    ``beta`` [w] scalar | [w, d] channel | [w, d, d] dense; lag j uses ``beta[j-1]`` (dense as
+    ``diff @ beta[j-1].T``). The window holds completed states h_1..h_{l-1}, never h0.
+    """
+
+    def __init__(self, kind: str, d: int, window: int):
+        super().__init__()
+        self.kind = kind
+        shape = {"scalar": (window,), "channel": (window, d), "dense": (window, d, d)}[kind]
+        self.beta = nn.Parameter(torch.zeros(shape))
+
+    def forward(self, h: torch.Tensor, past: list[torch.Tensor]) -> torch.Tensor:
+        total = torch.zeros_like(h)
+        for j, h_lag in enumerate(past, start=1):
+            diff = h_lag - h
+            beta = self.beta[j - 1]
+            total = total + (diff @ beta.t() if self.kind == "dense" else beta * diff)
+        return total
+
+
+class LoopGating(nn.Module):
+    """Loop Gating, Eq. (loop_level_timestep_gating): g_l = 1 + q^T psi_l, h_{l+1} = h_l + g_l (y_l - h_l)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Parameter(torch.zeros(NUM_TIMESTEP_FEATURES))
+
+    def forward(self, h: torch.Tensor, y: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
+        g = 1 + psi.to(self.q.dtype) @ self.q
+        return h + g.to(h.dtype) * (y - h)
+
+
+class BranchGating(nn.Module):
+    """Branch Gating of one residual branch, Eq. (branch_level_timestep_gating): g = 1 + q^T psi_l, s = 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Parameter(torch.zeros(NUM_TIMESTEP_FEATURES))
+
+    def forward(self, psi: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return 1 + psi.to(self.q.dtype) @ self.q, None
+
+
+class AdaLN(nn.Module):
+    """AdaLN of one residual branch, Eq. (adaln_timestep_parameters): [g - 1; s] = W psi_l, W [2d, 8]."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.d = d
+        self.weight = nn.Parameter(torch.zeros(2 * d, NUM_TIMESTEP_FEATURES))
+
+    def forward(self, psi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.weight @ psi.to(self.weight.dtype)
+        return 1 + out[: self.d], out[self.d:]
+
+
+# ======================================================================================
+# The block and the model
+# ======================================================================================
+
+
+class LoopLMBlock(nn.Module):
+    """Pre-norm decoder layer. Core blocks may modulate each residual branch with the
+    timestep (Eq. branch_timestep_modulation): u+ = u + g * Branch((1 + s) * Norm(u))."""
+
+    def __init__(self, config: LoopLMConfig, timestep: str = "none"):
+        super().__init__()
+        d = config.hidden_size
+        self.input_layernorm = LoopLMRMSNorm(d, config.rms_norm_eps)
+        self.self_attn = LoopLMAttention(config)
+        self.post_attention_layernorm = LoopLMRMSNorm(d, config.rms_norm_eps)
+        self.mlp = LoopLMMLP(config)
+        if timestep == "branch_gating":
+            self.attn_gate, self.mlp_gate = BranchGating(), BranchGating()
+        elif timestep == "adaln":
+            self.attn_adaln, self.mlp_adaln = AdaLN(d), AdaLN(d)
+        self.modulation = timestep if timestep in ("branch_gating", "adaln") else None
+
+    def _branch_modulation(self, which: str):
+        if self.modulation == "branch_gating":
+            return getattr(self, f"{which}_gate")
+        if self.modulation == "adaln":
+            return getattr(self, f"{which}_adaln")
+        return None
+
+    @staticmethod
+    def _residual(u: torch.Tensor, norm: nn.Module, branch, modulation, psi) -> torch.Tensor:
+        x = norm(u)
+        if modulation is None:
+            return u + branch(x)
+        gate, scale = modulation(psi)
+        if scale is not None:
+            x = x * (1 + scale.to(x.dtype))
+        return u + gate.to(u.dtype) * branch(x)
+
+    def forward(self, h: torch.Tensor, rope, mask, cache: Cache | None, slot: int,
+                psi: torch.Tensor | None = None) -> torch.Tensor:
+        h = self._residual(h, self.input_layernorm, lambda x: self.self_attn(x, rope, mask, cache, slot),
+                           self._branch_modulation("attn"), psi)
+        return self._residual(h, self.post_attention_layernorm, self.mlp, self._branch_modulation("mlp"), psi)
+
+
+class LoopLMPreTrainedModel(PreTrainedModel):
+    config_class = LoopLMConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["LoopLMBlock"]
+    _supports_sdpa = True
+    _supports_cache_class = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """N(0, initializer_range) linears/embeddings, unit norms, identity conditioning.
+        Tensors already loaded from a checkpoint (``_is_hf_initialized``) are left alone."""
+        std = self.config.initializer_range
+
+        def fill(t: torch.Tensor, fn) -> None:
+            if not getattr(t, "_is_hf_initialized", False):
+                fn(t)
+
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            fill(module.weight, lambda t: t.normal_(0.0, std))
+        elif isinstance(module, LoopLMRMSNorm):
+            fill(module.weight, lambda t: t.fill_(1.0))
+        elif isinstance(module, InitialStateInjection):
+            for name, p in module.named_parameters():
+                if name == "a":
+                    fill(p, lambda t: t.fill_(1.0))
+                elif name == "weight":
+                    d = p.shape[0]
+                    fill(p, lambda t: t.copy_(torch.cat([torch.eye(d), torch.zeros(d, d)], dim=1)))
+                else:
+                    fill(p, lambda t: t.zero_())
+        elif isinstance(module, (HistoryStateInjection, LoopGating, BranchGating, AdaLN)):
+            for p in module.parameters(recurse=False):
+                fill(p, lambda t: t.zero_())
+
+
+def _attention_mask(attention_mask: torch.Tensor | None, batch: int, q_len: int, past: int,
+                    device: torch.device) -> torch.Tensor | None:
+    """Boolean SDPA mask [b, 1, q, past + q] from a 2D padding mask (1 = token, 0 = pad).
+
+    ``None`` when plain causal attention suffices. Causality is by cache index; a padded
+    query attends to itself only, so no row is empty.
+    """
+    if attention_mask is not None and attention_mask.dim() == 4:
+        return attention_mask.bool() if attention_mask.dtype in (torch.bool, torch.long, torch.int) else attention_mask
+    has_padding = attention_mask is not None and not bool(attention_mask.all())
+    if not has_padding and (past == 0 or q_len == 1):
+        return None
+    k_len = past + q_len
+    k_idx = torch.arange(k_len, device=device)
+    q_idx = torch.arange(past, k_len, device=device)
+    allowed = (k_idx[None, :] <= q_idx[:, None])[None, None]  # [1, 1, q, k]
+    if has_padding:
+        keys = attention_mask[:, -k_len:].bool()[:, None, None, :]
+        allowed = allowed & (keys | (k_idx[None, :] == q_idx[:, None])[None, None])
+    return allowed.expand(batch, 1, q_len, k_len)
+
+
+class LoopLMModel(LoopLMPreTrainedModel):
+    """Embedding -> Prelude -> Core x r (weight-tied, conditioned) -> Coda -> final RMSNorm."""
+
+    def __init__(self, config: LoopLMConfig):
+        super().__init__(config)
+        d = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        self.prelude = nn.ModuleList(LoopLMBlock(config) for _ in range(config.prelude_layers))
+        self.core = nn.ModuleList(LoopLMBlock(config, config.timestep) for _ in range(config.core_layers))
+        self.coda = nn.ModuleList(LoopLMBlock(config) for _ in range(config.coda_layers))
+        self.norm = LoopLMRMSNorm(d, config.rms_norm_eps)
+        self.rotary_emb = LoopLMRotaryEmbedding(config)
+        if config.initial_injection != "none":
+            self.initial_injection = InitialStateInjection(config.initial_injection, d)
+        if config.history_injection != "none":
+            self.history_injection = HistoryStateInjection(config.history_injection, d, config.history_window)
+        if config.timestep == "loop_gating":
+            self.loop_gating = LoopGating()
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.embed_tokens = value
+
+    def _loop_iteration(self, h, h0, past_states, psi, step, rope, mask, cache) -> torch.Tensor:
+        """h_l -> h_{l+1}: injection, the shared Core (cache slots of loop ``step``), Loop Gating."""
+        cfg = self.config
+        u = self.initial_injection(h, h0) if cfg.initial_injection != "none" else h
+        if cfg.history_injection != "none" and past_states:
+            u = u + self.history_injection(h, past_states)  # differences w.r.t. the state h_l
+        y = u
+        first_slot = cfg.prelude_layers + step * cfg.core_layers
+        for k, block in enumerate(self.core):
+            y = block(y, rope, mask, cache, first_slot + k, psi)
+        if cfg.timestep == "loop_gating":
+            y = self.loop_gating(h, y, psi)
+        return y
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
+                inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
+                num_loops: int | None = None, timestep_grid: str | None = None,
+                output_hidden_states: bool | None = None, **kwargs) -> BaseModelOutputWithPast:
+        cfg = self.config
+        r = cfg.loops if num_loops is None else int(num_loops)
+        if r < 1:
+            raise ValueError(f"num_loops={num_loops}: expected an integer >= 1")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        b, s, _ = inputs_embeds.shape
+        use_cache = cfg.use_cache if use_cache is None else use_cache
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache()
+        cache = past_key_values if use_cache else None
+        past = cache.get_seq_length() if cache is not None else 0
+        if cache is not None and past and len(cache.layers) != cfg.effective_depth(r):
+            raise ValueError(f"the KV cache has {len(cache.layers)} block slots but num_loops={r} executes "
+                             f"{cfg.effective_depth(r)} blocks; keep num_loops fixed while decoding")
+
+        if position_ids is None:
+            if attention_mask is not None and attention_mask.dim() == 2:  # left padding: count real tokens
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -s:]
+            else:
+                position_ids = torch.arange(past, past + s, device=inputs_embeds.device)[None].expand(b, s)
+        rope = self.rotary_emb(position_ids, inputs_embeds.dtype)
+        mask = _attention_mask(attention_mask, b, s, past, inputs_embeds.device)
+        psi_all = (timestep_features(r, cfg.train_loops, timestep_grid or cfg.timestep_grid, inputs_embeds.device)
+                   if cfg.timestep != "none" else None)
+
+        h = inputs_embeds
+        for i, block in enumerate(self.prelude):
+            h = block(h, rope, mask, cache, i)
+        h0 = h
+        trajectory = [h0] if output_hidden_states else None  # h^0, h^1, ..., h^r
+        completed: list[torch.Tensor] = []  # h_1 .. h_l, for the history window
+        w = cfg.history_window if cfg.history_injection != "none" else 0
+        for step in range(r):
+            past_states = completed[:-1][::-1][:w] if w else []  # h_{l-1}, ..., h_{l-m_l}
+            psi = psi_all[step] if psi_all is not None else None
+            h = self._loop_iteration(h, h0, past_states, psi, step, rope, mask, cache)
+            if w:
+                completed = completed[-w:] + [h]
+            if trajectory is not None:
+                trajectory.append(h)
+        coda_slot = cfg.prelude_layers + r * cfg.core_layers
+        for j, block in enumerate(self.coda):
+            h = block(h, rope, mask, cache, coda_slot + j)
+        h = self.norm(h)
+        # ``hidden_states`` is the recurrent trajectory (h^0, ..., h^r), not per-block outputs.
+        return BaseModelOutputWithPast(last_hidden_state=h, past_key_values=cache,
+                                       hidden_states=tuple(trajectory) if trajectory is not None else None)
+
+
+class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
+    """LoopLM with the LM head; ``generate()`` uses a DynamicCache with L(r) slots."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: LoopLMConfig):
+        super().__init__(config)
+        self.model = LoopLMModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        self.lm_head = value
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
+                num_loops: int | None = None, timestep_grid: str | None = None,
+                output_hidden_states: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+        """Logits ``[b, s, V]``; with ``labels`` the mean next-token cross-entropy (labels[:, t] is
+        token t; -100 ignored). ``num_loops`` / ``timestep_grid`` override the config per call."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                         num_loops=num_loops, timestep_grid=timestep_grid,
+                         output_hidden_states=output_hidden_states)
+        h = out.last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(h[:, keep, :])
+        loss = None
+        if labels is not None:
+            full = logits if (isinstance(logits_to_keep, int) and logits_to_keep == 0) else self.lm_head(h)
+            shift = full[:, :-1].float()
+            loss = F.cross_entropy(shift.reshape(-1, shift.shape[-1]), labels[:, 1:].reshape(-1).to(shift.device),
+                                   ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
+                                      hidden_states=out.hidden_states)
+
+
+LoopLMConfig.register_for_auto_class()
+LoopLMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+
+__all__ = ["LoopLMConfig", "LoopLMModel", "LoopLMForCausalLM", "LoopLMPreTrainedModel", "timestep_features"]

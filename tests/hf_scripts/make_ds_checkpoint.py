@@ -1,0 +1,93 @@
+"""Write tiny DeepSpeed checkpoints of LoopLMs for the HF export tests (CPU, fp32, gloo).
+
+    python make_ds_checkpoint.py --spec specs.json --zero 1               # one process
+    torchrun --nproc_per_node 2 make_ds_checkpoint.py --spec s.json --zero 3
+
+``specs.json`` maps a name to ``{"model": {...ModelConfig fields...}, "out": DIR}``. For each
+model: build the LoopLM (seed 0), move every conditioning and norm parameter away from its
+identity initialisation (so an export bug cannot hide behind zeros), wrap it with
+``deepspeed.initialize`` (ZeRO ``--zero``, AdamW client optimizer), take one optimizer step
+on random tokens, ``save_checkpoint(out, tag="step_1")`` and write ``looplm_config.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import deepspeed
+from megatron_loop.config import config_from_dict
+from megatron_loop.model import build_model
+from megatron_loop.model.io import save_run_config
+
+
+def perturb_identity_parameters(model: torch.nn.Module, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or any(k in name for k in ("injection", "gating", "gate.q", "adaln")):
+                p.add_(0.2 * torch.randn(p.shape, generator=gen))
+
+
+def use_head_module_for_loss(model: torch.nn.Module) -> None:
+    """ZeRO 3 gathers a partitioned weight only inside its own module's forward/backward;
+    ``LoopLM.loss`` reads the head weight with ``F.linear`` outside ``lm_head``, so this step
+    computes the (identical) loss through the ``lm_head`` module instead (untied models only)."""
+    if model.lm_head is None:
+        raise SystemExit("ZeRO 3 checkpoints in this script need tie_word_embeddings: false")
+
+    def loss(hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = model.lm_head(hidden[:, :-1]).float()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+
+    model.loss = loss
+
+
+def write_checkpoint(model_fields: dict, out: str, zero: int, tokenizer: str | None) -> None:
+    cfg = config_from_dict({"model": model_fields, "data": {"tokenizer": tokenizer},
+                            "train": {"seq_length": 16, "micro_batch_size": 2, "global_batch_size": 2}})
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    perturb_identity_parameters(model, seed=1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                 "zero_optimization": {"stage": zero, "stage3_param_persistence_threshold": 0},
+                 "fp16": {"enabled": False}, "bf16": {"enabled": False}}
+    if zero == 3:
+        use_head_module_for_loss(model)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+    rank = dist.get_rank()
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, 16), generator=torch.Generator().manual_seed(10 + rank))
+    loss = engine(tokens, labels=tokens, compute_logits=False).loss
+    engine.backward(loss)
+    engine.step()
+    engine.save_checkpoint(out, tag="step_1")
+    if rank == 0:
+        save_run_config(out, cfg)
+    dist.barrier()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--zero", type=int, required=True)
+    ap.add_argument("--tokenizer")
+    args = ap.parse_args()
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    deepspeed.init_distributed(dist_backend="gloo")
+    for name, spec in json.loads(open(args.spec).read()).items():
+        write_checkpoint(spec["model"], spec["out"], args.zero, args.tokenizer)
+        if dist.get_rank() == 0:
+            print(f"wrote {name} -> {spec['out']}", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

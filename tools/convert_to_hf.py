@@ -1,0 +1,58 @@
+#!/usr/bin/env python
+"""Export a DeepSpeed training checkpoint (any ZeRO stage) as a Hugging Face model folder.
+
+    python tools/convert_to_hf.py --checkpoint runs/tiny/checkpoints --output runs/tiny/hf
+    python -c "from transformers import AutoModelForCausalLM as A; \\
+               A.from_pretrained('runs/tiny/hf', trust_remote_code=True, num_loops=6)"
+
+Writes config.json (model_type looplm, auto_map), modeling_looplm.py, sharded safetensors,
+the tokenizer (``--tokenizer`` or the run config's data.tokenizer) and generation_config.json.
+A NonLoop model without conditioning becomes a native LlamaForCausalLM / Qwen3ForCausalLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True, help="DeepSpeed save dir with 'latest' and looplm_config.json")
+    ap.add_argument("--output", required=True, help="HF folder to create (must be empty or new)")
+    ap.add_argument("--tag", help="checkpoint tag (default: the one in 'latest')")
+    ap.add_argument("--tokenizer", help="tokenizer folder or hub name (default: data.tokenizer of the run)")
+    ap.add_argument("--max-shard-size", default="2GB", help="safetensors shard size, e.g. 500MB")
+    ap.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+    args = ap.parse_args(argv)
+
+    # Cheap checks first: the conversion imports DeepSpeed and megatron-core (seconds).
+    ckpt, out = Path(args.checkpoint), Path(args.output)
+    if not ckpt.is_dir():
+        return _fail(f"{ckpt}: checkpoint folder not found; expected a DeepSpeed save dir")
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        return _fail(f"{out}: output folder is not empty; pass --overwrite to replace it")
+
+    from megatron_loop.errors import LoopConfigError, LoopDataError
+    from megatron_loop.hf.convert import convert_checkpoint
+
+    try:
+        path = convert_checkpoint(ckpt, out, tag=args.tag, tokenizer=args.tokenizer, overwrite=args.overwrite,
+                                  max_shard_size=args.max_shard_size)
+    except (LoopConfigError, LoopDataError) as e:
+        return _fail(str(e))
+    print(f"exported {ckpt} -> {path}")
+    return 0
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

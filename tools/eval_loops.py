@@ -1,0 +1,85 @@
+#!/usr/bin/env python
+"""Evaluate an exported LoopLM across inference loop counts r (paper Sec. 2.3, App. A.3).
+
+    python tools/eval_loops.py --model runs/tiny/hf --loops 1,2,4,8 --limit 200 --output runs/tiny/eval
+    python tools/eval_loops.py --model HF --loops 1,3,6 --tasks clutrr=looplm_clutrr_local \\
+        --include-path runs/corpus/eval --valid-prefix runs/data/train_valid --seq-length 256
+
+The model is loaded once; for each r it runs lm-evaluation-harness zero-shot on the paper's
+groups (Knowledge: sciq, arc_easy, piqa; Reasoning: arc_challenge, winogrande, openbookqa,
+hellaswag, commonsense_qa, proofwriter, clutrr, bbh) and, with --valid-prefix, the held-out
+loss. ``--tasks`` takes paper task keys, ``KEY=LM_EVAL_TASK`` (another task in that slot,
+e.g. a local file-backed one) or extra lm-eval task names (``NAME[:acc|acc_norm]``);
+``--tasks none`` skips lm-eval. Writes results.json, results.csv, per_depth.csv and PNG
+plots into --output; --compare adds other runs' results.json to the shared figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from megatron_loop.data.cli import run_cli  # noqa: E402
+from megatron_loop.errors import LoopConfigError  # noqa: E402
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise LoopConfigError(f"--loops {text!r}: expected comma-separated integers, e.g. 1,2,4") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The CLI; project errors become one ``error: ...`` line and exit code 2."""
+    return run_cli(_run, argv)
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="HF folder written by tools/convert_to_hf.py")
+    ap.add_argument("--loops", required=True, help="comma-separated loop counts r, e.g. 1,2,4")
+    ap.add_argument("--tasks", default=None, help="comma-separated; default: the eleven paper tasks; 'none': skip")
+    ap.add_argument("--limit", type=float, default=None, help="items per lm-eval task (int) or fraction (<1)")
+    ap.add_argument("--include-path", action="append", default=[], help="extra lm-eval task folder (repeatable)")
+    ap.add_argument("--valid-prefix", help="indexed validation prefix (P.bin/P.idx) for held-out loss")
+    ap.add_argument("--seq-length", type=int, default=2048, help="packed sequence length for held-out loss")
+    ap.add_argument("--valid-sequences", type=int, default=None, help="at most this many packed sequences")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
+    ap.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+    ap.add_argument("--output", default=None, help="results folder (default: <model>/eval)")
+    ap.add_argument("--label", default=None, help="legend label of this model")
+    ap.add_argument("--compare", action="append", default=[], help="another run's results.json for the figures")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+
+    from megatron_loop.eval.plots import write_all_plots
+    from megatron_loop.eval.report import read_results, write_results
+    from megatron_loop.eval.sweep import SweepSettings, run_sweep
+    from megatron_loop.eval.tasks import resolve_tasks
+
+    tasks = [] if args.tasks == "none" else resolve_tasks(args.tasks.split(",") if args.tasks else None)
+    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
+    settings = SweepSettings(loops=_int_list(args.loops), tasks=tasks, limit=limit, include_paths=args.include_path,
+                             valid_prefix=args.valid_prefix, seq_length=args.seq_length,
+                             valid_sequences=args.valid_sequences, batch_size=args.batch_size,
+                             progress=not args.no_progress, device=args.device, dtype=args.dtype)
+    others = [read_results(p) for p in args.compare]
+    results = run_sweep(args.model, settings, label=args.label)
+    output = Path(args.output or Path(args.model) / "eval")
+    paths = write_results(results, output)
+    plots = write_all_plots(results, output, others)
+    print(json.dumps({"output": str(output), "overall": results["groups"]["overall"],
+                      "heldout_loss": {r: v["loss"] for r, v in results["heldout"].items()},
+                      "files": [str(p) for p in [*paths.values(), *plots]]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
