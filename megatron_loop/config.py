@@ -102,6 +102,10 @@ class ModelConfig:
     timestep: str = "none"
     timestep_grid: str = "rescaled"
     activation_checkpointing: str = "per_loop"
+    # torch.compile each transformer block once (static shapes) and reuse it at every loop:
+    # changing r never recompiles (megatron_loop/perf.py). Off by default: compiling costs
+    # start-up time and needs a C++ compiler on CPU; it pays on GPU (docs/BENCHMARKS.md).
+    compile: bool = False
 
     # ---- derived quantities (App. A.1 "BaseLoop and CoreLoop models")
     @property

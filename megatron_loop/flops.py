@@ -10,6 +10,10 @@ recomputation is not counted, as in MFU reporting by Megatron-LM, PaLM and OLMo)
 Attention is counted over the full seq x seq score matrix (the PaLM / Megatron convention;
 a causal kernel skips about half of it). Norms, RoPE, softmax and the conditioning
 mechanisms are O(d) per token and left out.
+
+Hardware FLOPs (:func:`hardware_flops_per_token`) add what activation checkpointing recomputes:
+one more forward of the looped block occurrences but the last loop's (``per_loop``: (r-1)*s,
+see ``LoopLM.forward``) or of every block (``per_block``: L(r)); the LM head is never recomputed.
 """
 
 from __future__ import annotations
@@ -25,15 +29,29 @@ def block_matmul_params(cfg: ModelConfig) -> int:
     return d * q + 2 * d * kv + q * d + 3 * d * cfg.intermediate_size
 
 
-def forward_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None) -> float:
-    depth = cfg.effective_depth(num_loops)
+def block_forward_flops_per_token(cfg: ModelConfig, seq_length: int) -> float:
+    """One block occurrence: its matmuls plus attention scores and the attention-weighted values."""
     attention = 2 * 2 * seq_length * cfg.num_attention_heads * cfg.head_dim
-    return depth * (2 * block_matmul_params(cfg) + attention) + 2 * cfg.hidden_size * cfg.vocab_size
+    return 2 * block_matmul_params(cfg) + attention
+
+
+def forward_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None) -> float:
+    return (cfg.effective_depth(num_loops) * block_forward_flops_per_token(cfg, seq_length)
+            + 2 * cfg.hidden_size * cfg.vocab_size)
 
 
 def train_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None) -> float:
     """Forward + backward model FLOPs per token at the training loop count (3 x forward)."""
     return 3 * forward_flops_per_token(cfg, seq_length, num_loops)
+
+
+def hardware_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None) -> float:
+    """Model FLOPs plus the forward recomputation of ``cfg.activation_checkpointing``."""
+    r = cfg.train_loops if num_loops is None else num_loops
+    recomputed = {"none": 0, "per_loop": (r - 1) * cfg.core_layers,
+                  "per_block": cfg.effective_depth(num_loops)}[cfg.activation_checkpointing]
+    return train_flops_per_token(cfg, seq_length, num_loops) + recomputed * block_forward_flops_per_token(
+        cfg, seq_length)
 
 
 def mfu(tokens_per_second: float, cfg: ModelConfig, seq_length: int, peak_flops: float,

@@ -54,3 +54,9 @@ def test_makefile_and_ci_entry_points():
     assert re.search(r"^test:", makefile, flags=re.M) and re.search(r"^demo:", makefile, flags=re.M)
     assert 'pip install "torch==2.13.0"' in makefile
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_config_reference_documents_every_key():
+    out = subprocess.run([sys.executable, "tools/config_reference.py", "--check"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

@@ -23,7 +23,8 @@ def task_manager(include_paths: list[str] | None = None):
 def make_lm(model, tokenizer, batch_size: int = 8):
     from lm_eval.models.huggingface import HFLM
 
-    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    # trust_remote_code: the model is our own export (already loaded); without it lm-eval asks on stdin.
+    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, trust_remote_code=True)
 
 
 def depth_accuracy(samples: list[dict], metric: str) -> dict[int, dict[str, float]]:

@@ -104,7 +104,13 @@ class SDPACoreAttention(nn.Module):
             raise NotImplementedError("SDPACoreAttention supports causal attention over packed sequences only")
         s, b, h, d = query.shape
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_groups != self.num_heads)
+        gqa = self.num_groups != self.num_heads
+        if gqa and q.is_cuda and q.dtype == torch.float32:
+            # FlashAttention (bf16/fp16) broadcasts K/V heads itself; in fp32 only the unfused MATH
+            # kernel accepts enable_gqa, so expand K/V and keep the memory-efficient kernel.
+            k, v = (t.repeat_interleave(self.num_heads // self.num_groups, dim=1) for t in (k, v))
+            gqa = False
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
 
 
@@ -136,3 +142,29 @@ def rope_freqs(inv_freq: torch.Tensor, seq_len: int, device: torch.device) -> to
     pos = torch.arange(seq_len, device=device, dtype=torch.float32)
     freqs = torch.outer(pos, inv_freq.to(device=device, dtype=torch.float32))
     return torch.cat([freqs, freqs], dim=-1)[:, None, None, :]
+
+
+class _CompileSafeWarnings:
+    """The ``warnings`` module, except that ``warn`` is a no-op while dynamo traces.
+
+    megatron-core warns on every linear call (``get_tensor_model_parallel_group_if_none``:
+    "tp_group is None") with a warning category argument that dynamo cannot reorder, so each
+    call would split the compiled block into several graphs. The warning is about an API
+    migration and carries no information at run time; eager calls still emit it.
+    """
+
+    def __getattr__(self, name: str):
+        return getattr(warnings, name)
+
+    @staticmethod
+    def warn(*args, **kwargs) -> None:
+        if not torch.compiler.is_compiling():
+            warnings.warn(*args, **kwargs)
+
+
+def make_megatron_compilable() -> None:
+    """Remove the graph breaks megatron-core's per-call warnings cause under ``torch.compile``."""
+    from megatron.core import utils as mcore_utils
+
+    if not isinstance(mcore_utils.warnings, _CompileSafeWarnings):
+        mcore_utils.warnings = _CompileSafeWarnings()

@@ -14,7 +14,13 @@ any combination:
 
 Training runs exactly K loops with full backpropagation through all of them (App. A.2
 "Recurrent backpropagation"); nothing is detached. Activation checkpointing ``per_loop``
-wraps one loop iteration, ``per_block`` one block; gradients equal ``none``.
+wraps one loop iteration (all but the last, whose activations backward needs first),
+``per_block`` one block; gradients equal ``none``.
+
+Fast path (issue 8, ``megatron_loop/perf.py``): the loss is a chunked linear + cross-entropy
+that never materialises the full-vocabulary fp32 logits of the batch; ``model.compile=true``
+compiles each block once (the loop stays in Python, so any r reuses the compiled block);
+the forward never reads a value back to the host.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from megatron_loop.model.compat import ensure_parallel_state, rope_freqs, rope_i
 from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStateInjection, LoopGating,
                                               branch_modulation, history_window, timestep_features)
 from megatron_loop.model.layers import loop_block_spec
+from megatron_loop.perf import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked_linear_cross_entropy, compile_blocks
 
 with __import__("warnings").catch_warnings():
     __import__("warnings").simplefilter("ignore")
@@ -92,11 +99,19 @@ class LoopLM(nn.Module):
             block.set_timestep_modulation(branch_modulation(config.timestep, d),
                                           branch_modulation(config.timestep, d), config.timestep)
 
-        self.register_buffer("rope_inv_freq", rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling),
-                             persistent=False)
+        # Rotary frequencies stay fp32 on the host (not a buffer: ``model.bfloat16()``, as DeepSpeed's
+        # bf16 engine does, would round them and shift every angle away from the HF export's).
+        with torch.device("cpu"):
+            self._inv_freq_fp32 = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.activation_checkpointing = config.activation_checkpointing
+        self.loss_chunk_tokens = DEFAULT_CHUNK_TOKENS
+        # psi grids and rotary angles, built once per key on the device: later forwards copy
+        # nothing host->device (a pageable copy would synchronise the CUDA stream).
+        self._device_constants: dict[tuple, torch.Tensor] = {}
         for name, p in self.named_parameters():
             roles.role_of(p)  # every parameter must carry a role (raises otherwise)
+        if config.compile:
+            compile_blocks([*self.prelude, *self.core, *self.coda])
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -111,9 +126,32 @@ class LoopLM(nn.Module):
         return sum(p.numel() for p in self.parameters()
                    if not (backbone_only and roles.role_of(p) == roles.CONDITIONING))
 
+    def _constant(self, key: tuple, make) -> torch.Tensor:
+        """A small constant tensor (psi grid, rotary angles) built on first use and kept."""
+        if key not in self._device_constants:
+            with torch.inference_mode(False):  # a tensor made under inference_mode could not enter autograd later
+                self._device_constants[key] = make()
+        return self._device_constants[key]
+
+    @property
+    def rope_inv_freq(self) -> torch.Tensor:
+        """fp32 inverse rotary frequencies on the model's device."""
+        device = self.embed_tokens.weight.device
+        return self._constant(("inv_freq", device), lambda: self._inv_freq_fp32.to(device))
+
+    def _rope(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        return self._constant(("rope", seq_len, device), lambda: rope_freqs(self.rope_inv_freq, seq_len, device))
+
+    def _timestep_features(self, r: int, grid: str, device: torch.device) -> torch.Tensor:
+        return self._constant(("psi", r, grid, device),
+                              lambda: timestep_features(r, self.config.train_loops, grid, device=device))
+
+    # Checkpointed regions draw no random numbers (no dropout anywhere), so the RNG states are not
+    # saved per region: saving costs a copy per loop/block (the CPU state alone is 5 KB, the only
+    # memory per checkpointed loop beyond h_l).
     def _run_block(self, block: nn.Module, h: torch.Tensor, rope: torch.Tensor, psi: torch.Tensor | None):
         if self.activation_checkpointing == "per_block" and torch.is_grad_enabled():
-            return checkpoint(block, h, rope, psi, use_reentrant=False)
+            return checkpoint(block, h, rope, psi, use_reentrant=False, preserve_rng_state=False)
         return block(h, rope, psi)
 
     def loop_iteration(self, h: torch.Tensor, h0: torch.Tensor, rope: torch.Tensor, psi: torch.Tensor | None,
@@ -152,11 +190,10 @@ class LoopLM(nn.Module):
             raise LoopConfigError(f"input length {input_ids.shape[1]} exceeds model.max_position_embeddings="
                                   f"{cfg.max_position_embeddings}")
         grid = timestep_grid or cfg.timestep_grid
-        psi_all = (timestep_features(r, cfg.train_loops, grid, device=input_ids.device)
-                   if self.uses_timestep else None)
+        psi_all = self._timestep_features(r, grid, input_ids.device) if self.uses_timestep else None
 
         h = self.embed_tokens(input_ids).transpose(0, 1)  # [s, b, d]
-        rope = rope_freqs(self.rope_inv_freq, input_ids.shape[1], input_ids.device)
+        rope = self._rope(input_ids.shape[1], input_ids.device)
         for block in self.prelude:
             h = self._run_block(block, h, rope, None)
 
@@ -164,11 +201,16 @@ class LoopLM(nn.Module):
         trajectory = [h0] if return_trajectory else None
         completed: list[torch.Tensor] = []  # h_1 .. h_l (h0 excluded), for the history window
         w = cfg.history_window if self.history_injection is not None else 0
+        checkpoint_loops = self.activation_checkpointing == "per_loop" and torch.is_grad_enabled()
         for step in range(r):
             psi = None if psi_all is None else psi_all[step]
             past = history_window(completed, w) if w else []
-            if self.activation_checkpointing == "per_loop" and torch.is_grad_enabled():
-                h = checkpoint(self.loop_iteration, h, h0, rope, psi, *past, use_reentrant=False)
+            # The last loop is not checkpointed: backward would recompute it first thing, so keeping
+            # its activations saves 1/r of the recomputation; the peak rises only by the loss's
+            # transient chunk buffers, which now coexist with them (independent of r).
+            if checkpoint_loops and step < r - 1:
+                h = checkpoint(self.loop_iteration, h, h0, rope, psi, *past, use_reentrant=False,
+                               preserve_rng_state=False)
             else:
                 h = self.loop_iteration(h, h0, rope, psi, *past)
             if w:
@@ -189,9 +231,14 @@ class LoopLM(nn.Module):
         return LoopLMOutput(logits=logits, loss=loss, trajectory=trajectory)
 
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy (App. A.2) from final hidden states ``[b, s, d]``."""
-        logits = F.linear(hidden[:, :-1], self.head_weight()).float()
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+        """Mean next-token cross-entropy (App. A.2) from final hidden states ``[b, s, d]``.
+
+        Chunked over tokens (``self.loss_chunk_tokens`` at a time) with fp32 logits per chunk;
+        equal to ``F.cross_entropy`` of the full fp32 logits (``perf.chunked_linear_cross_entropy``).
+        """
+        h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+        return chunked_linear_cross_entropy(h, self.head_weight(), labels[:, 1:].reshape(-1),
+                                            chunk_size=self.loss_chunk_tokens, ignore_index=IGNORE_INDEX)
 
 
 def build_model(config: ModelConfig, device: torch.device | str | None = None) -> LoopLM:

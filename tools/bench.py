@@ -1,0 +1,568 @@
+#!/usr/bin/env python
+"""Training-step benchmarks of megatron_loop (issue 8); figures go to docs/BENCHMARKS.md.
+
+    python tools/bench.py --device cpu --mode all --json bench_cpu.json
+    python tools/bench.py --device cuda --mode loop-vs-nonloop --compile --json bench_gpu.json
+
+A training step is forward + backward (+ optimizer step), timed after warm-up with the device
+synchronised at step boundaries only; the median over ``--steps`` is reported. Throughput is
+tokens/s, achieved TFLOP/s counts model FLOPs over the effective depth L(K)
+(``megatron_loop.flops``), MFU divides by 989 TFLOP/s on CUDA (H100/H200 dense bf16) and, on
+CPU, by a measured matmul throughput of the same dtype (labelled ``mfu_vs_matmul``). Peak
+memory is the peak above what was allocated when the step started (activations, gradients,
+transient buffers; ``perf.peak_memory_delta``), measured in one extra step.
+
+Modes (each case of a mode runs in this one process, side by side):
+  loop-vs-nonloop  LoopLM vs NonLoop at equal effective depth (Llama 4x5 vs 20x1, Qwen 4x7 vs 28x1)
+  checkpointing    activation checkpointing none / per_loop / per_block across K
+  optimizer        Muon+AdamW vs AdamW step time as a fraction of an accumulated global-batch step
+  data             loader samples/s; preprocessing tokens/s vs the bare tokenizer
+  eval             forward throughput of the HF export at several r
+  compile          eager vs torch.compile'd blocks; graphs compiled when r changes (must be 0)
+CPU mode shrinks the models (same block structure, small widths, short sequences); CUDA mode
+uses the paper's backbones at seq 2048 in bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from megatron_loop.config import ModelConfig, build_model_config  # noqa: E402
+from megatron_loop.flops import H100_BF16_PEAK_FLOPS, hardware_flops_per_token, train_flops_per_token  # noqa: E402
+from megatron_loop.perf import (count_host_syncs, matmul_peak_flops, peak_memory_delta,  # noqa: E402
+                                time_interleaved)
+
+MODES = ("loop-vs-nonloop", "checkpointing", "optimizer", "data", "eval", "compile")
+PAPER_GLOBAL_BATCH = 1824  # sequences of 2048 tokens (App. A.2): 38 micro x 6 accumulation x 8 ranks
+PAPER_DATA_PARALLEL = 8
+
+# CPU twins: the block structure of each family at widths a 2-core CPU steps in well under 1 s.
+CPU_WIDTHS = dict(hidden_size=128, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=32, vocab_size=2048)
+FAMILIES = {
+    # family: (backbone on cuda, backbone on cpu, (core, loops) loop, (layers, 1) nonloop)
+    "llama": ("llama3.1-1b", "tiny-llama", (4, 5), (20, 1)),
+    "qwen": ("qwen3-0.6b", "tiny-qwen", (4, 7), (28, 1)),
+}
+
+
+@dataclass
+class Setup:
+    """Where and at what size a run measures."""
+
+    device: torch.device
+    dtype: torch.dtype
+    seq: int
+    micro_batch: int
+    steps: int
+    warmup: int
+    compile: bool
+    peak_flops: float
+    peak_label: str
+    engine: str = "plain"  # full steps: "plain" (model + MuonAdamW) or "deepspeed" (the training path)
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+@dataclass
+class Row:
+    """One measured configuration."""
+
+    mode: str
+    case: str
+    params: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- models and steps
+
+
+def model_config(setup: Setup, family: str, core: int, loops: int, **overrides) -> ModelConfig:
+    gpu_backbone, cpu_backbone, _, _ = FAMILIES[family]
+    values = dict(backbone=gpu_backbone if setup.cuda else cpu_backbone, core_layers=core, train_loops=loops,
+                  activation_checkpointing="none", compile=setup.compile)
+    if not setup.cuda:
+        values.update(CPU_WIDTHS)
+    values.update(overrides)
+    return build_model_config(values)
+
+
+def build(cfg: ModelConfig, setup: Setup) -> torch.nn.Module:
+    from megatron_loop.model import build_model
+
+    torch.manual_seed(0)
+    return build_model(cfg).to(device=setup.device, dtype=setup.dtype).train()
+
+
+def muon_adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The paper's optimizer (App. A.2). Clipping stays with DeepSpeed in training (ZeRO >= 1),
+    so it is off here; the optimizer's own clip would read the norm back to the host."""
+    from megatron_loop.optim import OptimizerSettings, build_optimizer
+
+    return build_optimizer(model, OptimizerSettings(lr=1e-4), clip_in_optimizer=False)
+
+
+def adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """Plain AdamW over every parameter, the fused kernel on CUDA (the fastest AdamW torch has)."""
+    extra = {"fused": True} if next(model.parameters()).is_cuda else {"foreach": True}
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, **extra)
+
+
+def batch(cfg: ModelConfig, setup: Setup, micro_batch: int | None = None) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, cfg.vocab_size, (micro_batch or setup.micro_batch, setup.seq), generator=g)
+    return tokens.to(setup.device)
+
+
+def forward_backward(model: torch.nn.Module, tokens: torch.Tensor, scale: float = 1.0) -> None:
+    loss = model(tokens, labels=tokens, compute_logits=False).loss
+    if scale != 1.0:  # gradient accumulation: the engine divides by the micro-batch count
+        loss = loss * scale
+    loss.backward()
+
+
+def deepspeed_step(cfg: ModelConfig, setup: Setup, tokens: torch.Tensor) -> Callable[[], None]:
+    """A full step through the training path: a fresh model in ``build_engine``'s DeepSpeed engine
+    (ZeRO-1, bf16 with fp32 master weights on CUDA, fp32 on CPU), MuonAdamW, clipping in ZeRO."""
+    from megatron_loop.optim import OptimizerSettings, build_engine
+
+    engine = build_engine(build(cfg, setup), OptimizerSettings(lr=1e-4), micro_batch_size=tokens.shape[0],
+                          grad_accum=1, total_steps=10**6, bf16=setup.cuda, zero_stage=1).engine
+
+    def step() -> None:
+        loss = engine(tokens, labels=tokens, compute_logits=False).loss
+        engine.backward(loss)
+        engine.step()
+
+    return step
+
+
+def full_step(model: torch.nn.Module, cfg: ModelConfig, setup: Setup, tokens: torch.Tensor) -> Callable[[], None]:
+    """Forward + backward + Muon+AdamW, on ``model`` (plain) or through a DeepSpeed engine."""
+    if setup.engine == "deepspeed":
+        return deepspeed_step(cfg, setup, tokens)
+    return train_step(model, muon_adamw(model), tokens)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, tokens: torch.Tensor,
+               accumulation: int = 1) -> Callable[[], None]:
+    """A full step: ``accumulation`` forward/backward passes, then the optimizer step."""
+
+    def step() -> None:
+        for _ in range(accumulation):
+            forward_backward(model, tokens, 1.0 / accumulation)
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            model.zero_grad(set_to_none=True)
+
+    return step
+
+
+@dataclass
+class Case:
+    """A step to time: what it runs, how many tokens it consumes, its model FLOPs per token."""
+
+    step: Callable[[], None]
+    tokens: int
+    flops_per_token: float | None = None
+    memory: bool = True
+    check_syncs: bool = False  # CUDA: count synchronising calls in one step (target: 0 in the model)
+
+
+def measure(cases: dict[str, Case], setup: Setup) -> dict[str, dict]:
+    """Time every case side by side (interleaved), then measure each one's step peak memory."""
+    times = time_interleaved({name: c.step for name, c in cases.items()}, setup.device, setup.steps, setup.warmup)
+    out = {}
+    for name, case in cases.items():
+        median = statistics.median(times[name])
+        m = {"step_s": median, "step_s_min": min(times[name]), "tokens_per_s": case.tokens / median,
+             "_step_times": times[name]}
+        if case.flops_per_token is not None:
+            achieved = case.tokens * case.flops_per_token / median
+            m["tflops"] = achieved / 1e12
+            m["mfu" if setup.cuda else "mfu_vs_matmul"] = achieved / setup.peak_flops
+        if case.memory:
+            m["peak_step_mib"] = peak_memory_delta(case.step, setup.device) / 2**20
+        if case.check_syncs and setup.cuda:
+            m["host_syncs"] = count_host_syncs(case.step, setup.device)
+        out[name] = m
+    return out
+
+
+def speed_ratios(a: dict, b: dict) -> dict:
+    """Throughput of ``a`` over ``b`` (equal tokens per step), three ways from one interleaved run:
+    ratio of medians; ratio of best steps (the least disturbed); and ``ratio_paired``, the median
+    over rounds of the ratio of the two steps timed back to back (most robust to load bursts
+    on a shared machine, which hit both members of a pair alike)."""
+    paired = statistics.median(tb / ta for ta, tb in zip(a["_step_times"], b["_step_times"]))
+    return {"tokens_per_s_ratio": b["step_s"] / a["step_s"], "ratio_best_steps": b["step_s_min"] / a["step_s_min"],
+            "ratio_paired": paired}
+
+
+def release(setup: Setup) -> None:
+    if setup.cuda:
+        torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- modes
+
+
+def bench_loop_vs_nonloop(setup: Setup, families: list[str]) -> list[Row]:
+    """Equal effective depth, equal FLOPs: the loop's only extra cost is re-entering the shared
+    blocks. ``model`` steps are forward + backward (the FLOPs-equal comparison the target is
+    about); ``full`` steps add Muon+AdamW, which is cheaper for the loop (fewer matrices)."""
+    rows = []
+    for family in families:
+        _, _, loop, nonloop = FAMILIES[family]
+        cases, info = {}, {}
+        for core, loops in (loop, nonloop):
+            cfg = model_config(setup, family, core, loops)
+            model = build(cfg, setup)
+            tokens = batch(cfg, setup)
+            flops = train_flops_per_token(cfg, setup.seq)
+            name = f"{family} {core}x{loops}"
+            info[name] = {"effective_depth": cfg.effective_depth(), "params_m": model.num_parameters() / 1e6}
+            cases[f"{name} model"] = Case(train_step(model, None, tokens), tokens.numel(), flops, check_syncs=True)
+            cases[f"{name} full"] = Case(full_step(model, cfg, setup, tokens), tokens.numel(), flops)
+        measured = measure(cases, setup)
+        for name, metrics in measured.items():
+            rows.append(Row("loop-vs-nonloop", name, info[name.rsplit(" ", 1)[0]], metrics))
+        a, b = info
+        for kind in ("model", "full"):
+            ratios = speed_ratios(measured[f"{a} {kind}"], measured[f"{b} {kind}"])
+            rows.append(Row("loop-vs-nonloop", f"ratio {a} / {b} ({kind})", {},
+                            {**ratios, "target": ">= 0.97" if kind == "model" else "-"}))
+        del cases
+        release(setup)
+    return rows
+
+
+def bench_checkpointing(setup: Setup, family: str, loops_list: list[int]) -> list[Row]:
+    """none / per_loop / per_block at each K: step time (forward + backward) and step peak memory.
+
+    Per-loop checkpointing should add one stored loop input ``h_l`` ([seq, batch, hidden]) per
+    extra loop; ``loop_inputs_per_loop`` is the peak's growth per loop in those units.
+    """
+    rows = []
+    core = FAMILIES[family][2][0]
+    modes = ("none", "per_loop", "per_block")
+    for loops in loops_list:
+        cases, cfgs = {}, {}
+        for mode in modes:
+            cfg = cfgs[mode] = model_config(setup, family, core, loops, activation_checkpointing=mode)
+            model = build(cfg, setup)
+            tokens = batch(cfg, setup)
+            cases[mode] = Case(train_step(model, None, tokens), tokens.numel(), train_flops_per_token(cfg, setup.seq))
+        loop_input_mib = tokens.numel() * cfg.hidden_size * setup.dtype.itemsize / 2**20
+        measured = measure(cases, setup)
+        for mode in modes:
+            m = measured[mode]
+            m["time_vs_none"] = m["step_s"] / measured["none"]["step_s"]
+            # hardware TFLOP/s: model FLOPs plus the recomputed forward
+            m["hw_tflops"] = m["tokens_per_s"] * hardware_flops_per_token(cfgs[mode], setup.seq) / 1e12
+            m["loop_input_mib"] = loop_input_mib
+            rows.append(Row("checkpointing", f"{family} {core}x{loops} {mode}", {"K": loops, "mode": mode}, m))
+        del cases
+        release(setup)
+    for mode in modes:
+        pts = [(r.params["K"], r.metrics) for r in rows if r.params.get("mode") == mode]
+        if len(pts) >= 2:
+            (k0, m0), (k1, m1) = pts[0], pts[-1]
+            per_loop = (m1["peak_step_mib"] - m0["peak_step_mib"]) / (k1 - k0)
+            rows.append(Row("checkpointing", f"{mode}: peak growth per added loop (K={k0}..{k1})", {},
+                            {"mib_per_loop": per_loop, "loop_inputs_per_loop": per_loop / m0["loop_input_mib"]}))
+    return rows
+
+
+def bench_optimizer(setup: Setup, family: str, accumulation: int) -> list[Row]:
+    """Optimizer-step time against an accumulated step; extrapolated to the paper's global batch.
+
+    The optimizer step is timed on its own (gradients in place, as after the last micro-batch),
+    the two optimizers side by side; forward + backward per sequence comes from the same model.
+    The measured fraction is t_opt / t_step of a real ``accumulation``-micro-batch step; the
+    extrapolated one at global batch G over D data-parallel ranks is t_opt / (t_opt + t_seq G / D),
+    with the whole model's optimizer step on each rank (an upper bound: ZeRO shards AdamW, and
+    Muon's Newton-Schulz is the same work per rank at worst).
+    """
+    _, _, (core, loops), _ = FAMILIES[family]
+    cfg = model_config(setup, family, core, loops, activation_checkpointing="per_loop" if setup.cuda else "none")
+    model = build(cfg, setup)
+    tokens = batch(cfg, setup)
+    forward_backward(model, tokens)  # gradients in place for the optimizer-only timings
+    optimizers = {"muon+adamw": muon_adamw(model), "adamw": adamw(model)}
+    for opt in optimizers.values():
+        opt.step()  # create the state outside the timing
+    cases = {"forward+backward": Case(lambda: forward_backward(model, tokens), tokens.numel(), memory=False)}
+    cases.update({f"{n} step": Case(opt.step, tokens.numel(), memory=False) for n, opt in optimizers.items()})
+    measured = measure(cases, setup)
+    full = measure({n: Case(train_step(model, opt, tokens, accumulation), tokens.numel() * accumulation,
+                            memory=False) for n, opt in optimizers.items()}, setup)
+    t_seq = measured["forward+backward"]["step_s"] / setup.micro_batch
+    rows = [Row("optimizer", f"{family} {core}x{loops} forward+backward", {"micro_batch": setup.micro_batch},
+                {"step_s": measured["forward+backward"]["step_s"], "s_per_sequence": t_seq})]
+    per_device = PAPER_GLOBAL_BATCH / PAPER_DATA_PARALLEL
+    for name in optimizers:
+        t_opt = measured[f"{name} step"]["step_s"]
+        rows.append(Row("optimizer", f"{family} {core}x{loops} {name}",
+                        {"accumulation": accumulation, "extrapolated": not setup.cuda or setup.seq != 2048},
+                        {"step_s": t_opt, "full_step_s": full[name]["step_s"],
+                         f"measured_fraction_accum{accumulation}": t_opt / full[name]["step_s"],
+                         "fraction_G1824_8ranks": t_opt / (t_opt + t_seq * per_device),
+                         "fraction_G1824_1rank": t_opt / (t_opt + t_seq * PAPER_GLOBAL_BATCH)}))
+    del model, optimizers, cases
+    release(setup)
+    return rows
+
+
+def bench_compile(setup: Setup, family: str) -> list[Row]:
+    """Eager vs ``model.compile=true`` (inductor) side by side on the loop model, and the number
+    of graphs dynamo compiled before and after evaluating at other loop counts r."""
+    from torch._dynamo.utils import counters
+
+    _, _, (core, loops), _ = FAMILIES[family]
+    cases = {}
+    for compiled in (False, True):
+        cfg = model_config(setup, family, core, loops, compile=compiled)
+        model = build(cfg, setup)
+        tokens = batch(cfg, setup)
+        cases["compiled" if compiled else "eager"] = Case(full_step(model, cfg, setup, tokens),
+                                                          tokens.numel(), train_flops_per_token(cfg, setup.seq))
+    measured = measure(cases, setup)
+    measured["compiled"].update(speed_ratios(measured["compiled"], measured["eager"]))
+    graphs_after_training = counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        model(tokens, num_loops=loops)  # evaluation graphs (no autograd) at r = K ...
+        graphs_at_k = counters["stats"]["unique_graphs"]
+        for r in (1, 2 * loops, 3 * loops + 1):  # ... then at other r: no new graph
+            model(tokens, num_loops=r)
+    measured["compiled"].update(graphs_train=graphs_after_training, graphs_eval_r_K=graphs_at_k,
+                                new_graphs_other_r=counters["stats"]["unique_graphs"] - graphs_at_k)
+    del model, cases
+    release(setup)
+    return [Row("compile", f"{family} {core}x{loops} {name}", {}, m) for name, m in measured.items()]
+
+
+def bench_data(setup: Setup, input_spec: str | None, tokenizer: str | None, workers: int) -> list[Row]:
+    """Loader and preprocessing throughput (the data package's own measurement functions)."""
+    from megatron_loop.data.loaders import measure_loader_throughput
+    from megatron_loop.data.preprocess import PreprocessOptions, measure_preprocess_throughput, preprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if input_spec is None or tokenizer is None:
+            input_spec, tokenizer = _bundled_corpus(Path(tmp))
+        prefix = str(Path(tmp) / "bench_train")
+        preprocess(input_spec, tokenizer, prefix, PreprocessOptions(progress=False, workers=workers))
+        pre = measure_preprocess_throughput(input_spec, tokenizer, workers=workers)
+        seq = min(setup.seq, 2048)
+        loader = {"cold": measure_loader_throughput(prefix, seq_length=seq, micro_batch_size=8, num_batches=100),
+                  "warm": measure_loader_throughput(prefix, seq_length=seq, micro_batch_size=8, num_batches=100)}
+    rows = [Row("data", "preprocess vs bare tokenizer", {"workers": workers, "input": input_spec}, pre)]
+    for label, m in loader.items():
+        rows.append(Row("data", f"loader ({label} cache)", {"seq_length": seq, "micro_batch": 8}, m))
+    return rows
+
+
+def _bundled_corpus(root: Path) -> tuple[str, str]:
+    """The generated CPU corpus and a BPE tokenizer trained on it (what ``make demo`` uses)."""
+    from megatron_loop.data.corpus import CorpusSpec, generate_corpus
+    from megatron_loop.data.sources import iter_local_documents
+    from megatron_loop.data.tokenizer import train_bpe_tokenizer
+
+    corpus = root / "corpus"
+    generate_corpus(corpus, CorpusSpec(seed=3, prose_docs=1500, reasoning_docs_per_task=1000, valid_docs=10,
+                                       eval_items_per_depth=2))
+    docs = list(iter_local_documents([corpus / "train.jsonl"]))
+    tok = train_bpe_tokenizer(docs[:2000], root / "tokenizer", vocab_size=2048)
+    return str(corpus / "train.jsonl"), str(tok)
+
+
+def bench_eval(setup: Setup, family: str, loops_list: list[int], eval_batch: int) -> list[Row]:
+    """Forward tokens/s of the HF export (``trust_remote_code``) against the training model."""
+    from transformers import AutoModelForCausalLM
+
+    from megatron_loop.hf.convert import export_state_dict
+
+    _, _, (core, loops), _ = FAMILIES[family]
+    cfg = model_config(setup, family, core, loops, compile=False)
+    model = build(cfg, setup).eval()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        state = {k: v.float().cpu() for k, v in model.state_dict().items() if torch.is_tensor(v)}
+        export_state_dict(state, cfg, Path(tmp) / "hf")
+        hf = AutoModelForCausalLM.from_pretrained(Path(tmp) / "hf", trust_remote_code=True,
+                                                  dtype=setup.dtype).to(setup.device).eval()
+    tokens = batch(cfg, setup, eval_batch)
+    for r in loops_list:
+        with torch.no_grad():
+            m = measure({"hf": Case(lambda: hf(tokens, num_loops=r, use_cache=False), tokens.numel(), memory=False),
+                         "train": Case(lambda: model(tokens, num_loops=r), tokens.numel(), memory=False)}, setup)
+        metrics = {"hf_tokens_per_s": m["hf"]["tokens_per_s"], "train_model_tokens_per_s": m["train"]["tokens_per_s"],
+                   **{f"hf_vs_train_{k}": v for k, v in speed_ratios(m["hf"], m["train"]).items()}}
+        rows.append(Row("eval", f"{family} {core}x{loops} r={r}", {"r": r, "batch": eval_batch}, metrics))
+    del model, hf
+    release(setup)
+    return rows
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def render(rows: list[Row]) -> str:
+    """A markdown table per mode: case, then every metric the mode's rows carry."""
+    out = []
+    for mode in dict.fromkeys(r.mode for r in rows):
+        group = [r for r in rows if r.mode == mode]
+        keys = list(dict.fromkeys(k for r in group for k in r.metrics if not k.startswith("_")))  # _: raw data
+        out.append(f"\n### {mode}\n")
+        out.append("| case | " + " | ".join(keys) + " |")
+        out.append("|---" * (len(keys) + 1) + "|")
+        for r in group:
+            out.append(f"| {r.case} | " + " | ".join(_fmt(r.metrics.get(k, "")) for k in keys) + " |")
+    return "\n".join(out)
+
+
+def _cpu_name() -> str:
+    import os
+
+    name = "CPU"
+    try:
+        name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{name} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+
+
+def provenance(setup: Setup, argv: list[str]) -> dict:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        except OSError:
+            return "unknown"
+
+    device = torch.cuda.get_device_name(setup.device) if setup.cuda else _cpu_name()
+    return {"command": "python tools/bench.py " + " ".join(argv),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "commit": git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain") else ""),
+            "device": device, "torch": torch.__version__, "dtype": str(setup.dtype).replace("torch.", ""),
+            "seq": setup.seq, "micro_batch": setup.micro_batch, "steps": setup.steps, "warmup": setup.warmup,
+            "compile": setup.compile, "engine": setup.engine, "peak_flops": setup.peak_flops,
+            "peak": setup.peak_label}
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Modes: " + ", ".join(MODES) + ". Figures: docs/BENCHMARKS.md.")
+    ap.add_argument("--mode", default="all", help=f"comma list of {', '.join(MODES)}, or 'all'")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--families", default=None, help="comma list of llama,qwen (default: both on cuda, llama on cpu)")
+    ap.add_argument("--seq", type=int, default=None, help="sequence length (default 2048 cuda, 128 cpu)")
+    ap.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch (default 8 cuda, 4 cpu)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 10 cuda, 9 cpu)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed warm-up steps (default 3 cuda, 1 cpu)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU: torch threads (default 1: on a shared machine more threads mostly add noise)")
+    ap.add_argument("--engine", choices=("plain", "deepspeed"), default="plain",
+                    help="full training steps: the model with MuonAdamW (plain) or the DeepSpeed engine of "
+                         "megatron_loop.optim.build_engine (ZeRO-1, bf16 master weights on CUDA)")
+    ap.add_argument("--compile", action="store_true", help="model.compile=true: torch.compile each block")
+    ap.add_argument("--loops", default=None, help="K values for checkpointing (default 5,10 cuda, 2,4,8 cpu)")
+    ap.add_argument("--eval-loops", default="1,2,4,8", help="r values for the eval mode")
+    ap.add_argument("--accumulation", type=int, default=None,
+                    help="micro-batches of the measured accumulated step (default 6 cuda, 4 cpu)")
+    ap.add_argument("--data-input", default=None, help="documents for the data mode (default: generated corpus)")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer for --data-input (default: one trained on it)")
+    ap.add_argument("--workers", type=int, default=1, help="preprocessing workers for the data mode")
+    ap.add_argument("--json", default=None, help="write every figure and its provenance here")
+    return ap
+
+
+def make_setup(args: argparse.Namespace) -> Setup:
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device visible")
+    device = torch.device("cuda" if cuda else "cpu")
+    if args.engine == "deepspeed":
+        from megatron_loop.optim import init_distributed
+
+        init_distributed()  # before any model: DeepSpeed needs the process group it initialises itself
+    if not cuda:
+        torch.set_num_threads(args.threads)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if cuda:
+        peak, label = H100_BF16_PEAK_FLOPS, "989 TFLOP/s (H100/H200 dense bf16)"
+    else:
+        peak = matmul_peak_flops(device, dtype)
+        label = f"measured fp32 1024^3 matmul, {args.threads} thread(s): {peak / 1e9:.1f} GFLOP/s"
+    return Setup(device=device, dtype=dtype, seq=args.seq or (2048 if cuda else 128),
+                 micro_batch=args.micro_batch or (8 if cuda else 4), steps=args.steps or (10 if cuda else 9),
+                 warmup=args.warmup if args.warmup is not None else (3 if cuda else 1), compile=args.compile,
+                 peak_flops=peak, peak_label=label, engine=args.engine)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    modes = MODES if args.mode == "all" else tuple(m.strip() for m in args.mode.split(","))
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise SystemExit(f"--mode {unknown[0]!r}: expected one of {', '.join(MODES)} or 'all'")
+    setup = make_setup(args)
+    families = (args.families.split(",") if args.families else (["llama", "qwen"] if setup.cuda else ["llama"]))
+    loops = [int(k) for k in (args.loops or ("5,10" if setup.cuda else "2,4,8")).split(",")]
+    rows: list[Row] = []
+    for mode in modes:
+        start = time.perf_counter()
+        if mode == "loop-vs-nonloop":
+            rows += bench_loop_vs_nonloop(setup, families)
+        elif mode == "checkpointing":
+            rows += bench_checkpointing(setup, families[0], loops)
+        elif mode == "optimizer":
+            rows += bench_optimizer(setup, families[0], args.accumulation or (6 if setup.cuda else 4))
+        elif mode == "data":
+            rows += bench_data(setup, args.data_input, args.tokenizer, args.workers)
+        elif mode == "compile":
+            rows += bench_compile(setup, families[0])
+        elif mode == "eval":
+            rows += bench_eval(setup, families[0], [int(r) for r in args.eval_loops.split(",")],
+                               eval_batch=setup.micro_batch)
+        print(f"[bench] {mode}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    info = provenance(setup, argv)
+    print(f"device {info['device']} | {info['dtype']} | seq {setup.seq} | micro-batch {setup.micro_batch} | "
+          f"steps {setup.steps} (+{setup.warmup} warm-up) | commit {info['commit']} | {info['date']} | "
+          f"MFU peak: {setup.peak_label}")
+    print(render(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"provenance": info, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

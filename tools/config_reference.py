@@ -1,0 +1,153 @@
+#!/usr/bin/env python
+"""Write docs/CONFIG.md: every config key with its type, default and meaning.
+
+    python tools/config_reference.py            # rewrite docs/CONFIG.md
+    python tools/config_reference.py --check    # exit 1 if docs/CONFIG.md is out of date (tests run this)
+
+Types and defaults are read from the dataclasses in ``megatron_loop/config.py``; the meaning
+of each key is written here, so a key added without a description fails ``--check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from megatron_loop.config import BACKBONES, SECTIONS  # noqa: E402
+
+DESCRIPTIONS: dict[str, str] = {
+    # ---- model (HF export vocabulary, SPEC.md)
+    "model.backbone": "Preset from App. A.1 (`llama3.1-1b`, `qwen3-0.6b`, `tiny-llama`, `tiny-qwen`); every other model key overrides it.",
+    "model.prelude_layers": "p: Prelude blocks, run once before the loop.",
+    "model.core_layers": "s: shared Core blocks, run `train_loops` times in training.",
+    "model.train_loops": "K: loop count during training (the training horizon).",
+    "model.coda_layers": "c: Coda blocks, run once after the loop.",
+    "model.hidden_size": "d, the model width.",
+    "model.intermediate_size": "SwiGLU feed-forward width d_ff.",
+    "model.num_attention_heads": "Query heads.",
+    "model.num_key_value_heads": "Key/value heads (grouped-query attention); must divide the query heads.",
+    "model.head_dim": "Per-head dimension (even, for RoPE).",
+    "model.vocab_size": "Embedding / LM-head rows; must exceed every token id in the data.",
+    "model.rms_norm_eps": "RMSNorm epsilon.",
+    "model.rope_theta": "RoPE base frequency.",
+    "model.rope_scaling": "`null` or the Llama 3 rule `{rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}`.",
+    "model.max_position_embeddings": "Maximum context; `train.seq_length` may not exceed it.",
+    "model.qk_norm": "Per-head RMSNorm on queries and keys before RoPE (Qwen3).",
+    "model.tie_word_embeddings": "Share the embedding and the LM head (Qwen3).",
+    "model.initializer_range": "Standard deviation of the N(0, sigma) init of linear and embedding weights (App. A.2: 0.02).",
+    "model.initial_injection": "Initial-state injection I_phi(h, h0): `none`, `scalar`, `channel`, `residual_channel`, `dense`.",
+    "model.history_injection": "History-state injection operators B_j: `none`, `scalar`, `channel`, `dense`.",
+    "model.history_window": "w: number of past recurrent states in the history window.",
+    "model.timestep": "Timestep conditioning: `none`, `loop_gating`, `branch_gating`, `adaln`.",
+    "model.timestep_grid": "Inference grid for psi(t, dt): `rescaled` (T = r) or `prefix` (T = K, r <= K).",
+    "model.activation_checkpointing": "`none`, `per_loop` (one checkpoint per loop iteration; the last loop, which backward reaches first, is kept) or `per_block`; gradients are identical.",
+    "model.compile": "torch.compile each block once and reuse it at every loop (no recompilation when r changes).",
+    # ---- train (App. A.2, Table 7)
+    "train.global_batch_size": "Sequences per optimizer update = micro_batch_size x accumulation x data-parallel size.",
+    "train.micro_batch_size": "Sequences per rank per forward/backward; accumulation is derived.",
+    "train.seq_length": "Packed sequence length in tokens (2,048 in the paper).",
+    "train.lr": "Peak learning rate, shared by the Muon and AdamW groups.",
+    "train.min_lr_ratio": "Final learning rate / peak at the end of the WSD decay (0.1).",
+    "train.warmup_fraction": "Fraction of updates with linear warmup (0.05).",
+    "train.stable_fraction": "Fraction of updates at the peak learning rate (0.85); the rest decays.",
+    "train.weight_decay": "Decoupled weight decay of both groups (0.1).",
+    "train.adam_beta1": "AdamW beta1 (0.9).",
+    "train.adam_beta2": "AdamW beta2 (0.95).",
+    "train.adam_eps": "AdamW epsilon (1e-8).",
+    "train.muon_momentum": "Muon momentum (0.95).",
+    "train.muon_nesterov": "Nesterov momentum for Muon.",
+    "train.muon_ns_steps": "Newton-Schulz iterations per Muon update (5).",
+    "train.muon_scale": "`match_rms_adamw` (0.2 sqrt(max(rows, cols))) or `original` (sqrt(max(1, rows/cols))).",
+    "train.grad_clip": "Clip the global L2 norm of the raw gradients to this value (1.0).",
+    "train.train_tokens": "Token budget; `null`: tokens_per_parameter x parameters of the NonLoop L(K) model.",
+    "train.max_steps": "Number of updates; overrides the token budget.",
+    "train.tokens_per_parameter": "Chinchilla ratio for the default token budget (20).",
+    "train.seed": "Seed of initialisation and data order (42).",
+    "train.precision": "`auto` (bf16 on GPU, fp32 on CPU), `bf16` or `fp32`.",
+    "train.deepspeed_config": "DeepSpeed JSON (`deepspeed_configs/zero1.json`, `zero2.json`, `zero3.json`).",
+    "train.output_dir": "Run folder: metrics.jsonl, checkpoints/, resolved config.",
+    "train.save_interval": "Checkpoint every N updates (and at the end).",
+    "train.keep_last": "Keep the newest N checkpoints.",
+    "train.log_interval": "Log every N updates.",
+    "train.eval_interval": "Validation every N updates (0: never).",
+    "train.eval_loops": "Loop counts r for validation loss; `null`: K/2, K, 2K.",
+    "train.eval_batches": "Validation batches per evaluation.",
+    "train.resume": "Resume automatically from the newest complete checkpoint in output_dir.",
+    "train.nan_policy": "Non-finite loss or gradient norm: `skip` the update (up to max_consecutive_nonfinite) or `stop` with a checkpoint of the last good state.",
+    "train.max_consecutive_nonfinite": "Consecutive skipped updates before the run stops.",
+    "train.wall_time_limit_s": "Save and exit cleanly after this many seconds (`null`: no limit).",
+    "train.exit_interval": "Save and exit once the step is a multiple of N (Megatron-LM's --exit-interval; the schedule stays that of the full run).",
+    # ---- data (App. A.1)
+    "data.train_prefixes": "Indexed dataset prefixes (P for P.bin/P.idx) to train on.",
+    "data.train_weights": "Blending weights, one per train prefix (`null`: equal).",
+    "data.valid_prefixes": "Held-out prefixes for validation loss.",
+    "data.tokenizer": "Tokenizer folder or hub name (vocabulary check, HF export).",
+    "data.num_workers": "DataLoader worker processes.",
+    # ---- logging
+    "logging.wandb_project": "Weights & Biases project (`null`: no wandb).",
+    "logging.wandb_run_name": "Weights & Biases run name.",
+    "logging.wandb_mode": "`auto` (online with WANDB_API_KEY, else offline), `online`, `offline`, `disabled`.",
+    "logging.progress_bar": "tqdm progress bar on rank 0.",
+    "logging.peak_tflops": "Per-device peak TFLOP/s for MFU (`null`: 989 on GPU, a measured fp32 matmul rate on CPU).",
+}
+
+
+def _type_name(tp) -> str:
+    return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "").replace(" | ", " or ")
+
+
+def render() -> str:
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated by `python tools/config_reference.py` from `megatron_loop/config.py`.",
+        "A config is YAML with the sections below; `--set section.key=value` overrides any key.",
+        "Unknown keys and invalid values stop with one error naming the key.",
+        "",
+    ]
+    for section, cls in SECTIONS.items():
+        lines += [f"## `{section}:`", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            text = DESCRIPTIONS.get(f"{section}.{f.name}", "")
+            lines.append(f"| `{f.name}` | `{_type_name(f.type)}` | `{default!r}` | {text} |")
+        lines.append("")
+    lines += ["## Backbone presets (App. A.1, Table 5)", "", "| backbone | fields |", "|---|---|"]
+    for name, fields in BACKBONES.items():
+        lines.append(f"| `{name}` | " + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def missing_descriptions() -> list[str]:
+    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+            if f"{s}.{f.name}" not in DESCRIPTIONS]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="fail if docs/CONFIG.md is not up to date")
+    p.add_argument("--output", default=str(ROOT / "docs" / "CONFIG.md"))
+    args = p.parse_args(argv)
+    missing = missing_descriptions()
+    if missing:
+        print(f"error: tools/config_reference.py: no description for {', '.join(missing)}", file=sys.stderr)
+        return 1
+    text = render()
+    out = Path(args.output)
+    if args.check:
+        if not out.is_file() or out.read_text() != text:
+            print(f"error: {out} is out of date; run python tools/config_reference.py", file=sys.stderr)
+            return 1
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
