@@ -41,7 +41,7 @@ def load_hf_model(model_dir: str | Path, device: str | None = None, dtype: str =
     model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=True,
                                                  dtype=getattr(torch, dtype)).to(device).eval()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True)  # reads our config.json (auto_map)
     except Exception as e:  # no tokenizer files in the folder
         raise LoopDataError(f"{model_dir}: cannot load the tokenizer ({e}); expected tokenizer files next to "
                             "the model (convert_to_hf.py --tokenizer)") from None
