@@ -1,0 +1,364 @@
+"""The training loop (App. A.2 "Training"; issue 5 items 1, 5, 6; issue 9 items 1-4).
+
+One step = one global batch: ``accumulation`` micro-batches per rank, each run through exactly
+K loops with full backpropagation (the model never detaches a loop), ``engine.backward`` divides
+the loss by the accumulation steps, and the engine reduces, clips the RAW gradients to
+``grad_clip`` and steps Muon + AdamW and the WSD schedule at the accumulation boundary
+(:func:`megatron_loop.optim.build_engine`). After each step the loop logs, validates, saves,
+and asks every rank whether to stop (signal, wall time, ``exit_interval``).
+
+Non-finite loss or gradient norm (issue 9 item 4): DeepSpeed's ZeRO optimizers already refuse
+an update whose global gradient norm is not finite (zeroing the gradients, not stepping the
+schedule); the loop counts such steps and, by ``train.nan_policy``, skips up to
+``max_consecutive_nonfinite`` in a row (``skip``) or stops at once (``stop``), saving the last
+good state: the weights before the bad batch, with the data position before it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from megatron_loop.config import Config
+from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.training import checkpoint as C
+from megatron_loop.training import distributed as D
+from megatron_loop.training import preflight
+from megatron_loop.training.metrics import MetricsLogger, memory_stats
+from megatron_loop.training.signals import StopController
+
+EXIT_NONFINITE = 3
+
+
+class NonFiniteStop(RuntimeError):
+    """Training stopped on non-finite values (the last good state is checkpointed)."""
+
+
+@dataclass
+class Run:
+    """What the loop needs, built once."""
+
+    cfg: Config
+    info: D.DistInfo
+    engine: object
+    optimizer: torch.optim.Optimizer
+    train_iter: object
+    valid_batches: list
+    accumulation: int
+    total_steps: int
+    zero_stage: int
+    flops_per_token: float
+    peak_flops: float
+    root: Path
+
+
+def seed_everything(seed: int) -> None:
+    """App. A.2: seed 42 everywhere (model init is identical on every rank)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_precision(precision: str) -> bool:
+    """True for bf16: ``auto`` is bf16 on GPU (as the paper) and fp32 on CPU."""
+    return torch.cuda.is_available() if precision == "auto" else precision == "bf16"
+
+
+def resolve_ds_config(path: str) -> Path:
+    """``train.deepspeed_config`` relative to the working directory or to the repository."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    from megatron_loop.optim.engine import CONFIG_DIR
+
+    q = CONFIG_DIR.parent / path
+    if not p.is_absolute() and q.is_file():
+        return q
+    raise LoopConfigError(f"train.deepspeed_config={path!r}: file not found; "
+                          "expected e.g. deepspeed_configs/zero1.json")
+
+
+def peak_flops_per_device(cfg: Config) -> float:
+    """Denominator of MFU: the configured peak, H100/H200 dense bf16 on GPU, or on CPU the
+    measured throughput of an fp32 matmul (CPUs have no published per-core peak to use)."""
+    if cfg.logging.peak_tflops is not None:
+        return cfg.logging.peak_tflops * 1e12
+    if torch.cuda.is_available():
+        from megatron_loop.flops import H100_BF16_PEAK_FLOPS
+
+        return H100_BF16_PEAK_FLOPS
+    n = 512
+    a = torch.randn(n, n)
+    a @ a
+    start = time.perf_counter()
+    reps = 8
+    for _ in range(reps):
+        a @ a
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+class _DictOutput(dict):
+    """A dict with attribute access: what DeepSpeed ZeRO 3 can hook (see below)."""
+
+    __getattr__ = dict.__getitem__
+
+
+def _prepare_for_zero3(model: torch.nn.Module, ds_config: Path) -> None:
+    """Two things ZeRO 3 needs from a LoopLM.
+
+    * The LM head weight (or the tied embedding) is applied by ``LoopLM.loss``, outside the
+      head module's own forward, so it is registered as an external parameter of the root.
+    * ZeRO 3 re-gathers the root's (external) parameters in backward through a hook it puts on
+      the tensors of the root's output, and it only finds tensors inside tuples, lists and dicts,
+      not inside the ``LoopLMOutput`` dataclass; a forward hook registered before DeepSpeed's
+      hands it a dict instead (same fields, attribute access kept).
+    """
+    import json
+
+    if json.loads(ds_config.read_text()).get("zero_optimization", {}).get("stage", 0) != 3:
+        return
+    from deepspeed.runtime.zero.partition_parameters import register_external_parameter
+
+    register_external_parameter(model, model.head_weight())
+    model.register_forward_hook(lambda module, args, output: _DictOutput(vars(output)))
+
+
+def total_train_steps(cfg: Config) -> int:
+    from megatron_loop.dryrun import training_plan
+
+    steps = training_plan(cfg)["train_steps"]
+    if steps < 1:
+        raise LoopConfigError(
+            f"train.train_tokens={cfg.train.train_tokens}: less than one global batch of "
+            f"{cfg.train.global_batch_size} x {cfg.train.seq_length} tokens; expected at least one step")
+    return steps
+
+
+def _as_float(x) -> float:
+    return float(x.item() if torch.is_tensor(x) else x) if x is not None else float("nan")
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def choose_resume_point(root: Path, resume: str | None, auto: bool, info: D.DistInfo) -> C.ResumePoint | None:
+    """``--resume PATH`` (strict) or the newest verified checkpoint under ``root`` (with fallback).
+
+    Rank 0 reads and verifies the manifests, every rank follows its decision (or its error).
+    """
+    decision: tuple[str, object] = ("point", None)
+    if info.is_main:
+        try:
+            if resume is not None:
+                decision = ("point", C.select_explicit(Path(resume)))
+            else:
+                C.remove_partials(root)
+                decision = ("point", C.select_automatic(root) if auto else None)
+        except (LoopConfigError, LoopDataError) as e:
+            decision = (type(e).__name__, str(e))
+    kind, payload = D.broadcast_object(decision)
+    if kind == "LoopConfigError":
+        raise LoopConfigError(payload)
+    if kind == "LoopDataError":
+        raise LoopDataError(payload)
+    return payload
+
+
+def build_engine(cfg: Config, ds_config: Path, accumulation: int, total_steps: int):
+    """The LoopLM in a DeepSpeed engine with Muon + AdamW and the WSD schedule (App. A.2)."""
+    from megatron_loop.model import build_model
+    from megatron_loop.optim import OptimizerSettings
+    from megatron_loop.optim import build_engine as build_optim_engine
+
+    t = cfg.train
+    model = build_model(cfg.model)
+    _prepare_for_zero3(model, ds_config)
+    settings = OptimizerSettings(
+        lr=t.lr, weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps,
+        momentum=t.muon_momentum, nesterov=t.muon_nesterov, ns_steps=t.muon_ns_steps,
+        muon_scale=t.muon_scale, grad_clip=t.grad_clip)
+    parts = build_optim_engine(model, settings, micro_batch_size=t.micro_batch_size, grad_accum=accumulation,
+                               total_steps=total_steps, bf16=resolve_precision(t.precision), ds_config=ds_config)
+    return parts.engine, parts.optimizer
+
+
+def build_run(cfg: Config, resume: str | None) -> tuple[Run, C.TrainState, MetricsLogger]:
+    t = cfg.train
+    # Cheap checks first, before the heavy imports and the process group (fast, clear errors).
+    accumulation = preflight.accumulation_steps(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    preflight.check_eval_loops(cfg)
+    preflight.check_vocabulary(cfg)
+    out = Path(t.output_dir)
+    preflight.check_output_dir(out, t.resume or resume is not None)
+    ds_config = resolve_ds_config(t.deepspeed_config)
+    total_steps = total_train_steps(cfg)
+
+    info = D.setup_distributed()
+    accumulation = preflight.accumulation_steps(cfg, info.world_size)
+    seed_everything(t.seed)
+
+    from megatron_loop.data.loaders import build_train_valid_loaders
+
+    loaders = build_train_valid_loaders(
+        preflight.data_spec(cfg), seq_length=t.seq_length, global_batch_size=t.global_batch_size,
+        micro_batch_size=t.micro_batch_size, dp_rank=info.rank, dp_size=info.world_size, seed=t.seed,
+        vocab_size=cfg.model.vocab_size, train_samples=total_steps * t.global_batch_size)
+
+    root = out / preflight.CHECKPOINTS
+    point = choose_resume_point(root, resume, t.resume, info)
+    if point is not None:
+        C.check_compatible(point, cfg, info)
+    engine, optimizer = build_engine(cfg, ds_config, accumulation, total_steps)
+    zero_stage = engine.zero_optimization_stage()
+
+    state = C.TrainState()
+    logger_msgs = []
+    if point is not None:
+        state = C.load_checkpoint(engine, point, info)
+        how = "--resume" if resume is not None else "newest complete checkpoint"
+        logger_msgs += [*point.notes, f"resuming from {point.root / point.tag} (step {state.step}, "
+                                      f"{state.consumed_samples} samples consumed; {how})"]
+    loaders.train_sampler.consumed_samples = state.consumed_samples  # exact next sample
+    valid_batches = [] if loaders.valid is None else list(islice(loaders.valid, t.eval_batches))
+
+    from megatron_loop.flops import train_flops_per_token
+
+    run = Run(cfg=cfg, info=info, engine=engine, optimizer=optimizer, train_iter=iter(loaders.train),
+              valid_batches=valid_batches, accumulation=accumulation, total_steps=total_steps,
+              zero_stage=zero_stage, flops_per_token=train_flops_per_token(cfg.model, t.seq_length),
+              peak_flops=peak_flops_per_device(cfg), root=root)
+    logger = MetricsLogger(cfg, enabled=info.is_main, start_step=state.step, total_steps=total_steps)
+    for msg in logger_msgs:
+        logger.message(msg)
+    if point is not None:
+        logger.log({"event": "resume", "step": state.step, "checkpoint": str(point.root / point.tag),
+                    "skipped": list(point.notes)})
+    return run, state, logger
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def train_step(run: Run) -> tuple[float, float, dict[str, float | None], bool]:
+    """One global batch: (mean loss over ranks and micro-batches, raw grad norm, lr per group, applied)."""
+    engine, k = run.engine, run.cfg.model.train_loops
+    lrs = {f"lr_{g.get('name', i)}": g["lr"] for i, g in enumerate(run.optimizer.param_groups)}
+    losses = []
+    for _ in range(run.accumulation):
+        tokens = next(run.train_iter)["tokens"].to(engine.device)
+        loss = engine(tokens, num_loops=k, labels=tokens, compute_logits=False).loss
+        engine.backward(loss)  # divides by the accumulation steps (App. A.2)
+        engine.step()  # optimizer + schedule only at the accumulation boundary
+        losses.append(loss.detach().float())
+    local = torch.stack(losses).mean().item()
+    loss = D.all_reduce_mean([local])[0] if run.info.world_size > 1 else local
+    grad_norm = _as_float(engine.get_global_grad_norm())
+    return loss, grad_norm, lrs, bool(engine.was_step_applied())
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> dict[str, float]:
+    """Validation loss on the held-out prefix at each r of ``train.eval_loops`` (issue 5 item 6)."""
+    if not run.valid_batches:
+        return {}
+    engine = run.engine
+    engine.eval()
+    result = {}
+    for r in run.cfg.train.eval_loops:
+        losses = [engine(b["tokens"].to(engine.device), num_loops=r, labels=b["tokens"].to(engine.device),
+                         compute_logits=False).loss.float().item() for b in run.valid_batches]
+        result[f"val_loss_r{r}"] = D.all_reduce_mean([sum(losses) / len(losses)])[0]
+    engine.train()
+    return result
+
+
+def _save(run: Run, state: C.TrainState, logger: MetricsLogger) -> str:
+    tag = C.save_checkpoint(run.engine, run.root, state, run.cfg, run.info, run.zero_stage)
+    logger.log({"event": "checkpoint", "step": state.step, "tag": tag, "path": str(run.root / tag)})
+    return tag
+
+
+def _log_step(run: Run, state: C.TrainState, logger: MetricsLogger, loss: float, grad_norm: float,
+              lrs: dict, applied: bool, step_s: float) -> None:
+    t = run.cfg.train
+    tokens_per_s = t.global_batch_size * t.seq_length / step_s
+    logger.log({
+        "event": "train", "step": state.step, "consumed_samples": state.consumed_samples,
+        "tokens": state.consumed_samples * t.seq_length, "loss": loss, "grad_norm": grad_norm,
+        "lr_muon": lrs.get("lr_muon"), "lr_adamw": lrs.get("lr_adamw"), "tokens_per_s": tokens_per_s,
+        # MFU per device; the FLOP count uses the effective depth L(K) (megatron_loop/flops.py)
+        "mfu": tokens_per_s / run.info.world_size * run.flops_per_token / run.peak_flops,
+        "step_time_s": step_s, **memory_stats(), "update_applied": applied,
+        "skipped_updates": state.skipped_updates})
+
+
+def _on_nonfinite(run: Run, state: C.TrainState, before: C.TrainState, logger: MetricsLogger, loss: float,
+                  grad_norm: float, applied: bool) -> None:
+    """Log the bad step with its batch; stop (raising :class:`NonFiniteStop`) as the policy says."""
+    t = run.cfg.train
+    first = before.consumed_samples
+    logger.log({"event": "nonfinite", "step": state.step, "batch_index": before.step,
+                "samples": [first, first + t.global_batch_size], "loss": loss, "grad_norm": grad_norm,
+                "update_applied": applied, "consecutive": state.consecutive_nonfinite, "policy": t.nan_policy})
+    logger.message(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at step {state.step} "
+                   f"(global batch {before.step}, samples {first}...{first + t.global_batch_size - 1}); "
+                   f"update {'applied' if applied else 'skipped'}")
+    if t.nan_policy == "skip" and state.consecutive_nonfinite <= t.max_consecutive_nonfinite:
+        return
+    # The update was refused, so the weights are those from before this batch: save exactly that.
+    tag = _save(run, before, logger) if not applied else None
+    why = ("train.nan_policy=stop" if t.nan_policy == "stop" else
+           f"more than train.max_consecutive_nonfinite={t.max_consecutive_nonfinite} in a row")
+    raise NonFiniteStop(f"non-finite loss/gradient norm at step {state.step} ({why}); "
+                        f"last good state saved as {run.root / tag if tag else 'none'}")
+
+
+def train(cfg: Config, resume: str | None = None) -> int:
+    """Run (or resume) training; returns the process exit code."""
+    start = time.monotonic()
+    run, state, logger = build_run(cfg, resume)
+    t = cfg.train
+    stopper = StopController(t.wall_time_limit_s, start).install()
+    saved_at = state.step if state.step > 0 else -1
+    try:
+        while state.step < run.total_steps:
+            step_start = time.perf_counter()
+            before = C.TrainState(**vars(state))
+            loss, grad_norm, lrs, applied = train_step(run)
+            step_s = time.perf_counter() - step_start
+            state.step += 1
+            state.consumed_samples += t.global_batch_size
+            nonfinite = not (math.isfinite(loss) and math.isfinite(grad_norm))
+            state.skipped_updates += int(nonfinite)
+            state.consecutive_nonfinite = state.consecutive_nonfinite + 1 if nonfinite else 0
+            last = state.step == run.total_steps
+            if nonfinite or last or state.step % t.log_interval == 0:
+                _log_step(run, state, logger, loss, grad_norm, lrs, applied, step_s)
+            if nonfinite:
+                _on_nonfinite(run, state, before, logger, loss, grad_norm, applied)
+            if run.valid_batches and t.eval_interval and (last or state.step % t.eval_interval == 0):
+                logger.log({"event": "eval", "step": state.step, **evaluate(run)})
+            reason = stopper.poll(step_s)  # collective: every rank agrees
+            if reason is None and t.exit_interval and state.step % t.exit_interval == 0:
+                reason = f"train.exit_interval={t.exit_interval}"
+            if last or reason or state.step % t.save_interval == 0:
+                _save(run, state, logger)
+                saved_at = state.step
+            if reason:
+                logger.log({"event": "stop", "step": state.step, "reason": reason})
+                logger.message(f"stopping after step {state.step} ({reason}); checkpoint saved in {run.root}")
+                return 0
+        if saved_at != state.step:
+            _save(run, state, logger)
+        return 0
+    finally:
+        stopper.uninstall()
+        logger.close()

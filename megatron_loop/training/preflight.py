@@ -1,0 +1,116 @@
+"""Checks that run before anything is written (issue 9 item 5: one clear error, nothing partial).
+
+Batch arithmetic (App. A.2 "Gradient accumulation": micro x accumulation x data-parallel =
+global, derived, never duplicated by hand), loop counts of the validation sweep, vocabulary of
+the tokenized data and tokenizer against the model, and the output folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from megatron_loop.config import Config
+from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.training.metrics import METRICS_NAME
+
+CHECKPOINTS = "checkpoints"
+
+
+def accumulation_steps(cfg: Config, data_parallel_size: int) -> int:
+    """``global / (micro x data-parallel)``; an error naming the keys when it is not integral."""
+    t = cfg.train
+    per_step = t.micro_batch_size * data_parallel_size
+    if t.global_batch_size % per_step:
+        raise LoopConfigError(
+            f"train.global_batch_size={t.global_batch_size}: expected a multiple of train.micro_batch_size="
+            f"{t.micro_batch_size} x data-parallel size {data_parallel_size} = {per_step} "
+            "(accumulation steps = global / (micro x data-parallel) must be an integer)")
+    return t.global_batch_size // per_step
+
+
+def check_eval_loops(cfg: Config) -> list[int]:
+    """Loop counts of the periodic validation; the prefix grid cannot run past K (App. A.1)."""
+    loops = list(cfg.train.eval_loops or [])
+    if any(r < 1 for r in loops):
+        raise LoopConfigError(f"train.eval_loops={loops}: expected loop counts >= 1")
+    k = cfg.model.train_loops
+    if cfg.model.timestep != "none" and cfg.model.timestep_grid == "prefix" and any(r > k for r in loops):
+        raise LoopConfigError(
+            f"train.eval_loops={loops}: model.timestep_grid='prefix' keeps the training grid of "
+            f"K=model.train_loops={k} steps, so every r must be <= {k} (use timestep_grid: rescaled to extrapolate)")
+    return loops
+
+
+def data_spec(cfg: Config) -> dict[str, Any]:
+    """The ``data:`` section in the form :func:`megatron_loop.data.loaders.build_train_valid_loaders` reads."""
+    d = cfg.data
+    if not d.train_prefixes:
+        raise LoopConfigError("data.train_prefixes: empty; expected at least one indexed dataset prefix "
+                              "(P for P.bin/P.idx, written by tools/preprocess_data.py)")
+    weights = d.train_weights or [1.0] * len(d.train_prefixes)
+    spec: dict[str, Any] = {"train": [{"prefix": p, "weight": w} for p, w in zip(d.train_prefixes, weights)],
+                            "num_workers": d.num_workers}
+    if d.valid_prefixes:
+        spec["valid"] = list(d.valid_prefixes)
+    return spec
+
+
+def _tokenizer_vocab(tokenizer: str) -> tuple[Path, int] | None:
+    """Vocabulary size of a local tokenizer folder (hub names are not fetched here)."""
+    path = Path(tokenizer)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file() or file.suffix != ".json":
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return file, Tokenizer.from_file(str(file)).get_vocab_size()
+    except Exception as e:  # tokenizers raises its own Exception subclass
+        raise LoopDataError(f"{file}: cannot read the tokenizer ({e})") from None
+
+
+def check_vocabulary(cfg: Config) -> None:
+    """The tokenizer (and the one recorded next to each prefix) must fit model.vocab_size."""
+    vocab = cfg.model.vocab_size
+    sources: list[tuple[Path, int]] = []
+    if cfg.data.tokenizer:
+        found = _tokenizer_vocab(cfg.data.tokenizer)
+        if found:
+            sources.append(found)
+    for prefix in [*cfg.data.train_prefixes, *cfg.data.valid_prefixes]:
+        stats = Path(prefix + ".stats.json")
+        if stats.is_file():
+            try:
+                size = json.loads(stats.read_text()).get("vocab_size")
+            except json.JSONDecodeError:
+                continue  # informational file; the indexed data itself is checked by the loader
+            if isinstance(size, int):
+                sources.append((stats, size))
+    for where, size in sources:
+        if size > vocab:
+            raise LoopConfigError(
+                f"{where}: tokenizer vocabulary of {size} tokens does not fit model.vocab_size={vocab}; "
+                f"expected model.vocab_size >= {size}")
+
+
+def check_output_dir(output_dir: Path, resume: bool) -> None:
+    """A new or empty folder, or a run folder of ours when resuming; nothing else is touched."""
+    if not output_dir.exists():
+        return
+    if not output_dir.is_dir():
+        raise LoopConfigError(f"train.output_dir={str(output_dir)!r}: exists and is not a folder")
+    entries = sorted(p.name for p in output_dir.iterdir())
+    if not entries:
+        return
+    ours = (output_dir / CHECKPOINTS).is_dir() or (output_dir / METRICS_NAME).is_file()
+    if ours and resume:
+        return
+    if ours:
+        raise LoopConfigError(
+            f"train.output_dir={str(output_dir)!r}: exists and holds a previous run; set train.resume=true "
+            "to continue it, or choose another train.output_dir")
+    raise LoopConfigError(
+        f"train.output_dir={str(output_dir)!r}: exists and is not empty (contains {entries[:3]}); "
+        "expected a new folder or a run folder of pretrain_loop.py")
