@@ -289,7 +289,10 @@ class Config:
                 f"model.max_position_embeddings={self.model.max_position_embeddings}")
         if self.train.eval_loops is None:
             k = self.model.train_loops
-            self.train.eval_loops = sorted({max(1, k // 2), k, 2 * k})
+            loops = {max(1, k // 2), k, 2 * k}
+            if self.model.timestep != "none" and self.model.timestep_grid == "prefix":
+                loops = {r for r in loops if r <= k}  # the prefix grid cannot extrapolate (App. A.1)
+            self.train.eval_loops = sorted(loops)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -10,13 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from megatron_loop.config import Config, ModelConfig
-
-
-def wsd_lengths(total_steps: int, warmup_fraction: float = 0.05, stable_fraction: float = 0.85) -> tuple[int, int, int]:
-    """(warmup, stable, decay) update counts; Table 7: 5394 -> 270/4585/539, 2860 -> 143/2431/286."""
-    warmup = round(warmup_fraction * total_steps)
-    stable = round(stable_fraction * total_steps)
-    return warmup, stable, total_steps - warmup - stable
+from megatron_loop.optim.schedule import wsd_split
 
 
 def nonloop_reference(model: ModelConfig) -> ModelConfig:
@@ -46,7 +40,7 @@ def training_plan(cfg: Config) -> dict:
         else:
             tokens = int(t.tokens_per_parameter * count_parameters(nonloop_reference(cfg.model))[1])
         steps = tokens // tokens_per_step
-    warmup, stable, decay = wsd_lengths(steps, t.warmup_fraction, t.stable_fraction)
+    warmup, stable, decay = wsd_split(steps, t.warmup_fraction, t.stable_fraction) if steps else (0, 0, 0)
     return dict(train_tokens=tokens, train_steps=steps, warmup_steps=warmup, stable_steps=stable, decay_steps=decay)
 
 

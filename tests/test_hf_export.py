@@ -196,3 +196,35 @@ def test_overwrite_replaces_folder_atomically(assets, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left behind
     with pytest.raises(LoopDataError, match="tag folder"):
         convert_checkpoint(assets.checkpoints["nonloop_llama"], tmp_path / "x", tag="step_99")
+
+
+class _Payload:
+    """Unpickling this runs a shell command: what a tampered checkpoint could carry."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_export_refuses_a_checkpoint_carrying_code(tmp_path):
+    """Security (issue 9 item 6): the converter reads DeepSpeed shards with weights_only=True."""
+    import shutil
+
+    import torch
+
+    from megatron_loop.errors import LoopDataError
+    from megatron_loop.hf.convert import convert_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(hf_assets().checkpoints["base_llama"], ckpt)
+    tag = (ckpt / "latest").read_text().strip()
+    marker = tmp_path / "pwned"
+    torch.save({"module": _Payload(str(marker))}, ckpt / tag / "mp_rank_00_model_states.pt")
+    with pytest.raises(LoopDataError, match="cannot read DeepSpeed checkpoint.*UnpicklingError"):
+        convert_checkpoint(ckpt, tmp_path / "hf")
+    assert not marker.exists()
+    assert not (tmp_path / "hf").exists()

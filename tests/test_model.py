@@ -275,3 +275,11 @@ def test_overrides_and_cli_error(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == f"error: {bad}: model.train_loops=0: expected an integer >= 1"
+
+
+def test_default_validation_loops():
+    cfg = config_from_dict({"model": {"backbone": "tiny-llama", "train_loops": 4}})
+    assert cfg.train.eval_loops == [2, 4, 8]  # K/2, K, 2K
+    prefix = config_from_dict({"model": {"backbone": "tiny-llama", "train_loops": 4, "timestep": "adaln",
+                                         "timestep_grid": "prefix"}})
+    assert prefix.train.eval_loops == [2, 4]

@@ -43,3 +43,28 @@ def test_scheduler_drives_both_groups_with_one_multiplier():
         scheduler.step()
     state = scheduler.state_dict()
     assert state["last_epoch"] == steps and state["lr_lambdas"][0]["warmup"] == split.warmup
+
+
+def test_configured_schedule_shape_reaches_scheduler_and_dry_run():
+    """train.warmup_fraction / stable_fraction / min_lr_ratio drive both the trainer's scheduler
+    and the dry-run plan (one definition of the split)."""
+    from megatron_loop.config import config_from_dict
+    from megatron_loop.dryrun import training_plan
+
+    cfg = config_from_dict({"model": {"backbone": "tiny-llama"},
+                            "train": {"max_steps": 200, "seq_length": 32, "warmup_fraction": 0.1,
+                                      "stable_fraction": 0.7, "min_lr_ratio": 0.2}})
+    plan = training_plan(cfg)
+    assert (plan["warmup_steps"], plan["stable_steps"], plan["decay_steps"]) == (20, 140, 40)
+    param = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([param], lr=1.0)
+    sched = wsd_scheduler(opt, 200, 0.1, 0.7, 0.2)
+    lrs = []
+    for _ in range(200):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    # update t runs at lambda(t): t = 1 .. 200
+    assert lrs[19] == pytest.approx(1.0) and lrs[18] == pytest.approx(19 / 20)
+    assert lrs[159] == pytest.approx(1.0) and lrs[160] < 1.0
+    assert lrs[199] == pytest.approx(0.2)

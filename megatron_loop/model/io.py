@@ -59,15 +59,37 @@ def resolve_tag(ckpt_dir: str | os.PathLike, tag: str | None = None) -> str:
     return tag
 
 
+class _WeightsOnlyTorch:
+    """``torch`` as DeepSpeed's ``zero_to_fp32`` sees it, except that ``torch.load`` unpickles with
+    ``weights_only=True`` (zero_to_fp32 hard-codes False): only tensors, containers and the
+    allow-list of DeepSpeed's own checkpoint classes load; a checkpoint carrying code does not run."""
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    @staticmethod
+    def load(*args, **kwargs):
+        from megatron_loop.training.checkpoint import deepspeed_safe_globals
+
+        kwargs["weights_only"] = True
+        with torch.serialization.safe_globals(deepspeed_safe_globals()):
+            return torch.load(*args, **kwargs)
+
+
 def consolidated_state_dict(ckpt_dir: str | os.PathLike, tag: str | None = None) -> dict[str, torch.Tensor]:
-    """fp32 model weights from a DeepSpeed checkpoint of any ZeRO stage."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    """fp32 model weights from a DeepSpeed checkpoint of any ZeRO stage (loaded weights-only)."""
+    from deepspeed.utils import zero_to_fp32
 
     tag = resolve_tag(ckpt_dir, tag)
+    real_torch, zero_to_fp32.torch = zero_to_fp32.torch, _WeightsOnlyTorch()
     try:
-        state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
-    except (FileNotFoundError, ValueError, RuntimeError, KeyError) as e:
-        raise LoopDataError(f"{Path(ckpt_dir) / tag}: cannot read DeepSpeed checkpoint ({e})") from None
+        state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+    except (FileNotFoundError, ValueError, RuntimeError, KeyError, EOFError,
+            torch.serialization.pickle.UnpicklingError) as e:
+        raise LoopDataError(f"{Path(ckpt_dir) / tag}: cannot read DeepSpeed checkpoint "
+                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    finally:
+        zero_to_fp32.torch = real_torch
     return {k: v.float() for k, v in state.items()}
 
 

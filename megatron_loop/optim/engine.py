@@ -35,7 +35,7 @@ from megatron_loop.errors import LoopConfigError
 from megatron_loop.optim.layout import PartitionLayout
 from megatron_loop.optim.muon import ScaleRule
 from megatron_loop.optim.optimizer import MuonAdamW, role_param_groups
-from megatron_loop.optim.schedule import wsd_scheduler
+from megatron_loop.optim.schedule import FINAL_FRACTION, STABLE_FRACTION, WARMUP_FRACTION, wsd_scheduler
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "deepspeed_configs"
 AUTO = "auto"
@@ -54,6 +54,10 @@ class OptimizerSettings:
     ns_steps: int = 5
     muon_scale: ScaleRule = "match_rms_adamw"
     grad_clip: float = 1.0
+    # WSD shape (App. A.2): warmup / stable fractions of the updates, final lr / peak.
+    warmup_fraction: float = WARMUP_FRACTION
+    stable_fraction: float = STABLE_FRACTION
+    min_lr_ratio: float = FINAL_FRACTION
 
 
 class EngineParts(NamedTuple):
@@ -258,7 +262,8 @@ def build_engine(
     )
     stage = config["zero_optimization"]["stage"]
     optimizer = build_optimizer(model, settings, clip_in_optimizer=stage == 0)
-    scheduler = wsd_scheduler(optimizer, total_steps)
+    scheduler = wsd_scheduler(optimizer, total_steps, settings.warmup_fraction, settings.stable_fraction,
+                              settings.min_lr_ratio)
     import deepspeed
 
     engine, engine_optimizer, _, _ = deepspeed.initialize(

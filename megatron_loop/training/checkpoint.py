@@ -345,7 +345,7 @@ def check_compatible(point: ResumePoint, cfg: Config, info: D.DistInfo) -> None:
 _SAFE_DEEPSPEED_GLOBALS: list | None = None
 
 
-def _safe_globals() -> list:
+def deepspeed_safe_globals() -> list:
     """Classes DeepSpeed pickles into its checkpoints besides tensors and containers."""
     global _SAFE_DEEPSPEED_GLOBALS
     if _SAFE_DEEPSPEED_GLOBALS is None:
@@ -366,7 +366,7 @@ def restrict_unpickling(engine) -> None:
     ckpt_engine = engine.checkpoint_engine
 
     def load(path, map_location=None):
-        with torch.serialization.safe_globals(_safe_globals()):
+        with torch.serialization.safe_globals(deepspeed_safe_globals()):
             return torch.load(path, map_location=map_location, weights_only=True)
 
     ckpt_engine.load = load
