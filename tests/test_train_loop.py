@@ -32,6 +32,14 @@ def test_loss_falls_on_the_bundled_corpus():
     assert evals[1]["val_loss_r2"] < evals[0]["val_loss_r2"]
 
 
+def test_resolved_config_is_printed_at_start():
+    out = reference_run().result.stdout
+    assert "resolved config (" in out
+    printed = json.loads(out.split("resolved config (", 1)[1].split(":\n", 1)[1].split("\n}\n", 1)[0] + "\n}")
+    assert printed["model"]["backbone"] == "tiny-llama" and printed["model"]["hidden_size"] == 64  # preset filled in
+    assert printed["train"]["eval_loops"]  # defaults resolved
+
+
 def test_metrics_file_has_every_field():
     run = reference_run().run_dir
     train = records(run, "train")

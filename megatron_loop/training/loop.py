@@ -204,6 +204,8 @@ def build_run(cfg: Config, resume: str | None) -> tuple[Run, C.TrainState, Metri
 
     info = D.setup_distributed()
     accumulation = preflight.accumulation_steps(cfg, info.world_size)
+    if info.is_main:  # the resolved config (YAML + --set overrides + backbone preset + defaults)
+        print(f"resolved config ({cfg.source}):\n{cfg.dumps()}", flush=True)
     seed_everything(t.seed)
 
     from megatron_loop.data.loaders import build_train_valid_loaders
