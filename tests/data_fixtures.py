@@ -62,3 +62,15 @@ def run_tool(script: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     return subprocess.run([sys.executable, str(REPO / "tools" / script), *args], capture_output=True,
                           text=True, env=env, timeout=120)
+
+
+class CodePayload:
+    """Unpickling this runs a shell command (``touch marker``): what a tampered checkpoint could carry."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)

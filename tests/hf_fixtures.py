@@ -13,7 +13,6 @@ import functools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_fixtures import REPO, data_assets
+from megatron_loop.optim.engine import free_port
 
 VOCAB = 640  # >= the 600-token test tokenizer
 LLAMA = {"backbone": "tiny-llama", "vocab_size": VOCAB}
@@ -69,10 +69,6 @@ def _spec(root: Path, stage: int) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _checkpoint_runs(root: Path, tokenizer: Path) -> list[tuple[list[str], dict]]:
@@ -80,8 +76,8 @@ def _checkpoint_runs(root: Path, tokenizer: Path) -> list[tuple[list[str], dict]
     script = str(REPO / "tests" / "hf_scripts" / "make_ds_checkpoint.py")
     return [
         ([sys.executable, script, "--spec", str(_spec(root, 1)), "--zero", "1", "--tokenizer", str(tokenizer)],
-         offline_env(MASTER_PORT=str(_free_port()))),
-        ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+         offline_env(MASTER_PORT=str(free_port()))),
+        ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
           script, "--spec", str(_spec(root, 3)), "--zero", "3", "--tokenizer", str(tokenizer)], offline_env()),
     ]
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from data_fixtures import REPO
+from data_fixtures import REPO, CodePayload
 from hf_fixtures import CLI_EXPORTED, MODELS, eval_loops, hf_assets, offline_env
 
 TOLERANCE = 1e-5
@@ -198,17 +198,6 @@ def test_overwrite_replaces_folder_atomically(assets, tmp_path):
         convert_checkpoint(assets.checkpoints["nonloop_llama"], tmp_path / "x", tag="step_99")
 
 
-class _Payload:
-    """Unpickling this runs a shell command: what a tampered checkpoint could carry."""
-
-    def __init__(self, marker: str):
-        self.marker = marker
-
-    def __reduce__(self):
-        import os
-
-        return os.system, (f"touch {self.marker}",)
-
 
 def test_export_refuses_a_checkpoint_carrying_code(tmp_path):
     """Security (issue 9 item 6): the converter reads DeepSpeed shards with weights_only=True."""
@@ -223,7 +212,7 @@ def test_export_refuses_a_checkpoint_carrying_code(tmp_path):
     shutil.copytree(hf_assets().checkpoints["base_llama"], ckpt)
     tag = (ckpt / "latest").read_text().strip()
     marker = tmp_path / "pwned"
-    torch.save({"module": _Payload(str(marker))}, ckpt / tag / "mp_rank_00_model_states.pt")
+    torch.save({"module": CodePayload(str(marker))}, ckpt / tag / "mp_rank_00_model_states.pt")
     with pytest.raises(LoopDataError, match="cannot read DeepSpeed checkpoint.*UnpicklingError"):
         convert_checkpoint(ckpt, tmp_path / "hf")
     assert not marker.exists()

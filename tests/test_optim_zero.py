@@ -17,7 +17,6 @@ trip must be bitwise.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 import optim_toy as toy
 from megatron_loop.model import roles
 from megatron_loop.optim import wsd_scheduler
+from megatron_loop.optim.engine import free_port
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "optim_zero.py"
 
@@ -37,10 +37,6 @@ ATOL = 1e-6
 LAUNCH_TIMEOUT_S = 480
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +45,7 @@ def zero_runs(tmp_path_factory) -> dict[int, list[dict]]:
     root = tmp_path_factory.mktemp("zero")
     launches = {}
     for stage in STAGES:
-        port = _free_port()
+        port = free_port()
         procs = []
         for rank in range(WORLD):
             env = dict(

@@ -16,6 +16,7 @@ import signal
 
 import pytest
 
+from data_fixtures import CodePayload
 from megatron_loop.errors import LoopDataError
 from megatron_loop.training.checkpoint import select_explicit, verify_checkpoint
 from train_fixtures import (FAULTS, assert_same_weights, check_ok, copy_run, final_weights, losses,
@@ -105,17 +106,6 @@ def test_manifest_detects_missing_and_corrupt_files(tmp_path):
     assert manifest["files"]
 
 
-class _Payload:
-    """Unpickling this runs a shell command: what a tampered checkpoint could carry."""
-
-    def __init__(self, marker: str):
-        self.marker = marker
-
-    def __reduce__(self):
-        import os
-
-        return os.system, (f"touch {self.marker}",)
-
 
 def test_tampered_checkpoint_is_not_unpickled(tmp_path):
     """Security (issue 9 item 6): DeepSpeed's own reader is switched to weights_only=True, so a
@@ -128,7 +118,7 @@ def test_tampered_checkpoint_is_not_unpickled(tmp_path):
     tag = run_dir / "checkpoints" / "global_step10"
     marker = tmp_path / "pwned"
     target = tag / "mp_rank_00_model_states.pt"
-    torch.save({"module": _Payload(str(marker))}, target)
+    torch.save({"module": CodePayload(str(marker))}, target)
     manifest = json.loads((tag / "manifest.json").read_text())
     manifest["files"][target.name] = {"size": target.stat().st_size,
                                       "sha256": hashlib.sha256(target.read_bytes()).hexdigest()}

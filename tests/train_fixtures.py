@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from data_fixtures import data_assets
+from megatron_loop.optim.engine import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -54,23 +55,15 @@ def env() -> dict[str, str]:
     return e
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def command(*args: str, nproc: int = 1, launcher: str = "python", script: str = "pretrain_loop.py") -> list[str]:
     target = str(REPO / script) if script == "pretrain_loop.py" else script
     if launcher == "python":
         return [sys.executable, target, *args]
     if launcher == "torchrun":
-        return [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(nproc), "--master_port", str(_free_port()),
+        return [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(nproc), "--master_port", str(free_port()),
                 target, *args]
     if launcher == "deepspeed":
-        return [str(VENV_BIN / "deepspeed"), "--num_gpus", str(nproc), "--master_port", str(_free_port()),
+        return [str(VENV_BIN / "deepspeed"), "--num_gpus", str(nproc), "--master_port", str(free_port()),
                 target, *args]
     raise ValueError(launcher)
 

@@ -178,7 +178,7 @@ def init_distributed() -> None:
         return
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     import deepspeed
 
     deepspeed.init_distributed(dist_backend=None, auto_mpi_discovery=False)
@@ -274,7 +274,8 @@ def build_engine(
     return EngineParts(engine, optimizer, scheduler)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on the loopback interface (rendezvous of single-node runs and tests)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
