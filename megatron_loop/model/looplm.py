@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from transformers.utils import ModelOutput
 
 from megatron_loop.config import ModelConfig
 from megatron_loop.errors import LoopConfigError
@@ -47,8 +48,11 @@ with __import__("warnings").catch_warnings():
 
 
 @dataclass
-class LoopLMOutput:
-    logits: torch.Tensor | None
+class LoopLMOutput(ModelOutput):
+    """Attribute and key access (transformers' ModelOutput is a dict): DeepSpeed ZeRO 3 finds the
+    output tensors it hooks for backward re-gathering inside dicts, not inside plain dataclasses."""
+
+    logits: torch.Tensor | None = None
     loss: torch.Tensor | None = None
     # Recurrent trajectory [h^0, h^1, ..., h^r], each [batch, seq, hidden] (when requested).
     trajectory: list[torch.Tensor] | None = None
@@ -120,6 +124,12 @@ class LoopLM(nn.Module):
 
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def external_parameters(self) -> list[nn.Parameter]:
+        """Parameters this module applies outside their owning submodule's ``forward``: the LM head
+        (or tied embedding) weight, used by the chunked loss. ZeRO 3 must gather them for the root's
+        forward and backward (``optim.build_engine`` registers them)."""
+        return [self.head_weight()]
 
     def num_parameters(self, backbone_only: bool = False) -> int:
         """Trainable parameters; ``backbone_only`` excludes injection and timestep parameters."""

@@ -228,6 +228,16 @@ def attach_zero_layouts(zero_optimizer: Any, optimizer: MuonAdamW) -> int:
     raise TypeError(f"not a DeepSpeed ZeRO optimizer: {type(zero_optimizer).__name__}")
 
 
+def register_external_parameters(model: torch.nn.Module) -> None:
+    """ZeRO 3 gathers a partitioned weight only around its owning module's forward/backward;
+    weights the model applies elsewhere (``model.external_parameters()``, e.g. LoopLM's LM head
+    in the chunked loss) are registered with the root module so it gathers them too."""
+    from deepspeed.runtime.zero.partition_parameters import register_external_parameter
+
+    for param in getattr(model, "external_parameters", list)():
+        register_external_parameter(model, param)
+
+
 def build_engine(
     model: torch.nn.Module,
     settings: OptimizerSettings,
@@ -266,6 +276,8 @@ def build_engine(
                               settings.min_lr_ratio)
     import deepspeed
 
+    if stage == 3:
+        register_external_parameters(model)
     engine, engine_optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
     )

@@ -105,32 +105,6 @@ def peak_flops_per_device(cfg: Config) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - start)
 
 
-class _DictOutput(dict):
-    """A dict with attribute access: what DeepSpeed ZeRO 3 can hook (see below)."""
-
-    __getattr__ = dict.__getitem__
-
-
-def _prepare_for_zero3(model: torch.nn.Module, ds_config: Path) -> None:
-    """Two things ZeRO 3 needs from a LoopLM.
-
-    * The LM head weight (or the tied embedding) is applied by ``LoopLM.loss``, outside the
-      head module's own forward, so it is registered as an external parameter of the root.
-    * ZeRO 3 re-gathers the root's (external) parameters in backward through a hook it puts on
-      the tensors of the root's output, and it only finds tensors inside tuples, lists and dicts,
-      not inside the ``LoopLMOutput`` dataclass; a forward hook registered before DeepSpeed's
-      hands it a dict instead (same fields, attribute access kept).
-    """
-    import json
-
-    if json.loads(ds_config.read_text()).get("zero_optimization", {}).get("stage", 0) != 3:
-        return
-    from deepspeed.runtime.zero.partition_parameters import register_external_parameter
-
-    register_external_parameter(model, model.head_weight())
-    model.register_forward_hook(lambda module, args, output: _DictOutput(vars(output)))
-
-
 def total_train_steps(cfg: Config) -> int:
     from megatron_loop.dryrun import training_plan
 
@@ -180,7 +154,6 @@ def build_engine(cfg: Config, ds_config: Path, accumulation: int, total_steps: i
 
     t = cfg.train
     model = build_model(cfg.model)
-    _prepare_for_zero3(model, ds_config)
     settings = OptimizerSettings(
         lr=t.lr, weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps,
         momentum=t.muon_momentum, nesterov=t.muon_nesterov, ns_steps=t.muon_ns_steps,

@@ -18,12 +18,12 @@ import os
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 import deepspeed
 from megatron_loop.config import config_from_dict
 from megatron_loop.model import build_model
 from megatron_loop.model.io import save_run_config
+from megatron_loop.optim.engine import register_external_parameters
 
 
 def perturb_identity_parameters(model: torch.nn.Module, seed: int) -> None:
@@ -32,20 +32,6 @@ def perturb_identity_parameters(model: torch.nn.Module, seed: int) -> None:
         for name, p in model.named_parameters():
             if "norm" in name or any(k in name for k in ("injection", "gating", "gate.q", "adaln")):
                 p.add_(0.2 * torch.randn(p.shape, generator=gen))
-
-
-def use_head_module_for_loss(model: torch.nn.Module) -> None:
-    """ZeRO 3 gathers a partitioned weight only inside its own module's forward/backward;
-    ``LoopLM.loss`` reads the head weight with ``F.linear`` outside ``lm_head``, so this step
-    computes the (identical) loss through the ``lm_head`` module instead (untied models only)."""
-    if model.lm_head is None:
-        raise SystemExit("ZeRO 3 checkpoints in this script need tie_word_embeddings: false")
-
-    def loss(hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        logits = model.lm_head(hidden[:, :-1]).float()
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
-
-    model.loss = loss
 
 
 def write_checkpoint(model_fields: dict, out: str, zero: int, tokenizer: str | None) -> None:
@@ -58,8 +44,8 @@ def write_checkpoint(model_fields: dict, out: str, zero: int, tokenizer: str | N
     ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
                  "zero_optimization": {"stage": zero, "stage3_param_persistence_threshold": 0},
                  "fp16": {"enabled": False}, "bf16": {"enabled": False}}
-    if zero == 3:
-        use_head_module_for_loss(model)
+    if zero == 3:  # as optim.build_engine does: the LM head weight is applied outside its module
+        register_external_parameters(model)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
     rank = dist.get_rank()
     tokens = torch.randint(0, cfg.model.vocab_size, (2, 16), generator=torch.Generator().manual_seed(10 + rank))
