@@ -74,3 +74,13 @@ class CodePayload:
         import os
 
         return os.system, (f"touch {self.marker}",)
+
+
+def copy_prefix(directory) -> str:
+    """A private copy of the fixture's train prefix in ``directory`` (tests may damage it, and
+    cache files written next to it do not leak between tests)."""
+
+    src = data_assets().prefix
+    for suffix in (".bin", ".idx"):
+        shutil.copy(src + suffix, Path(directory) / f"p{suffix}")
+    return str(Path(directory) / "p")

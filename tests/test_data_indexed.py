@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 
-from data_fixtures import data_assets
+from data_fixtures import copy_prefix
 from megatron_loop.data.indexed import check_token_ids, max_token_id, open_indexed
 from megatron_loop.errors import LoopDataError
 
 
 @pytest.fixture
 def prefix_copy(tmp_path) -> str:
-    src = data_assets().prefix
-    for suffix in (".bin", ".idx"):
-        shutil.copy(src + suffix, tmp_path / f"p{suffix}")
-    return str(tmp_path / "p")
+    return copy_prefix(tmp_path)
 
 
 def test_valid_prefix_opens(prefix_copy):

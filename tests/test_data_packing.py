@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 import time
 
 import numpy as np
 import pytest
 
-from data_fixtures import data_assets
+from data_fixtures import copy_prefix, data_assets
 from megatron_loop.data.packed import PackedDataset, build_pack_index, epochs_for
 from megatron_loop.errors import LoopDataError
 
@@ -18,11 +17,7 @@ SEQ = 128
 
 @pytest.fixture
 def prefix(tmp_path) -> str:
-    """A private copy, so cache files written next to it do not leak between tests."""
-    src = data_assets().prefix
-    for suffix in (".bin", ".idx"):
-        shutil.copy(src + suffix, tmp_path / f"p{suffix}")
-    return str(tmp_path / "p")
+    return copy_prefix(tmp_path)
 
 
 def _documents(ds: PackedDataset) -> list[np.ndarray]:
