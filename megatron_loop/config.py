@@ -67,6 +67,7 @@ HISTORY_INJECTIONS = ("none", "scalar", "channel", "dense")
 TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln")
 TIMESTEP_GRIDS = ("rescaled", "prefix")
 CHECKPOINTING = ("none", "per_loop", "per_block")
+LOOP_SAMPLINGS = ("fixed", "poisson_lognormal", "uniform")  # train.loop_sampling (issue 15)
 
 
 # --------------------------------------------------------------------------------------
@@ -195,6 +196,14 @@ class TrainConfig:
     # Exit (after saving a checkpoint) once the step number is a multiple of this, as
     # Megatron-LM's --exit-interval: a planned stop that keeps the full run's schedule.
     exit_interval: int | None = None
+    # Variable depth in training (issue 15, megatron_loop/training/loop_sampling.py): the loop
+    # count of each optimizer step, fixed = model.train_loops (the paper) or drawn from the seed
+    # and the step; backprop_loops truncates backpropagation to the last N loops (null: all).
+    loop_sampling: str = "fixed"
+    loop_sampling_sigma: float = 0.5
+    loop_sampling_min: int = 1
+    loop_sampling_max: int | None = None
+    backprop_loops: int | None = None
 
     def validate(self, prefix: str = "train") -> None:
         def need(cond: bool, key: str, expected: str) -> None:
@@ -229,6 +238,13 @@ class TrainConfig:
         need(self.wall_time_limit_s is None or self.wall_time_limit_s > 0, "wall_time_limit_s",
              "null or a positive number of seconds")
         need(self.exit_interval is None or self.exit_interval >= 1, "exit_interval", "null or a positive integer")
+        need(self.loop_sampling in LOOP_SAMPLINGS, "loop_sampling", f"one of {LOOP_SAMPLINGS}")
+        need(self.loop_sampling_sigma > 0, "loop_sampling_sigma", "a positive float (log-normal sigma)")
+        need(self.loop_sampling_min >= 1, "loop_sampling_min", "an integer >= 1")
+        need(self.loop_sampling_max is None or self.loop_sampling_max >= self.loop_sampling_min, "loop_sampling_max",
+             f"null or an integer >= loop_sampling_min={self.loop_sampling_min}")
+        need(self.backprop_loops is None or self.backprop_loops >= 1, "backprop_loops",
+             "null (backpropagate through every loop) or an integer >= 1")
 
 
 @dataclass
@@ -287,6 +303,9 @@ class Config:
             raise LoopConfigError(
                 f"train.seq_length={self.train.seq_length}: expected at most the model's maximum context "
                 f"model.max_position_embeddings={self.model.max_position_embeddings}")
+        from megatron_loop.training.loop_sampling import check_loop_sampling
+
+        check_loop_sampling(self)
         if self.train.eval_loops is None:
             k = self.model.train_loops
             loops = {max(1, k // 2), k, 2 * k}
