@@ -12,6 +12,14 @@ loss. ``--tasks`` takes paper task keys, ``KEY=LM_EVAL_TASK`` (another task in t
 e.g. a local file-backed one) or extra lm-eval task names (``NAME[:acc|acc_norm]``);
 ``--tasks none`` skips lm-eval. Writes results.json, results.csv, per_depth.csv and PNG
 plots into --output; --compare adds other runs' results.json to the shared figures.
+
+Per-token adaptive exit (issue 15): ``--exit-criterion kl|cosine --exit-thresholds 1e-4,1e-3``
+evaluates the same suite once per threshold with r capped at --exit-max-loops (default: the
+largest --loops) and adds, per threshold, the mean loops per token, the effective depth it
+implies and the scores (results.json "adaptive", adaptive.csv, frontier.png: score against mean
+effective depth with the fixed-r curve on the same axes).
+
+    python tools/eval_loops.py --model HF --loops 1,2,3,4,6 --exit-criterion kl --exit-thresholds 1e-3,1e-2
 """
 
 from __future__ import annotations
@@ -57,6 +65,11 @@ def _run(argv: Sequence[str] | None) -> int:
     ap.add_argument("--label", default=None, help="legend label of this model")
     ap.add_argument("--compare", action="append", default=[], help="another run's results.json for the figures")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--exit-criterion", default="none", choices=("none", "kl", "cosine"),
+                    help="per-token adaptive exit criterion (default none: fixed r only)")
+    ap.add_argument("--exit-thresholds", default=None, help="comma-separated exit thresholds, e.g. 1e-4,1e-3")
+    ap.add_argument("--exit-max-loops", type=int, default=None, help="loop cap r under adaptive exit "
+                                                                     "(default: the largest --loops)")
     args = ap.parse_args(argv)
 
     from megatron_loop.eval.plots import write_all_plots
@@ -71,10 +84,26 @@ def _run(argv: Sequence[str] | None) -> int:
                              valid_sequences=args.valid_sequences, batch_size=args.batch_size,
                              progress=not args.no_progress, device=args.device, dtype=args.dtype)
     others = [read_results(p) for p in args.compare]
+    thresholds = None
+    if args.exit_criterion != "none" or args.exit_thresholds is not None:
+        from megatron_loop.eval.adaptive import parse_thresholds
+
+        if args.exit_criterion == "none":
+            raise LoopConfigError("--exit-thresholds: expected --exit-criterion kl or cosine with it")
+        thresholds = parse_thresholds(args.exit_thresholds or "")
     results = run_sweep(args.model, settings, label=args.label)
+    if thresholds is not None:
+        from megatron_loop.eval.adaptive import run_adaptive_sweep
+
+        results["adaptive"] = run_adaptive_sweep(args.model, settings, args.exit_criterion, thresholds,
+                                                 args.exit_max_loops or max(settings.loops))
     output = Path(args.output or Path(args.model) / "eval")
     paths = write_results(results, output)
     plots = write_all_plots(results, output, others)
+    if thresholds is not None:
+        from megatron_loop.eval.adaptive import write_adaptive_outputs
+
+        plots += write_adaptive_outputs(results, output, others)
     print(json.dumps({"output": str(output), "overall": results["groups"]["overall"],
                       "heldout_loss": {r: v["loss"] for r, v in results["heldout"].items()},
                       "files": [str(p) for p in [*paths.values(), *plots]]}))
