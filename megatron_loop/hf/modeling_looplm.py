@@ -176,7 +176,7 @@ class LoopLMConfig(PretrainedConfig):
 
 def _check_exit_threshold(threshold) -> None:
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
-        raise ValueError(f"LoopLMConfig.exit_threshold={threshold!r}: expected a number >= 0")
+        raise ValueError(f"exit_threshold={threshold!r}: expected a number >= 0 (0: never exit)")
 
 
 # ======================================================================================
