@@ -16,14 +16,14 @@ import shutil
 import pytest
 import torch
 
-from hf_fixtures import MODELS, hf_assets
+from hf_fixtures import MODELS, greedy_without_cache, hf_assets, left_padded_batch
 from megatron_loop import LoopConfigError, build_model
 from megatron_loop.config import build_model_config
-from megatron_loop.model.adaptive_exit import exit_distance
+from megatron_loop.hf.modeling_looplm import exit_distance
 
 CRITERIA = ("kl", "cosine")
 HUGE = 1e9
-PAD, NEW_TOKENS = 0, 5
+PAD, NEW_TOKENS = 0, 6
 
 
 def _baseloop():
@@ -92,15 +92,6 @@ def export(request):
     return name, hf, load_looplm_from_hf(path)
 
 
-def _left_padded_batch():
-    gen = torch.Generator().manual_seed(5)
-    ids, mask = torch.full((3, 7), PAD, dtype=torch.long), torch.zeros((3, 7), dtype=torch.long)
-    for b, n in enumerate([7, 4, 6]):
-        ids[b, 7 - n:] = torch.randint(1, 600, (n,), generator=gen)
-        mask[b, 7 - n:] = 1
-    return ids, mask
-
-
 def _hf_threshold(hf, ids, mask, r, criterion) -> float:
     with torch.no_grad():
         states = hf(ids, attention_mask=mask, num_loops=r, use_cache=False, output_hidden_states=True).hidden_states
@@ -143,27 +134,18 @@ def test_export_huge_threshold_runs_one_loop():
             assert len(out.past_key_values.layers) == 6 * 2  # every skipped loop still has its cache slots
 
 
-def _greedy_without_cache(model, ids, mask):
-    for _ in range(NEW_TOKENS):
-        with torch.no_grad():
-            logits = model(ids, attention_mask=mask, use_cache=False).logits[:, -1]
-        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-    return ids
-
-
 @pytest.mark.parametrize("criterion", CRITERIA)
 def test_cached_decoding_equals_cache_free_under_the_latest_policy(export, criterion):
     name, hf, _ = export
     r = 2 * MODELS[name][1]["train_loops"]
-    ids, mask = _left_padded_batch()
+    ids, mask = left_padded_batch(PAD)
     threshold = _hf_threshold(hf, ids, mask, r, criterion)
     hf.config.num_loops, hf.config.exit_criterion, hf.config.exit_threshold = r, criterion, threshold
     try:
         out = hf.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=PAD,
                           eos_token_id=None, return_dict_in_generate=True)
         generated = out.sequences
-        torch.testing.assert_close(generated, _greedy_without_cache(hf, ids, mask), rtol=0, atol=0)
+        torch.testing.assert_close(generated, greedy_without_cache(hf, ids, mask, NEW_TOKENS), rtol=0, atol=0)
         for b in range(3):  # left padding changes nothing: each prompt alone
             alone = hf.generate(ids[b][mask[b].bool()][None], max_new_tokens=NEW_TOKENS, do_sample=False,
                                 pad_token_id=PAD, eos_token_id=None)

@@ -474,11 +474,15 @@ class TokenExit:
     def done(self) -> bool:
         return not bool(self.active.any())
 
+    def kv_mask(self) -> torch.Tensor:
+        """``active`` broadcast over keys/values [b, heads, s, d]."""
+        return self.active[:, None, :, None]
+
     def merge(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys/values [b, heads, s, d] of Core layer ``layer`` with the exited tokens' replaced by
-        their latest (every token computes the first loop, which seeds them)."""
+        """Keys/values of Core layer ``layer`` with the exited tokens' replaced by their latest
+        (every token computes the first loop, which seeds them)."""
         if layer in self.latest:
-            mask = self.active[:, None, :, None]
+            mask = self.kv_mask()
             k = torch.where(mask, k, self.latest[layer][0])
             v = torch.where(mask, v, self.latest[layer][1])
         self.latest[layer] = (k, v)

@@ -43,7 +43,6 @@ from transformers.utils import ModelOutput
 from megatron_loop.config import ModelConfig
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
-from megatron_loop.model.adaptive_exit import TokenExit, check_exit
 from megatron_loop.model.compat import ensure_parallel_state, rope_freqs, rope_inv_freq, transformer_config
 from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStateInjection, LoopGating,
                                               branch_modulation, history_window, timestep_features)
@@ -211,7 +210,10 @@ class LoopLM(nn.Module):
             with torch.no_grad():  # exit decisions are not differentiable
                 return self.forward(input_ids, num_loops, labels, return_trajectory, timestep_grid, compute_logits,
                                     backprop_loops, exit_criterion, exit_threshold)
-        check_exit(exit_criterion, exit_threshold)
+        if exit_criterion != "none":
+            from megatron_loop.model.adaptive_exit import check_exit
+
+            check_exit(exit_criterion, exit_threshold)
         cfg = self.config
         r = cfg.train_loops if num_loops is None else int(num_loops)
         if r < 1:
@@ -236,8 +238,11 @@ class LoopLM(nn.Module):
         checkpoint_loops = self.activation_checkpointing == "per_loop" and torch.is_grad_enabled()
         # Truncated backpropagation: loops 0 .. detached-1 run without a graph; h_detached is a constant.
         detached = 0 if backprop_loops is None else max(r - int(backprop_loops), 0)
-        token_exit = (None if exit_criterion == "none" else
-                      TokenExit(exit_criterion, exit_threshold, h0, lambda x: F.linear(self.norm(x), self.head_weight())))
+        token_exit = None
+        if exit_criterion != "none":
+            from megatron_loop.model.adaptive_exit import TokenExit
+
+            token_exit = TokenExit(exit_criterion, exit_threshold, h0, lambda x: F.linear(self.norm(x), self.head_weight()))
         with token_exit.latest_kv(self.core) if token_exit is not None else nullcontext():
             for step in range(r):
                 psi = None if psi_all is None else psi_all[step]
