@@ -17,10 +17,10 @@ Training runs exactly K loops with full backpropagation through all of them (App
 ``selective``, ``auto`` with a memory budget, ``per_block``) lives in ``checkpointing.py``;
 gradients equal ``none`` in every mode.
 
-Fast path (issue 8, ``megatron_loop/perf.py``): the loss is a chunked linear + cross-entropy
-that never materialises the full-vocabulary fp32 logits of the batch; ``model.compile=true``
-compiles each block once (the loop stays in Python, so any r reuses the compiled block);
-the forward never reads a value back to the host.
+Fast path (issues 8 and 13, ``megatron_loop/perf.py``): the loss is a chunked linear +
+cross-entropy that never materialises the full-vocabulary logits of the batch (Liger-Kernel's
+fused kernel on CUDA); ``model.compile`` (auto: on with CUDA) compiles each block once (the loop
+stays in Python, so any r reuses the compiled block); the step never reads a value back to the host.
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ class LoopLM(nn.Module):
         self._checkpoint_plans: dict[tuple, object] = {}  # activation_checkpointing=auto, per input shape
         self.selective_blocks = False  # set while a selective loop runs (checkpointing.run_loop)
         self.loss_chunk_tokens = DEFAULT_CHUNK_TOKENS
+        self.loss_implementation = config.loss_implementation
         # psi grids and rotary angles, built once per key on the device: later forwards copy
         # nothing host->device (a pageable copy would synchronise the CUDA stream).
         self._device_constants: dict[tuple, torch.Tensor] = {}
@@ -257,12 +258,14 @@ class LoopLM(nn.Module):
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy (App. A.2) from final hidden states ``[b, s, d]``.
 
-        Chunked over tokens (``self.loss_chunk_tokens`` at a time) with fp32 logits per chunk;
-        equal to ``F.cross_entropy`` of the full fp32 logits (``perf.chunked_linear_cross_entropy``).
+        Chunked over tokens (``self.loss_chunk_tokens`` at a time); equal to ``F.cross_entropy`` of
+        the full fp32 logits (``perf.chunked_linear_cross_entropy``). ``model.loss_implementation``
+        picks torch's fp32 chunks (CPU, the reference) or Liger-Kernel's fused kernel (CUDA).
         """
         h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
         return chunked_linear_cross_entropy(h, self.head_weight(), labels[:, 1:].reshape(-1),
-                                            chunk_size=self.loss_chunk_tokens, ignore_index=IGNORE_INDEX)
+                                            chunk_size=self.loss_chunk_tokens, ignore_index=IGNORE_INDEX,
+                                            implementation=self.loss_implementation)
 
 
 def build_model(config: ModelConfig, device: torch.device | str | None = None) -> LoopLM:
