@@ -70,7 +70,7 @@ def test_memory_model_follows_measured_peak(backbone):
     model = _model(backbone)
     batch, seq = 2, 64
     x = torch.randint(0, 2048, (batch, seq))
-    mem = loop_memory(model.config, batch, seq, 4, model.loss_chunk_tokens)
+    mem = loop_memory(model.config, batch, seq, 4, model.loss_chunk_tokens, 4 * model.num_parameters())
     kinds = {"none": (NONE,) * 4, "per_loop": (FULL,) * 3 + (NONE,), "selective": (SELECTIVE,) * 3 + (NONE,)}
     for mode, plan in kinds.items():
         model.activation_checkpointing = mode

@@ -24,6 +24,7 @@ Modes (each case of a mode runs in this one process, side by side):
   train            the real training path (build_engine, DeepSpeed) on a shipped example config
                    (--config), its micro-batch and checkpointing; reports what metrics.jsonl reports
   profile          torch.profiler table of one step of --config's model: top ops, share of the step
+  loss             LM head + cross-entropy alone: chunked torch reference vs Liger's fused kernel (CUDA)
 CPU mode shrinks the models (same block structure, small widths, short sequences); CUDA mode
 uses the paper's backbones at seq 2048 in bf16.
 """
@@ -51,7 +52,8 @@ from megatron_loop.flops import H100_BF16_PEAK_FLOPS, hardware_flops_per_token, 
 from megatron_loop.perf import (count_host_syncs, matmul_peak_flops, peak_memory_delta,  # noqa: E402
                                 time_interleaved)
 
-MODES = ("loop-vs-nonloop", "checkpointing", "optimizer", "data", "eval", "compile", "peers", "train", "profile")
+MODES = ("loop-vs-nonloop", "checkpointing", "optimizer", "data", "eval", "compile", "peers", "train", "profile",
+         "loss")
 PAPER_GLOBAL_BATCH = 1824  # sequences of 2048 tokens (App. A.2): 38 micro x 6 accumulation x 8 ranks
 PAPER_DATA_PARALLEL = 8
 
@@ -267,13 +269,17 @@ def _midway_budget_gib(cfg: ModelConfig, setup: Setup, loops: int) -> float:
     """Halfway between per_loop's and none's peak, as the memory model predicts them."""
     from megatron_loop.model.checkpointing import FULL, NONE, loop_memory, predicted_peak
 
-    mem = loop_memory(cfg, setup.micro_batch, setup.seq, setup.dtype.itemsize, 4096)
+    params = build(cfg, setup).num_parameters() * setup.dtype.itemsize
+    mem = loop_memory(cfg, setup.micro_batch, setup.seq, setup.dtype.itemsize, 4096, params)
     low = predicted_peak((FULL,) * (loops - 1) + (NONE,), mem)
     return (low + predicted_peak((NONE,) * loops, mem)) / 2 / 2**30
 
 
-def bench_checkpointing(setup: Setup, family: str, loops_list: list[int], ac_budget_gib: float | None = None
-                        ) -> list[Row]:
+AC_MODES = ("none", "per_loop", "selective", "auto", "per_block")
+
+
+def bench_checkpointing(setup: Setup, family: str, loops_list: list[int], ac_budget_gib: float | None = None,
+                        modes: tuple[str, ...] = AC_MODES) -> list[Row]:
     """Every checkpointing mode at each K: step time (forward + backward) and step peak memory.
 
     ``auto`` runs with ``--ac-budget-gib`` (default: halfway between per_loop's and none's peak as
@@ -284,14 +290,13 @@ def bench_checkpointing(setup: Setup, family: str, loops_list: list[int], ac_bud
     """
     rows = []
     core = FAMILIES[family][2][0]
-    modes = ("none", "per_loop", "selective", "auto", "per_block")
     for loops in loops_list:
         cases, cfgs, plans = {}, {}, {}
         for mode in modes:
             extra = {}
             if mode == "auto":
                 extra["activation_checkpointing_budget_gib"] = ac_budget_gib or _midway_budget_gib(
-                    cfgs["none"], setup, loops)
+                    model_config(setup, family, core, loops), setup, loops)
             cfg = cfgs[mode] = model_config(setup, family, core, loops, activation_checkpointing=mode, **extra)
             model = build(cfg, setup)
             tokens = batch(cfg, setup)
@@ -303,7 +308,8 @@ def bench_checkpointing(setup: Setup, family: str, loops_list: list[int], ac_bud
         measured = measure(cases, setup)
         for mode in modes:
             m = measured[mode]
-            m["time_vs_none"] = m["step_s"] / measured["none"]["step_s"]
+            if "none" in measured:
+                m["time_vs_none"] = m["step_s"] / measured["none"]["step_s"]
             # hardware TFLOP/s: model FLOPs plus the recomputed forward
             full = sum(k == "full" for k in plans[mode].kinds) if mode in plans else None
             m["hw_tflops"] = m["tokens_per_s"] * hardware_flops_per_token(cfgs[mode], setup.seq,
@@ -515,6 +521,40 @@ def bench_peers(setup: Setup, families: list[str]) -> list[Row]:
     return rows
 
 
+def bench_loss(setup: Setup, families: list[str]) -> list[Row]:
+    """The LM head + cross-entropy alone (forward + backward) at the micro-batch's tokens: the
+    chunked torch reference vs Liger's fused kernel (CUDA only), interleaved."""
+    from megatron_loop.perf import DEFAULT_CHUNK_TOKENS, chunked_linear_cross_entropy
+
+    rows = []
+    for family in families:
+        _, _, (core, loops), _ = FAMILIES[family]
+        cfg = model_config(setup, family, core, loops)
+        n = setup.micro_batch * setup.seq
+        g = torch.Generator(device="cpu").manual_seed(0)
+        hidden = torch.randn(n, cfg.hidden_size, generator=g).to(setup.device, setup.dtype).requires_grad_(True)
+        weight = (0.02 * torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)).to(setup.device, setup.dtype)
+        weight.requires_grad_(True)
+        targets = torch.randint(0, cfg.vocab_size, (n,), generator=g).to(setup.device)
+
+        def step(impl):
+            def run():
+                chunked_linear_cross_entropy(hidden, weight, targets, DEFAULT_CHUNK_TOKENS,
+                                             implementation=impl).backward()
+                hidden.grad = weight.grad = None
+            return run
+
+        impls = ("chunked", "fused") if setup.cuda else ("chunked",)  # Triton needs CUDA
+        flops = 6 * cfg.hidden_size * cfg.vocab_size  # three head matmuls per token
+        measured = measure({impl: Case(step(impl), n, flops, check_syncs=True) for impl in impls}, setup)
+        for impl, m in measured.items():
+            rows.append(Row("loss", f"{family} head+CE {impl}", {"tokens": n, "vocab": cfg.vocab_size}, m))
+        if len(impls) == 2:
+            rows.append(Row("loss", f"ratio {family} fused / chunked", {},
+                            speed_ratios(measured["fused"], measured["chunked"])))
+    return rows
+
+
 def _synthetic_prefix(root: Path, vocab: int, tokens: int) -> str:
     """Random-token documents (ids below ``vocab``) in megatron-core's indexed format."""
     import numpy as np
@@ -684,6 +724,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="config override for --mode train (repeatable), e.g. --set model.compile=true")
     ap.add_argument("--ac-budget-gib", type=float, default=None,
                     help="activation_checkpointing=auto budget in the checkpointing mode (default: midway)")
+    ap.add_argument("--ac-modes", default=",".join(AC_MODES),
+                    help="activation_checkpointing modes of the checkpointing mode (comma list)")
     ap.add_argument("--top", type=int, default=12, help="rows of the profile table")
     ap.add_argument("--json", default=None, help="write every figure and its provenance here")
     return ap
@@ -730,12 +772,15 @@ def main(argv: list[str] | None = None) -> int:
         if mode == "loop-vs-nonloop":
             rows += bench_loop_vs_nonloop(setup, families)
         elif mode == "checkpointing":
-            rows += bench_checkpointing(setup, families[0], loops, args.ac_budget_gib)
+            rows += bench_checkpointing(setup, families[0], loops, args.ac_budget_gib,
+                                        tuple(args.ac_modes.split(",")))
         elif mode == "peers":
             rows += bench_peers(setup, families)
         elif mode == "train":
             rows += bench_train(setup, args.config, args.data_prefix, args.micro_batch, args.accumulation or 1,
                                 args.set)
+        elif mode == "loss":
+            rows += bench_loss(setup, families)
         elif mode == "profile":
             rows += bench_profile(setup, args.config, args.top)
         elif mode == "optimizer":

@@ -24,7 +24,8 @@ For one block with width d, MLP width f, H query heads and G key/value heads of 
     none      5d + 5f + (H+2G)e + 2He + Ge + H + 2 + 4e/b   (+ H + G + 2He + Ge with QK-norm)
     selective 2d + 2f + (H+2G)e + He + H                    (matmul and attention outputs)
 
-plus the block's output d in both. A loop of s blocks keeps ``s x`` that in ``none`` and
+plus the block's output d in both (the embedding, prelude, coda, final norm and the loss's
+chunk buffers are a fixed term; the parameter gradients bound the end of backward). A loop of s blocks keeps ``s x`` that in ``none`` and
 ``selective``, and only its output d when checkpointed (its input is the previous loop's output).
 Compiled blocks keep less than ``none`` (fused elementwise chains), so the model is conservative
 there. The planner puts checkpointed loops first, selective next, stored loops last, and bounds
@@ -104,6 +105,7 @@ class LoopMemory:
     selective: int
     full: int
     fixed: int  # prelude + coda blocks, embedding output, final norm, loss buffers
+    gradients: int = 0  # parameter gradients alive at the end of backward (+ the embedding's transient)
 
     def of(self, kind: str) -> int:
         return {NONE: self.none, SELECTIVE: self.selective, FULL: self.full}[kind]
@@ -120,8 +122,9 @@ def block_elements_per_token(cfg, batch: int) -> tuple[float, float]:
     return none + d, selective + d
 
 
-def loop_memory(cfg, batch: int, seq: int, itemsize: int, chunk_tokens: int) -> LoopMemory:
-    """The memory model of one training micro-batch ``[batch, seq]`` of ``cfg`` (bytes)."""
+def loop_memory(cfg, batch: int, seq: int, itemsize: int, chunk_tokens: int, param_bytes: int = 0) -> LoopMemory:
+    """The memory model of one training micro-batch ``[batch, seq]`` of ``cfg`` (bytes);
+    ``param_bytes``: the trainable parameters, whose gradients exist at the end of backward."""
     tokens = batch * seq
     none, selective = block_elements_per_token(cfg, batch)
     per_elem = tokens * itemsize
@@ -132,14 +135,16 @@ def loop_memory(cfg, batch: int, seq: int, itemsize: int, chunk_tokens: int) -> 
             + min(chunk_tokens, tokens) * v * (8 + cast))  # one chunk: fp32 logits, logsumexp's temporary
     fixed = int((cfg.prelude_layers + cfg.coda_layers) * none * per_elem + 3 * d * per_elem + loss)
     return LoopMemory(none=int(cfg.core_layers * none * per_elem), selective=int(cfg.core_layers * selective * per_elem),
-                      full=int(d * per_elem), fixed=fixed)
+                      full=int(d * per_elem), fixed=fixed,
+                      gradients=int(param_bytes + (v * d * itemsize if param_bytes else 0)))
 
 
 def predicted_peak(kinds: Sequence[str], memory: LoopMemory) -> int:
-    """Peak activation bytes of a plan: the end of the forward, or a checkpointed loop's
-    recomputation in backward (the loops before it alive, the loop itself back in full)."""
+    """Peak bytes of a step under a plan: the end of the forward, a checkpointed loop's
+    recomputation in backward (the loops before it alive, the loop itself back in full), or the
+    end of backward (every parameter gradient, activations gone) -- whichever is largest."""
     kept = [memory.of(k) for k in kinds]
-    peak = memory.fixed + sum(kept)
+    peak = max(memory.fixed + sum(kept), memory.gradients)
     for j, kind in enumerate(kinds):
         if kind != NONE:
             peak = max(peak, memory.fixed + sum(kept[:j]) + memory.none)

@@ -180,7 +180,9 @@ class LoopLM(nn.Module):
             if key not in self._checkpoint_plans:  # planned once per shape, dtype, device and budget
                 gib = self.activation_checkpointing_budget_gib
                 budget = gib * GIB if gib is not None else default_budget_bytes(hidden.device)
-                memory = loop_memory(self.config, b, s, hidden.element_size(), self.loss_chunk_tokens)
+                params = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in self.parameters()
+                             if p.requires_grad)  # ZeRO-3 partitions report their full size as ds_numel
+                memory = loop_memory(self.config, b, s, hidden.element_size(), self.loss_chunk_tokens, params)
                 self._checkpoint_plans[key] = plan_loops(num_loops, memory, budget)
             return self._checkpoint_plans[key]
 
