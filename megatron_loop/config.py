@@ -66,7 +66,8 @@ INITIAL_INJECTIONS = ("none", "scalar", "channel", "residual_channel", "dense")
 HISTORY_INJECTIONS = ("none", "scalar", "channel", "dense")
 TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln")
 TIMESTEP_GRIDS = ("rescaled", "prefix")
-CHECKPOINTING = ("none", "per_loop", "per_block")
+CHECKPOINTING = ("none", "per_loop", "selective", "auto", "per_block")  # megatron_loop/model/checkpointing.py
+LOSS_IMPLEMENTATIONS = ("auto", "chunked", "fused")  # megatron_loop/perf.py
 
 
 # --------------------------------------------------------------------------------------
@@ -102,10 +103,17 @@ class ModelConfig:
     timestep: str = "none"
     timestep_grid: str = "rescaled"
     activation_checkpointing: str = "per_loop"
+    # activation_checkpointing=auto: GiB of activation memory a training micro-batch may use
+    # (peak above parameters, gradients and optimizer state); null: 90 % of the GPU minus what is
+    # allocated at the first step (no limit on CPU). See megatron_loop/model/checkpointing.py.
+    activation_checkpointing_budget_gib: float | None = None
     # torch.compile each transformer block once (static shapes) and reuse it at every loop:
-    # changing r never recompiles (megatron_loop/perf.py). Off by default: compiling costs
-    # start-up time and needs a C++ compiler on CPU; it pays on GPU (docs/BENCHMARKS.md).
-    compile: bool = False
+    # changing r never recompiles (megatron_loop/perf.py). auto: on when CUDA is available (it
+    # pays there, docs/BENCHMARKS.md), off on CPU (start-up time, needs a C++ compiler).
+    compile: bool | str = "auto"
+    # LM head + cross-entropy: chunked (torch, the reference), fused (Liger-Kernel's Triton
+    # kernel, CUDA), auto (fused on CUDA when liger-kernel is installed, chunked otherwise).
+    loss_implementation: str = "auto"
 
     # ---- derived quantities (App. A.1 "BaseLoop and CoreLoop models")
     @property
@@ -115,6 +123,15 @@ class ModelConfig:
     def effective_depth(self, num_loops: int | None = None) -> int:
         r = self.train_loops if num_loops is None else num_loops
         return self.prelude_layers + r * self.core_layers + self.coda_layers
+
+    @property
+    def compile_enabled(self) -> bool:
+        """``compile`` resolved: ``auto`` is on exactly when CUDA is available."""
+        if self.compile == "auto":
+            import torch
+
+            return torch.cuda.is_available()
+        return bool(self.compile)
 
     @property
     def layout(self) -> str:
@@ -147,6 +164,12 @@ class ModelConfig:
         need(self.timestep in TIMESTEPS, "timestep", f"one of {TIMESTEPS}")
         need(self.timestep_grid in TIMESTEP_GRIDS, "timestep_grid", f"one of {TIMESTEP_GRIDS}")
         need(self.activation_checkpointing in CHECKPOINTING, "activation_checkpointing", f"one of {CHECKPOINTING}")
+        need(self.activation_checkpointing_budget_gib is None or (
+            self.activation_checkpointing == "auto" and self.activation_checkpointing_budget_gib > 0),
+            "activation_checkpointing_budget_gib", "null, or a positive number of GiB with activation_checkpointing=auto")
+        need(self.compile in (True, False, "auto"), "compile", "true, false or 'auto' (on with CUDA)")
+        need(self.loss_implementation in LOSS_IMPLEMENTATIONS, "loss_implementation",
+             f"one of {LOSS_IMPLEMENTATIONS}")
         if self.rope_scaling is not None:
             need(self.rope_scaling.get("rope_type") == "llama3", "rope_scaling",
                  "null or a llama3 rule {rope_type: llama3, factor, low_freq_factor, high_freq_factor, "

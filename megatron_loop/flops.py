@@ -45,10 +45,16 @@ def train_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | No
     return 3 * forward_flops_per_token(cfg, seq_length, num_loops)
 
 
-def hardware_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None) -> float:
-    """Model FLOPs plus the forward recomputation of ``cfg.activation_checkpointing``."""
+def hardware_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None,
+                             full_loops: int | None = None) -> float:
+    """Model FLOPs plus the forward recomputation of ``cfg.activation_checkpointing``.
+
+    ``selective`` recomputes no matmul (their outputs are kept); ``auto`` is counted as its upper
+    bound ``per_loop`` unless ``full_loops`` (the planned number of recomputed loops) is given.
+    """
     r = cfg.train_loops if num_loops is None else num_loops
-    recomputed = {"none": 0, "per_loop": (r - 1) * cfg.core_layers,
+    recomputed = {"none": 0, "selective": 0, "per_loop": (r - 1) * cfg.core_layers,
+                  "auto": (r - 1 if full_loops is None else full_loops) * cfg.core_layers,
                   "per_block": cfg.effective_depth(num_loops)}[cfg.activation_checkpointing]
     return train_flops_per_token(cfg, seq_length, num_loops) + recomputed * block_forward_flops_per_token(
         cfg, seq_length)

@@ -45,8 +45,10 @@ DESCRIPTIONS: dict[str, str] = {
     "model.history_window": "w: number of past recurrent states in the history window.",
     "model.timestep": "Timestep conditioning: `none`, `loop_gating`, `branch_gating`, `adaln`.",
     "model.timestep_grid": "Inference grid for psi(t, dt): `rescaled` (T = r) or `prefix` (T = K, r <= K).",
-    "model.activation_checkpointing": "`none`, `per_loop` (one checkpoint per loop iteration; the last loop, which backward reaches first, is kept) or `per_block`; gradients are identical.",
-    "model.compile": "torch.compile each block once and reuse it at every loop (no recompilation when r changes).",
+    "model.activation_checkpointing": "`none`, `per_loop` (recompute every loop but the last; peak grows by one loop input per loop), `selective` (every loop but the last keeps matmul and attention outputs, recomputes norms and elementwise work), `auto` (the cheapest per-loop mix of none / selective / per_loop within `activation_checkpointing_budget_gib`) or `per_block`; gradients are identical (`megatron_loop/model/checkpointing.py`).",
+    "model.activation_checkpointing_budget_gib": "With `activation_checkpointing: auto`: GiB of activation memory per micro-batch (peak above parameters, gradients, optimizer state); null: 90 % of the GPU minus what is allocated at the first step (no limit on CPU).",
+    "model.compile": "torch.compile each block once and reuse it at every loop (no recompilation when r changes): `true`, `false` or `auto` (on when CUDA is available).",
+    "model.loss_implementation": "LM head + cross-entropy: `chunked` (torch, fp32 logits per chunk: the reference), `fused` (Liger-Kernel's Triton kernel; CUDA), `auto` (fused on CUDA, chunked elsewhere). No host synchronisation in either.",
     # ---- train (App. A.2, Table 7)
     "train.global_batch_size": "Sequences per optimizer update = micro_batch_size x accumulation x data-parallel size.",
     "train.micro_batch_size": "Sequences per rank per forward/backward; accumulation is derived.",

@@ -13,14 +13,14 @@ any combination:
     h_{l+1} = h_l + g_l (y_l - h_l)   with LG,   y_l otherwise       (Loop Gating)
 
 Training runs exactly K loops with full backpropagation through all of them (App. A.2
-"Recurrent backpropagation"); nothing is detached. Activation checkpointing ``per_loop``
-wraps one loop iteration (all but the last, whose activations backward needs first),
-``per_block`` one block; gradients equal ``none``.
+"Recurrent backpropagation"); nothing is detached. Activation checkpointing (``per_loop``,
+``selective``, ``auto`` with a memory budget, ``per_block``) lives in ``checkpointing.py``;
+gradients equal ``none`` in every mode.
 
-Fast path (issue 8, ``megatron_loop/perf.py``): the loss is a chunked linear + cross-entropy
-that never materialises the full-vocabulary fp32 logits of the batch; ``model.compile=true``
-compiles each block once (the loop stays in Python, so any r reuses the compiled block);
-the forward never reads a value back to the host.
+Fast path (issues 8 and 13, ``megatron_loop/perf.py``): the loss is a chunked linear +
+cross-entropy that never materialises the full-vocabulary logits of the batch (Liger-Kernel's
+fused kernel on CUDA); ``model.compile`` (auto: on with CUDA) compiles each block once (the loop
+stays in Python, so any r reuses the compiled block); the step never reads a value back to the host.
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from transformers.utils import ModelOutput
 
 from megatron_loop.config import ModelConfig
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
+from megatron_loop.model.checkpointing import (FULL, GIB, NONE, default_budget_bytes, loop_kinds, loop_memory,
+                                               plan_loops, run_checkpointed, run_loop)
 from megatron_loop.model.compat import ensure_parallel_state, rope_freqs, rope_inv_freq, transformer_config
 from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStateInjection, LoopGating,
                                               branch_modulation, history_window, timestep_features)
@@ -108,13 +109,17 @@ class LoopLM(nn.Module):
         with torch.device("cpu"):
             self._inv_freq_fp32 = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.activation_checkpointing = config.activation_checkpointing
+        self.activation_checkpointing_budget_gib = config.activation_checkpointing_budget_gib
+        self._checkpoint_plans: dict[tuple, object] = {}  # activation_checkpointing=auto, per input shape
+        self.selective_blocks = False  # set while a selective loop runs (checkpointing.run_loop)
         self.loss_chunk_tokens = DEFAULT_CHUNK_TOKENS
+        self.loss_implementation = config.loss_implementation
         # psi grids and rotary angles, built once per key on the device: later forwards copy
         # nothing host->device (a pageable copy would synchronise the CUDA stream).
         self._device_constants: dict[tuple, torch.Tensor] = {}
         for name, p in self.named_parameters():
             roles.role_of(p)  # every parameter must carry a role (raises otherwise)
-        if config.compile:
+        if config.compile_enabled:
             compile_blocks([*self.prelude, *self.core, *self.coda])
 
     # ------------------------------------------------------------------ helpers
@@ -161,8 +166,27 @@ class LoopLM(nn.Module):
     # memory per checkpointed loop beyond h_l).
     def _run_block(self, block: nn.Module, h: torch.Tensor, rope: torch.Tensor, psi: torch.Tensor | None):
         if self.activation_checkpointing == "per_block" and torch.is_grad_enabled():
-            return checkpoint(block, h, rope, psi, use_reentrant=False, preserve_rng_state=False)
-        return block(h, rope, psi)
+            return run_checkpointed(FULL, block, h, rope, psi)
+        return block(h, rope, psi, selective=self.selective_blocks)
+
+    def loop_checkpointing(self, num_loops: int, hidden: torch.Tensor) -> tuple[str, ...] | None:
+        """What each loop keeps for backward (``model/checkpointing.py``); None without autograd."""
+        if not torch.is_grad_enabled():
+            return None
+        s, b = hidden.shape[:2]  # [s, b, d]
+
+        def plan():
+            key = (num_loops, b, s, hidden.dtype, hidden.device, self.activation_checkpointing_budget_gib)
+            if key not in self._checkpoint_plans:  # planned once per shape, dtype, device and budget
+                gib = self.activation_checkpointing_budget_gib
+                budget = gib * GIB if gib is not None else default_budget_bytes(hidden.device)
+                params = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in self.parameters()
+                             if p.requires_grad)  # ZeRO-3 partitions report their full size as ds_numel
+                memory = loop_memory(self.config, b, s, hidden.element_size(), self.loss_chunk_tokens, params)
+                self._checkpoint_plans[key] = plan_loops(num_loops, memory, budget)
+            return self._checkpoint_plans[key]
+
+        return loop_kinds(self.activation_checkpointing, num_loops, plan)
 
     def loop_iteration(self, h: torch.Tensor, h0: torch.Tensor, rope: torch.Tensor, psi: torch.Tensor | None,
                        *past: torch.Tensor) -> torch.Tensor:
@@ -211,18 +235,11 @@ class LoopLM(nn.Module):
         trajectory = [h0] if return_trajectory else None
         completed: list[torch.Tensor] = []  # h_1 .. h_l (h0 excluded), for the history window
         w = cfg.history_window if self.history_injection is not None else 0
-        checkpoint_loops = self.activation_checkpointing == "per_loop" and torch.is_grad_enabled()
+        kinds = self.loop_checkpointing(r, h)  # none / selective / full per loop (checkpointing.py)
         for step in range(r):
             psi = None if psi_all is None else psi_all[step]
             past = history_window(completed, w) if w else []
-            # The last loop is not checkpointed: backward would recompute it first thing, so keeping
-            # its activations saves 1/r of the recomputation; the peak rises only by the loss's
-            # transient chunk buffers, which now coexist with them (independent of r).
-            if checkpoint_loops and step < r - 1:
-                h = checkpoint(self.loop_iteration, h, h0, rope, psi, *past, use_reentrant=False,
-                               preserve_rng_state=False)
-            else:
-                h = self.loop_iteration(h, h0, rope, psi, *past)
+            h = run_loop(kinds[step] if kinds else NONE, self, self.loop_iteration, h, h0, rope, psi, *past)
             if w:
                 completed = completed[-w:] + [h]  # keep only what later windows can reach
             if trajectory is not None:
@@ -243,12 +260,14 @@ class LoopLM(nn.Module):
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy (App. A.2) from final hidden states ``[b, s, d]``.
 
-        Chunked over tokens (``self.loss_chunk_tokens`` at a time) with fp32 logits per chunk;
-        equal to ``F.cross_entropy`` of the full fp32 logits (``perf.chunked_linear_cross_entropy``).
+        Chunked over tokens (``self.loss_chunk_tokens`` at a time); equal to ``F.cross_entropy`` of
+        the full fp32 logits (``perf.chunked_linear_cross_entropy``). ``model.loss_implementation``
+        picks torch's fp32 chunks (CPU, the reference) or Liger-Kernel's fused kernel (CUDA).
         """
         h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
         return chunked_linear_cross_entropy(h, self.head_weight(), labels[:, 1:].reshape(-1),
-                                            chunk_size=self.loss_chunk_tokens, ignore_index=IGNORE_INDEX)
+                                            chunk_size=self.loss_chunk_tokens, ignore_index=IGNORE_INDEX,
+                                            implementation=self.loss_implementation)
 
 
 def build_model(config: ModelConfig, device: torch.device | str | None = None) -> LoopLM:
