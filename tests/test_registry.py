@@ -128,7 +128,8 @@ def test_toy_twins_load_with_the_execution_settings(tmp_path):
         name, path, loops, probe = line.split("\t")
         run = registry.RUNS[name.removeprefix("toy_")]
         cfg = load_config(path)
-        assert cfg.model.backbone == "tiny-llama" and cfg.model.layout == f"{run.prelude}+{run.core}x{run.loops}+{run.coda}"
+        assert cfg.model.backbone == "tiny-llama"
+        assert cfg.model.layout == f"{run.prelude}+{run.core}x{run.loops}+{run.coda}"
         assert loops.split(",")[-1] == str(2 * run.loops) and probe != "-"
 
 
