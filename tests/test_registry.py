@@ -15,14 +15,15 @@ from megatron_loop.config import BACKBONES, build_model_config, load_config
 from megatron_loop.model import roles
 
 
-def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+def _load(path):
+    """A script of the repository as a module (scripts are not on sys.path under pytest)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-generate_configs = _tool("generate_configs")
+generate_configs = _load(REPO / "tools" / "generate_configs.py")
 
 
 def test_examples_are_generated_from_the_registry_and_current():
@@ -147,8 +148,7 @@ def test_study_commands_and_cli_errors(capsys):
 
 def test_list_configs_cli_prints_every_run(monkeypatch, capsys):
     """Counts go through registry.parameter_counts (checked above); here the CLI wiring and table."""
-    import pretrain_loop
-
+    pretrain_loop = _load(REPO / "pretrain_loop.py")
     seen = []
     monkeypatch.setattr(registry, "parameter_counts", lambda fields: seen.append(fields) or (1234567, 1))
     assert pretrain_loop.main(["--list-configs"]) == 0
