@@ -3,6 +3,7 @@
 
     deepspeed pretrain_loop.py --config examples/llama_4x5.yaml [--set key.path=value ...]
     python pretrain_loop.py --config FILE --dry-run      # one JSON line, meta device
+    python pretrain_loop.py --list-configs               # the paper's runs (megatron_loop/registry.py)
     torchrun --nproc_per_node 2 pretrain_loop.py --config FILE        # also: plain python, srun
 
 The loop lives in ``megatron_loop.training``; errors in the config or data print one
@@ -21,7 +22,9 @@ from megatron_loop.errors import LoopConfigError, LoopDataError
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="YAML config (see examples/)")
+    p.add_argument("--config", help="YAML config (see examples/)")
+    p.add_argument("--list-configs", action="store_true",
+                   help="print every paper run of the registry (examples/NAME.yaml): layout, parameters, figure/table")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a config value, e.g. --set model.train_loops=3 (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print parameter counts and the training plan as JSON")
@@ -34,6 +37,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.list_configs:
+        from megatron_loop.registry import list_configs
+
+        print(list_configs())
+        return 0
+    if args.config is None:
+        print("error: --config FILE is required (or --list-configs)", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(args.config, args.overrides)
         if args.dry_run:

@@ -68,6 +68,12 @@ TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln")
 TIMESTEP_GRIDS = ("rescaled", "prefix")
 CHECKPOINTING = ("none", "per_loop", "selective", "auto", "per_block")  # megatron_loop/model/checkpointing.py
 LOSS_IMPLEMENTATIONS = ("auto", "chunked", "fused")  # megatron_loop/perf.py
+# The readings of the paper's ambiguous passages, as switches (issue 14; defaults = the
+# original behaviour). Each is documented where it acts and in docs/CONFIG.md.
+NOISY_INITIAL_INJECTIONS = ("scalar", "channel", "residual_channel")  # App. E.1 ablation
+LOOP_GATING_REFERENCES = ("state", "injected")
+OPTIMIZERS = ("muon_adamw", "adamw")
+DATA_ORDERS = ("shuffled", "stream")
 
 
 # --------------------------------------------------------------------------------------
@@ -102,6 +108,12 @@ class ModelConfig:
     history_window: int = 1
     timestep: str = "none"
     timestep_grid: str = "rescaled"
+    # Std of Gaussian noise added to the identity initialisation of scalar / channel /
+    # residual_channel initial-state injection (App. E.1 ablation: 0.03; the paper's default 0).
+    injection_init_noise: float = 0.0
+    # What Loop Gating mixes with the core output: the recurrent state h_l (``state``) or the
+    # core's actual (injected) input u_l (``injected``); see conditioning.LoopGating.
+    loop_gating_reference: str = "state"
     activation_checkpointing: str = "per_loop"
     # activation_checkpointing=auto: GiB of activation memory a training micro-batch may use
     # (peak above parameters, gradients and optimizer state); null: 90 % of the GPU minus what is
@@ -163,6 +175,14 @@ class ModelConfig:
         need(self.history_window >= 1, "history_window", "an integer >= 1")
         need(self.timestep in TIMESTEPS, "timestep", f"one of {TIMESTEPS}")
         need(self.timestep_grid in TIMESTEP_GRIDS, "timestep_grid", f"one of {TIMESTEP_GRIDS}")
+        need(self.injection_init_noise >= 0, "injection_init_noise", "a float >= 0 (a standard deviation)")
+        need(self.injection_init_noise == 0 or self.initial_injection in NOISY_INITIAL_INJECTIONS,
+             "injection_init_noise", f"0 unless initial_injection is one of {NOISY_INITIAL_INJECTIONS} "
+             f"(the App. E.1 ablation; initial_injection={self.initial_injection!r})")
+        need(self.loop_gating_reference in LOOP_GATING_REFERENCES, "loop_gating_reference",
+             f"one of {LOOP_GATING_REFERENCES}")
+        need(self.loop_gating_reference == "state" or self.timestep == "loop_gating", "loop_gating_reference",
+             f"'state' unless timestep is 'loop_gating' (timestep={self.timestep!r})")
         need(self.activation_checkpointing in CHECKPOINTING, "activation_checkpointing", f"one of {CHECKPOINTING}")
         need(self.activation_checkpointing_budget_gib is None or (
             self.activation_checkpointing == "auto" and self.activation_checkpointing_budget_gib > 0),
@@ -198,6 +218,12 @@ class TrainConfig:
     muon_ns_steps: int = 5
     muon_scale: str = "match_rms_adamw"
     grad_clip: float = 1.0
+    # ``muon_adamw``: Muon for hidden matrices, AdamW for the rest (App. C.2); ``adamw``: AdamW
+    # for every parameter (the optimizer ablation of App. D.1, Table 7).
+    optimizer: str = "muon_adamw"
+    # Whether the dense injection matrices (dense initial-state W = [W_h W_0], dense history
+    # B_j) go to Muon (true) or AdamW (false, the original reading of App. C.2).
+    muon_conditioning_matrices: bool = False
     train_tokens: int | None = None
     max_steps: int | None = None
     tokens_per_parameter: float = 20.0
@@ -238,6 +264,9 @@ class TrainConfig:
         need(self.muon_scale in ("match_rms_adamw", "original"), "muon_scale", "'match_rms_adamw' or 'original'")
         need(self.muon_ns_steps >= 1, "muon_ns_steps", "an integer >= 1")
         need(self.grad_clip > 0, "grad_clip", "a positive float")
+        need(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")
+        need(not self.muon_conditioning_matrices or self.optimizer == "muon_adamw", "muon_conditioning_matrices",
+             f"false unless optimizer is 'muon_adamw' (optimizer={self.optimizer!r})")
         need(self.train_tokens is None or self.train_tokens > 0, "train_tokens", "null or a positive integer")
         need(self.max_steps is None or self.max_steps >= 1, "max_steps", "null or a positive integer")
         need(self.precision in ("auto", "bf16", "fp32"), "precision", "'auto', 'bf16' or 'fp32'")
@@ -263,8 +292,13 @@ class DataConfig:
     valid_prefixes: list[str] = field(default_factory=list)
     tokenizer: str | None = None
     num_workers: int = 1
+    # ``shuffled``: documents packed in a seed-determined permutation (per epoch); ``stream``: in
+    # the order preprocessing wrote them (the paper shuffles once, at streaming time, App. C.1).
+    order: str = "shuffled"
 
     def validate(self, prefix: str = "data") -> None:
+        if self.order not in DATA_ORDERS:
+            raise LoopConfigError(f"{prefix}.order={self.order!r}: expected one of {DATA_ORDERS}")
         if self.train_weights is not None and len(self.train_weights) != len(self.train_prefixes):
             raise LoopConfigError(
                 f"{prefix}.train_weights: expected one weight per train prefix "

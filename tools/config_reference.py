@@ -49,6 +49,8 @@ DESCRIPTIONS: dict[str, str] = {
     "model.activation_checkpointing_budget_gib": "With `activation_checkpointing: auto`: GiB of activation memory per micro-batch (peak above parameters, gradients, optimizer state); null: 90 % of the GPU minus what is allocated at the first step (no limit on CPU).",
     "model.compile": "torch.compile each block once and reuse it at every loop (no recompilation when r changes): `true`, `false` or `auto` (on when CUDA is available).",
     "model.loss_implementation": "LM head + cross-entropy: `chunked` (torch, fp32 logits per chunk: the reference), `fused` (Liger-Kernel's Triton kernel; CUDA), `auto` (fused on CUDA, chunked elsewhere). No host synchronisation in either.",
+    "model.injection_init_noise": "Std of N(0, sigma^2) noise added to the identity init of `scalar` / `channel` / `residual_channel` initial injection (App. E.1 ablation: 0.03; the paper does not say how the noise enters: here, every coefficient). 0: exact identity.",
+    "model.loop_gating_reference": "What Loop Gating mixes with the core output: `state` (h_l, Eq. loop_level_timestep_gating) or `injected` (the core's input u_l = I(h_l, h0) + history; Sec. 5.2 \"the difference between the shared stack's output and its input\"). Needs `timestep: loop_gating`; exported to HF.",
     # ---- train (App. A.2, Table 7)
     "train.global_batch_size": "Sequences per optimizer update = micro_batch_size x accumulation x data-parallel size.",
     "train.micro_batch_size": "Sequences per rank per forward/backward; accumulation is derived.",
@@ -66,6 +68,8 @@ DESCRIPTIONS: dict[str, str] = {
     "train.muon_ns_steps": "Newton-Schulz iterations per Muon update (5).",
     "train.muon_scale": "`match_rms_adamw` (0.2 sqrt(max(rows, cols))) or `original` (sqrt(max(1, rows/cols))).",
     "train.grad_clip": "Clip the global L2 norm of the raw gradients to this value (1.0).",
+    "train.optimizer": "`muon_adamw` (Muon for hidden matrices, AdamW for the rest, App. C.2) or `adamw` (every parameter in AdamW: the pilot of App. D.1, Table 7).",
+    "train.muon_conditioning_matrices": "Dense injection matrices (dense initial W = [W_h W_0] as one projection, dense history B_j one per lag) to Muon instead of AdamW. App. C.2 gives Muon the attention/MLP projections and AdamW the vector/scalar parameters; these are neither. Default false.",
     "train.train_tokens": "Token budget; `null`: tokens_per_parameter x parameters of the NonLoop L(K) model.",
     "train.max_steps": "Number of updates; overrides the token budget.",
     "train.tokens_per_parameter": "Chinchilla ratio for the default token budget (20).",
@@ -90,6 +94,7 @@ DESCRIPTIONS: dict[str, str] = {
     "data.valid_prefixes": "Held-out prefixes for validation loss.",
     "data.tokenizer": "Tokenizer folder or hub name (vocabulary check, HF export).",
     "data.num_workers": "DataLoader worker processes.",
+    "data.order": "`shuffled`: documents packed in a seeded permutation per epoch; `stream`: in the order preprocessing wrote them, as the paper (App. C.1: streamed and shuffled once with a 10,000-document buffer, seed 42, by `tools/preprocess_data.py --streaming`).",
     # ---- logging
     "logging.wandb_project": "Weights & Biases project (`null`: no wandb).",
     "logging.wandb_run_name": "Weights & Biases run name.",

@@ -9,6 +9,8 @@
 ``cache_dir``  where packing indexes are cached (default: next to each prefix).
 ``num_workers`` DataLoader worker processes (default 0).
 ``valid_samples`` cap on validation sequences per evaluation (default: all).
+``order``      ``shuffled`` (default: a seeded permutation per epoch) or ``stream`` (documents
+               in the order preprocessing wrote them, as the paper trains; see ``packed.py``).
 
 Batches are ``{"tokens": LongTensor[B, S], "inputs": tokens[:, :-1], "targets": tokens[:, 1:]}``;
 ``inputs``/``targets`` are already shifted (the loss averages the ``S - 1`` predictions). A model
@@ -63,7 +65,7 @@ def parse_blend(spec: Any, where: str) -> list[tuple[str, float]]:
 
 
 def _packed(prefixes: list[tuple[str, float]], seq_length: int, seed: int, num_samples: int | None,
-            cache_dir: str | None, vocab_size: int | None) -> torch.utils.data.Dataset:
+            cache_dir: str | None, vocab_size: int | None, order: str = "shuffled") -> torch.utils.data.Dataset:
     """One PackedDataset per prefix (enough epochs for ``num_samples``), blended if several.
 
     Component ``k`` gets seed ``seed + k`` so two prefixes never share a document order.
@@ -75,7 +77,7 @@ def _packed(prefixes: list[tuple[str, float]], seq_length: int, seed: int, num_s
     weights = [w for _, w in prefixes]
     if num_samples is None:
         # One pass: as many samples as the blend can take without exhausting any component.
-        one_pass = [PackedDataset(p, seq_length, seed + k, 1, cache_dir)
+        one_pass = [PackedDataset(p, seq_length, seed + k, 1, cache_dir, order)
                     for k, (p, _) in enumerate(prefixes)]
         if len(one_pass) == 1:
             return one_pass[0]
@@ -85,7 +87,7 @@ def _packed(prefixes: list[tuple[str, float]], seq_length: int, seed: int, num_s
     for k, ((prefix, _), need) in enumerate(zip(prefixes, needs)):
         tokens = count_tokens(prefix)
         datasets.append(PackedDataset(prefix, seq_length, seed + k,
-                                      epochs_for(tokens, seq_length, max(need, 1)), cache_dir))
+                                      epochs_for(tokens, seq_length, max(need, 1)), cache_dir, order))
     if len(datasets) == 1:
         return datasets[0]
     return BlendedDataset(datasets, weights, num_samples)
@@ -133,7 +135,8 @@ def build_train_valid_loaders(data_cfg: Any, *, seq_length: int, global_batch_si
     train_prefixes = parse_blend(train_spec, "data.train")
     cache_dir = _get(data_cfg, "cache_dir")
     num_workers = int(_get(data_cfg, "num_workers", 0) or 0)
-    train_ds = _packed(train_prefixes, seq_length, seed, train_samples, cache_dir, vocab_size)
+    order = _get(data_cfg, "order", "shuffled") or "shuffled"
+    train_ds = _packed(train_prefixes, seq_length, seed, train_samples, cache_dir, vocab_size, order)
     total = len(train_ds) if train_samples is None else train_samples
     if len(train_ds) < global_batch_size:
         raise LoopDataError(f"data.train {[p for p, _ in train_prefixes]}: {len(train_ds)} sequences "
@@ -149,7 +152,7 @@ def build_train_valid_loaders(data_cfg: Any, *, seq_length: int, global_batch_si
     valid_ds = valid = None
     if valid_spec is not None:
         valid_ds = _packed(parse_blend(valid_spec, "data.valid"), seq_length, seed, None,
-                           cache_dir, vocab_size)
+                           cache_dir, vocab_size, order)
         cap = _get(data_cfg, "valid_samples")
         n_valid = len(valid_ds) if cap is None else min(len(valid_ds), int(cap))
         step = micro_batch_size * dp_size

@@ -93,7 +93,8 @@ def hf_config(cfg: ModelConfig, token_ids: dict | None = None):
                         train_loops=cfg.train_loops, coda_layers=cfg.coda_layers, num_loops=cfg.train_loops,
                         qk_norm=cfg.qk_norm, initial_injection=cfg.initial_injection,
                         history_injection=cfg.history_injection, history_window=cfg.history_window,
-                        timestep=cfg.timestep, timestep_grid=cfg.timestep_grid, **token_ids)
+                        timestep=cfg.timestep, timestep_grid=cfg.timestep_grid,
+                        loop_gating_reference=cfg.loop_gating_reference, **token_ids)
 
 
 def model_config_from_hf(config) -> ModelConfig:
@@ -111,7 +112,9 @@ def model_config_from_hf(config) -> ModelConfig:
                       train_loops=config.train_loops, coda_layers=config.coda_layers, qk_norm=config.qk_norm,
                       initial_injection=config.initial_injection, history_injection=config.history_injection,
                       history_window=config.history_window, timestep=config.timestep,
-                      timestep_grid=config.timestep_grid)
+                      timestep_grid=config.timestep_grid,
+                      # absent from exports written before the switch existed: the original reading
+                      loop_gating_reference=getattr(config, "loop_gating_reference", "state"))
     elif config.model_type in ("llama", "qwen3"):
         fields.update(prelude_layers=0, core_layers=config.num_hidden_layers, train_loops=1, coda_layers=0,
                       qk_norm=config.model_type == "qwen3")

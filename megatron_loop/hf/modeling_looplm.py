@@ -25,6 +25,7 @@ One loop iteration (``LoopLMModel._loop_iteration``):
     u_l     = I_phi(h_l, h0) + sum_j B_j(h_{l-j} - h_l)
     y_l     = Core(u_l; psi_l)
     h_{l+1} = h_l + g_l (y_l - h_l) with LG,   y_l otherwise
+              (u_l in place of h_l when ``loop_gating_reference == "injected"``)
 
 Each block is a pre-norm Llama / Qwen3 decoder layer (RMSNorm, GQA self-attention with
 rotate-half RoPE and optional per-head QK RMSNorm, SwiGLU MLP, no biases) running on
@@ -51,6 +52,7 @@ INITIAL_INJECTIONS = ("none", "scalar", "channel", "residual_channel", "dense")
 HISTORY_INJECTIONS = ("none", "scalar", "channel", "dense")
 TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln")
 TIMESTEP_GRIDS = ("rescaled", "prefix")
+LOOP_GATING_REFERENCES = ("state", "injected")
 NUM_TIMESTEP_FEATURES = 8
 
 
@@ -93,6 +95,7 @@ class LoopLMConfig(PretrainedConfig):
         history_window: int = 1,
         timestep: str = "none",
         timestep_grid: str = "rescaled",
+        loop_gating_reference: str = "state",
         initializer_range: float = 0.02,
         hidden_act: str = "silu",
         use_cache: bool = True,
@@ -119,6 +122,9 @@ class LoopLMConfig(PretrainedConfig):
         self.history_window = history_window
         self.timestep = timestep
         self.timestep_grid = timestep_grid
+        # What Loop Gating mixes with the core output: the state h_l ("state"; exports written
+        # before this field existed) or the injected core input u_l ("injected").
+        self.loop_gating_reference = loop_gating_reference
         self.initializer_range = initializer_range
         self.hidden_act = hidden_act
         self.use_cache = use_cache
@@ -128,7 +134,8 @@ class LoopLMConfig(PretrainedConfig):
 
     def _check(self) -> None:
         choices = {"initial_injection": INITIAL_INJECTIONS, "history_injection": HISTORY_INJECTIONS,
-                   "timestep": TIMESTEPS, "timestep_grid": TIMESTEP_GRIDS}
+                   "timestep": TIMESTEPS, "timestep_grid": TIMESTEP_GRIDS,
+                   "loop_gating_reference": LOOP_GATING_REFERENCES}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"LoopLMConfig.{key}={getattr(self, key)!r}: expected one of {allowed}")
@@ -364,7 +371,8 @@ class HistoryStateInjection(nn.Module):
 
 
 class LoopGating(nn.Module):
-    """Loop Gating, Eq. (loop_level_timestep_gating): g_l = 1 + q^T psi_l, h_{l+1} = h_l + g_l (y_l - h_l)."""
+    """Loop Gating, Eq. (loop_level_timestep_gating): g_l = 1 + q^T psi_l, h_{l+1} = x_l + g_l (y_l - x_l),
+    with reference x_l = h_l (``loop_gating_reference="state"``) or the injected core input u_l."""
 
     def __init__(self):
         super().__init__()
@@ -540,7 +548,7 @@ class LoopLMModel(LoopLMPreTrainedModel):
         for k, block in enumerate(self.core):
             y = block(y, rope, mask, cache, first_slot + k, psi)
         if cfg.timestep == "loop_gating":
-            y = self.loop_gating(h, y, psi)
+            y = self.loop_gating(u if cfg.loop_gating_reference == "injected" else h, y, psi)
         return y
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,

@@ -11,6 +11,7 @@ any combination:
     u_l     = I_phi(h_l, h0) + sum_j B_j(h_{l-j} - h_l)           (injection, Sec. 4.1)
     y_l     = F(u_l; psi_l)                                          (core, BG/AdaLN inside F)
     h_{l+1} = h_l + g_l (y_l - h_l)   with LG,   y_l otherwise       (Loop Gating)
+              (u_l in place of h_l with ``model.loop_gating_reference: injected``)
 
 Training runs exactly K loops with full backpropagation through all of them (App. A.2
 "Recurrent backpropagation"); nothing is detached. Activation checkpointing (``per_loop``,
@@ -96,7 +97,7 @@ class LoopLM(nn.Module):
 
         # ---- conditioning (Sec. 4); all of it starts as the identity
         self.initial_injection = (None if config.initial_injection == "none"
-                                  else InitialStateInjection(config.initial_injection, d))
+                                  else InitialStateInjection(config.initial_injection, d, config.injection_init_noise))
         self.history_injection = (None if config.history_injection == "none"
                                   else HistoryStateInjection(config.history_injection, d, config.history_window))
         self.loop_gating = LoopGating() if config.timestep == "loop_gating" else None
@@ -201,8 +202,8 @@ class LoopLM(nn.Module):
         y = u
         for block in self.core:
             y = self._run_block(block, y, rope, psi)
-        if self.loop_gating is not None:
-            y = self.loop_gating(h, y, psi)
+        if self.loop_gating is not None:  # reference h_l or u_l: conditioning.LoopGating
+            y = self.loop_gating(u if self.config.loop_gating_reference == "injected" else h, y, psi)
         return y
 
     # ------------------------------------------------------------------ forward

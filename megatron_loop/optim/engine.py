@@ -58,6 +58,9 @@ class OptimizerSettings:
     warmup_fraction: float = WARMUP_FRACTION
     stable_fraction: float = STABLE_FRACTION
     min_lr_ratio: float = FINAL_FRACTION
+    # Grouping (optimizer.role_param_groups): "muon_adamw" | "adamw"; dense injection matrices to Muon.
+    optimizer: str = "muon_adamw"
+    muon_conditioning_matrices: bool = False
 
 
 class EngineParts(NamedTuple):
@@ -70,7 +73,7 @@ def build_optimizer(model: torch.nn.Module, settings: OptimizerSettings, *, clip
     """``MuonAdamW`` over ``model``'s role groups; it clips raw gradients itself only when
     ``clip_in_optimizer`` (whole weights: no DeepSpeed or ZeRO stage 0)."""
     return MuonAdamW(
-        role_param_groups(model),
+        role_param_groups(model, settings.optimizer, settings.muon_conditioning_matrices),
         lr=settings.lr,
         weight_decay=settings.weight_decay,
         betas=settings.betas,

@@ -158,7 +158,8 @@ def build_engine(cfg: Config, ds_config: Path, accumulation: int, total_steps: i
         lr=t.lr, weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps,
         momentum=t.muon_momentum, nesterov=t.muon_nesterov, ns_steps=t.muon_ns_steps,
         muon_scale=t.muon_scale, grad_clip=t.grad_clip, warmup_fraction=t.warmup_fraction,
-        stable_fraction=t.stable_fraction, min_lr_ratio=t.min_lr_ratio)
+        stable_fraction=t.stable_fraction, min_lr_ratio=t.min_lr_ratio,
+        optimizer=t.optimizer, muon_conditioning_matrices=t.muon_conditioning_matrices)
     parts = build_optim_engine(model, settings, micro_batch_size=t.micro_batch_size, grad_accum=accumulation,
                                total_steps=total_steps, bf16=resolve_precision(t.precision), ds_config=ds_config)
     return parts.engine, parts.optimizer

@@ -51,7 +51,7 @@ def data_spec(cfg: Config) -> dict[str, Any]:
                               "(P for P.bin/P.idx, written by tools/preprocess_data.py)")
     weights = d.train_weights or [1.0] * len(d.train_prefixes)
     spec: dict[str, Any] = {"train": [{"prefix": p, "weight": w} for p, w in zip(d.train_prefixes, weights)],
-                            "num_workers": d.num_workers}
+                            "num_workers": d.num_workers, "order": d.order}
     if d.valid_prefixes:
         spec["valid"] = list(d.valid_prefixes)
     return spec
