@@ -2,7 +2,7 @@
 """Train a LoopLM.
 
     deepspeed pretrain_loop.py --config examples/llama_4x5.yaml [--set key.path=value ...]
-    python pretrain_loop.py --config FILE --dry-run      # one JSON line, meta device
+    python pretrain_loop.py --config FILE --dry-run [--data-parallel-size 8]   # checks + one JSON line
     torchrun --nproc_per_node 2 pretrain_loop.py --config FILE        # also: plain python, srun
 
 The loop lives in ``megatron_loop.training``; errors in the config or data print one
@@ -24,7 +24,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", required=True, help="YAML config (see examples/)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a config value, e.g. --set model.train_loops=3 (repeatable)")
-    p.add_argument("--dry-run", action="store_true", help="print parameter counts and the training plan as JSON")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the config and the files it names, print parameter counts, batch arithmetic and "
+                        "the training plan as one JSON line (fast: builds nothing)")
+    p.add_argument("--data-parallel-size", type=int, default=None, metavar="N",
+                   help="with --dry-run: plan for N data-parallel ranks (default: $WORLD_SIZE, $SLURM_NTASKS or 1)")
     p.add_argument("--resume", default=None, metavar="PATH",
                    help="resume from this checkpoint folder (a run's checkpoints/ or one global_step* in it); "
                         "default: the newest complete checkpoint of train.output_dir when train.resume is true")
@@ -39,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             from megatron_loop.dryrun import dry_run_report
 
-            print(json.dumps(dry_run_report(cfg)))
+            print(json.dumps(dry_run_report(cfg, args.data_parallel_size)))
             return 0
         from megatron_loop.training import main as train_main
 
