@@ -404,6 +404,13 @@ def build_model_config(values: dict, section: str = "model") -> ModelConfig:
     return cfg
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's message on one line: the problem and where (its own text spans several lines)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
 def _parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise LoopConfigError(f"--set {text!r}: expected key.path=value")
@@ -414,7 +421,7 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
-        raise LoopConfigError(f"--set {text!r}: value is not valid YAML ({e})") from None
+        raise LoopConfigError(f"--set {text!r}: value is not valid YAML ({_yaml_problem(e)})") from None
     return path, value
 
 
@@ -460,9 +467,11 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     if not path.is_file():
         raise LoopConfigError(f"{path}: config file not found")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise LoopConfigError(f"{path}: not a text file; expected a YAML config (UTF-8)") from None
     except yaml.YAMLError as e:
-        raise LoopConfigError(f"{path}: not valid YAML ({e})") from None
+        raise LoopConfigError(f"{path}: not valid YAML ({_yaml_problem(e)})") from None
     return resolve_paths(config_from_dict(raw, source=str(path), overrides=overrides))
 
 

@@ -14,7 +14,6 @@ prints one JSON line.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import NamedTuple
 
@@ -101,8 +100,6 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
     plan = training_plan(cfg)
     preflight.check_train_steps(cfg, plan["train_steps"])
     params, backbone = count_parameters(cfg.model)
-    with open(files["deepspeed_config"]) as f:
-        zero_stage = json.load(f).get("zero_optimization", {}).get("stage", 0)
     return dict(
         layout=cfg.model.layout,
         params=params,
@@ -115,6 +112,5 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
         data_parallel_size=dp,
         accumulation=accumulation,
         seq_length=cfg.train.seq_length,
-        zero_stage=zero_stage,
         **files,
     )

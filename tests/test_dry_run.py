@@ -6,6 +6,7 @@ torch / DeepSpeed / megatron-core; it prints the batch arithmetic; and each bad 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -83,7 +84,20 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
     def c(*sets: str, extra: tuple[str, ...] = ()) -> list[str]:
         return ["--config", config, *[a for s in sets for a in ("--set", s)], *extra]
 
+    (root / "bad.yaml").write_text("model: [unclosed\n")
+    (root / "binary.yaml").write_bytes(b"\x7fELF\x02\x01\xd0\xff")
+    (root / "ds.json").write_text('{"zero_optimization": ')
     return {
+        "config_not_yaml": (["--config", str(root / "bad.yaml")],
+                            r"bad\.yaml: not valid YAML \(expected ',' or '\]', but got '<stream end>' at line 2, "
+                            r"column 1\)$"),
+        "config_not_text": (["--config", str(root / "binary.yaml")],
+                            r"binary\.yaml: not a text file; expected a YAML config \(UTF-8\)$"),
+        "set_value_not_yaml": (c("train.lr=[1"), r"^--set 'train\.lr=\[1': value is not valid YAML \(.* at line 1, "
+                                                 r"column 3\)$"),
+        "deepspeed_json_not_json": (c(f"train.deepspeed_config={root}/ds.json"),
+                                    r"ds\.json': not a DeepSpeed JSON config \(Expecting value: line 1 column 23 "
+                                    r"\(char 22\)\); expected a JSON object"),
         "deepspeed_json_missing": (c("train.deepspeed_config=deepspeed_configs/zero7.json"),
                                    r"^train\.deepspeed_config='deepspeed_configs/zero7\.json': file not found "
                                    r"\(relative paths are taken from .*, then the repository\)"),
@@ -136,3 +150,14 @@ def test_relative_paths_are_resolved_from_the_working_directory(tmp_path, monkey
     assert cfg.data.valid_prefixes == ["d/missing"]  # missing: kept as written, so the error names it
     hub = load_config(config, ["data.tokenizer=meta-llama/Llama-3.1-8B"])
     assert hub.data.tokenizer == "meta-llama/Llama-3.1-8B"
+
+
+def test_bare_srun_without_master_addr_is_one_clear_error(monkeypatch):
+    from megatron_loop.errors import LoopConfigError
+    from megatron_loop.training.distributed import _adopt_slurm_env
+
+    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "MASTER_ADDR")}
+    monkeypatch.setattr(os, "environ", {**environ, "SLURM_NTASKS": "2", "SLURM_PROCID": "1"})  # all restored after
+    with pytest.raises(LoopConfigError, match=r"^srun without a launcher: MASTER_ADDR is not set; expected it "
+                                              r"exported as the first node of the allocation"):
+        _adopt_slurm_env()

@@ -70,6 +70,12 @@ def check_input_files(cfg: Config) -> dict[str, Any]:
     if not os.path.isfile(ds):
         raise LoopConfigError(f"train.deepspeed_config={ds!r}: file not found (relative paths are taken from "
                               f"{cwd}, then the repository); expected e.g. deepspeed_configs/zero1.json")
+    try:
+        with open(ds) as f:
+            zero_stage = json.load(f).get("zero_optimization", {}).get("stage", 0)
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise LoopConfigError(f"train.deepspeed_config={ds!r}: not a DeepSpeed JSON config ({e}); expected a JSON "
+                              "object like deepspeed_configs/zero1.json") from None
     data_spec(cfg)  # an empty train list is its own error
     valid = cfg.data.validation_prefixes() if cfg.train.eval_interval else []  # only what the run opens
     for key, prefixes in (("train_prefixes", cfg.data.train_prefixes), ("valid_prefixes", valid)):
@@ -85,7 +91,7 @@ def check_input_files(cfg: Config) -> dict[str, Any]:
         raise LoopDataError(f"data.tokenizer={tok!r}: no such tokenizer folder or file (relative to {cwd}); "
                             "expected a folder with tokenizer.json or a Hugging Face hub name such as "
                             "meta-llama/Llama-3.1-8B")
-    return {"deepspeed_config": ds, "train_prefixes": list(cfg.data.train_prefixes),
+    return {"deepspeed_config": ds, "zero_stage": zero_stage, "train_prefixes": list(cfg.data.train_prefixes),
             "valid_prefixes": valid, "tokenizer": tok}
 
 
