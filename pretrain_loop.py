@@ -33,7 +33,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="resume from this checkpoint folder (a run's checkpoints/ or one global_step* in it); "
                         "default: the newest complete checkpoint of train.output_dir when train.resume is true")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.data_parallel_size is not None and not args.dry_run:
+        p.error("--data-parallel-size: only with --dry-run (training takes the launcher's world size)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
