@@ -22,7 +22,9 @@ from megatron_loop.errors import LoopConfigError
 from megatron_loop.flops import block_matmul_params
 from megatron_loop.optim.schedule import wsd_split
 
-NUM_TIMESTEP_FEATURES = 8  # psi(t, dt) of Eq. (timestep_features); megatron_loop.model.conditioning
+# psi(t, dt) of Eq. (timestep_features), as in model.conditioning (which imports torch);
+# tests/test_dry_run.py checks the counts against the built model.
+NUM_TIMESTEP_FEATURES = 8
 
 
 class ParameterCount(NamedTuple):
