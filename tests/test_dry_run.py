@@ -6,7 +6,6 @@ torch / DeepSpeed / megatron-core; it prints the batch arithmetic; and each bad 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -151,13 +150,3 @@ def test_relative_paths_are_resolved_from_the_working_directory(tmp_path, monkey
     hub = load_config(config, ["data.tokenizer=meta-llama/Llama-3.1-8B"])
     assert hub.data.tokenizer == "meta-llama/Llama-3.1-8B"
 
-
-def test_bare_srun_without_master_addr_is_one_clear_error(monkeypatch):
-    from megatron_loop.errors import LoopConfigError
-    from megatron_loop.training.distributed import _adopt_slurm_env
-
-    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "MASTER_ADDR")}
-    monkeypatch.setattr(os, "environ", {**environ, "SLURM_NTASKS": "2", "SLURM_PROCID": "1"})  # all restored after
-    with pytest.raises(LoopConfigError, match=r"^srun without a launcher: MASTER_ADDR is not set; expected it "
-                                              r"exported as the first node of the allocation"):
-        _adopt_slurm_env()
