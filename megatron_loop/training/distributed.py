@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from megatron_loop.errors import LoopConfigError
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -36,8 +38,8 @@ def _adopt_slurm_env() -> None:
     os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
     os.environ.setdefault("MASTER_PORT", "29500")
     if "MASTER_ADDR" not in os.environ:
-        raise RuntimeError("srun without a launcher: export MASTER_ADDR (first node of the allocation), "
-                           "see examples/slurm_pretrain.sbatch")
+        raise LoopConfigError("srun without a launcher: MASTER_ADDR is not set; expected it exported as the first "
+                              "node of the allocation (see examples/slurm_pretrain.sbatch)")
 
 
 def _skip_cpu_shm_extension() -> None:

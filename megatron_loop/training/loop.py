@@ -72,20 +72,6 @@ def resolve_precision(precision: str) -> bool:
     return torch.cuda.is_available() if precision == "auto" else precision == "bf16"
 
 
-def resolve_ds_config(path: str) -> Path:
-    """``train.deepspeed_config`` relative to the working directory or to the repository."""
-    p = Path(path)
-    if p.is_file():
-        return p
-    from megatron_loop.optim.engine import CONFIG_DIR
-
-    q = CONFIG_DIR.parent / path
-    if not p.is_absolute() and q.is_file():
-        return q
-    raise LoopConfigError(f"train.deepspeed_config={path!r}: file not found; "
-                          "expected e.g. deepspeed_configs/zero1.json")
-
-
 def peak_flops_per_device(cfg: Config) -> float:
     """Denominator of MFU: the configured peak, H100/H200 dense bf16 on GPU, or on CPU the
     measured throughput of an fp32 matmul (CPUs have no published per-core peak to use)."""
@@ -108,12 +94,7 @@ def peak_flops_per_device(cfg: Config) -> float:
 def total_train_steps(cfg: Config) -> int:
     from megatron_loop.dryrun import training_plan
 
-    steps = training_plan(cfg)["train_steps"]
-    if steps < 1:
-        raise LoopConfigError(
-            f"train.train_tokens={cfg.train.train_tokens}: less than one global batch of "
-            f"{cfg.train.global_batch_size} x {cfg.train.seq_length} tokens; expected at least one step")
-    return steps
+    return preflight.check_train_steps(cfg, training_plan(cfg)["train_steps"])
 
 
 def _as_float(x) -> float:
@@ -173,7 +154,7 @@ def build_run(cfg: Config, resume: str | None) -> tuple[Run, C.TrainState, Metri
     preflight.check_vocabulary(cfg)
     out = Path(t.output_dir)
     preflight.check_output_dir(out, t.resume or resume is not None)
-    ds_config = resolve_ds_config(t.deepspeed_config)
+    ds_config = Path(preflight.check_input_files(cfg)["deepspeed_config"])  # + data prefixes, tokenizer
     total_steps = total_train_steps(cfg)
 
     info = D.setup_distributed()
@@ -215,6 +196,8 @@ def build_run(cfg: Config, resume: str | None) -> tuple[Run, C.TrainState, Metri
     logger = MetricsLogger(cfg, enabled=info.is_main, start_step=state.step, total_steps=total_steps)
     for msg in logger_msgs:
         logger.message(msg)
+    logger.data_usage(loaders.train_usage or [], preflight.data_spec(cfg)["valid"] if valid_batches else [],
+                      len(valid_batches))
     if point is not None:
         logger.log({"event": "resume", "step": state.step, "checkpoint": str(point.root / point.tag),
                     "skipped": list(point.notes)})
@@ -332,9 +315,11 @@ def train(cfg: Config, resume: str | None = None) -> int:
             if reason:
                 logger.log({"event": "stop", "step": state.step, "reason": reason})
                 logger.message(f"stopping after step {state.step} ({reason}); checkpoint saved in {run.root}")
+                logger.summary(state.step, state.consumed_samples, time.monotonic() - start, reason)
                 return 0
         if saved_at != state.step:
             _save(run, state, logger)
+        logger.summary(state.step, state.consumed_samples, time.monotonic() - start)
         return 0
     finally:
         stopper.uninstall()
