@@ -62,6 +62,7 @@ def test_cli_on_hf_export_writes_json_and_plots(tmp_path, capsys):
 ])
 def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys, extra, needle):
     prefix = write_prefix(tmp_path)
+    monkeypatch.setattr(cli, "check_source", lambda checkpoint, hf_dir: None)
     monkeypatch.setattr(cli, "load_model", lambda checkpoint, hf_dir: tiny_model())
     assert run_cli(cli.main, args(prefix, tmp_path / "o") + extra) == 2
     err = capsys.readouterr().err.strip().splitlines()
