@@ -90,7 +90,8 @@ def format_table(results: dict) -> str:
     writer.headers = ["Task", "Group", "Metric", "Chance"] + [f"r={r} (L={results['effective_depth'][r]})"
                                                              for r in loops]
     writer.value_matrix = [[name, kind, metric, _cell(chance, None)] + [_cell(by_r.get(r), stderr.get(r)) for r in loops]
-                           for name, kind, metric, by_r, stderr, chance in _rows(results)]
+                           for name, kind, metric, by_r, stderr, chance in _rows(results)
+                           if any(v is not None for v in by_r.values())]  # e.g. a group none of the tasks is in
     writer.margin = 1
     return writer.dumps()
 

@@ -41,11 +41,11 @@ class SweepSettings:
             if missing:
                 raise LoopDataError(f"--valid-prefix {self.valid_prefix}: missing {' and '.join(missing)}; expected "
                                     "P.bin and P.idx written by tools/preprocess_data.py")
-        for name, value in (("--seq-length", self.seq_length), ("--batch-size", self.batch_size),
-                            ("--valid-sequences", self.valid_sequences)):
-            if value is not None and value < (2 if name == "--seq-length" else 1):
-                raise LoopConfigError(f"{name} {value}: expected a positive integer"
-                                      + (" >= 2 (a window predicts its next tokens)" if name == "--seq-length" else ""))
+        # a held-out window of L tokens makes L - 1 predictions, so it needs two
+        for name, value, least in (("--seq-length", self.seq_length, 2), ("--batch-size", self.batch_size, 1),
+                                   ("--valid-sequences", self.valid_sequences, 1)):
+            if value is not None and value < least:
+                raise LoopConfigError(f"{name} {value}: expected an integer >= {least}")
 
 
 def load_hf_model(model_dir: str | Path, device: str | None = None, dtype: str = "float32"):
@@ -65,7 +65,8 @@ def load_hf_model(model_dir: str | Path, device: str | None = None, dtype: str =
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True)  # reads our config.json (auto_map)
     except Exception as e:  # no tokenizer files in the folder
-        raise LoopDataError(f"{model_dir}: cannot load the tokenizer ({e}); expected tokenizer files next to "
+        reason = " ".join(str(e).split())
+        raise LoopDataError(f"{model_dir}: cannot load the tokenizer ({reason}); expected tokenizer files next to "
                             "the model (convert_to_hf.py --tokenizer)") from None
     return model, tokenizer
 

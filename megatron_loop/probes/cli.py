@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skipped occurrences: all | beyond_training | none | comma-separated positions")
     p.add_argument("--lag-sets", default=None, help="lag sets for C_D, e.g. '1-6,2-6' (default: common range)")
     p.add_argument("--reference-json", default=None,
-                   help="another configuration's geometry.json: adds percent differences and R(d)")
+                   help="another configuration's geometry.json (or its folder): adds percent differences, "
+                        "ratios, R(d) and per-block-pair ratios, and the comparison figure")
     p.add_argument("--batch-size", type=int, default=1, help="sequences per forward")
     p.add_argument("--skip-batch", type=int, default=4, help="skip configurations per forward")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
