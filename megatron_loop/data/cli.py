@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from typing import Callable, Sequence
 
 from megatron_loop.errors import LoopConfigError, LoopDataError
@@ -33,3 +35,22 @@ def parse_loop_counts(text: str, flag: str = "--loops") -> list[int]:
         raise LoopConfigError(f"{flag} {text!r}: expected loop counts in increasing order, e.g. "
                               f"{','.join(map(str, sorted(loops)))}")
     return loops
+
+
+def read_tool_json(path: str | Path, flag: str, filename: str, tool: str, keys: Sequence[str]) -> dict:
+    """A JSON file one of the tools wrote (``path`` may be the folder holding ``filename``), given
+    on the command line as ``flag``: one-line errors for a missing, unreadable or foreign file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / filename
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LoopDataError(f"{flag} {path}: not found; expected a {filename} written by {tool} "
+                            "(or its folder)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LoopDataError(f"{flag} {path}: not readable JSON ({' '.join(str(e).split())})") from None
+    missing = [k for k in keys if k not in data] if isinstance(data, dict) else ["a JSON object"]
+    if missing:
+        raise LoopDataError(f"{flag} {path}: missing {missing}; expected a {filename} written by {tool}")
+    return data

@@ -27,7 +27,6 @@ import csv
 import json
 from pathlib import Path
 
-from megatron_loop.errors import LoopDataError
 
 
 def _num_keys(d: dict) -> dict:
@@ -89,31 +88,20 @@ def format_table(results: dict) -> str:
     writer = MarkdownTableWriter()
     writer.headers = ["Task", "Group", "Metric", "Chance"] + [f"r={r} (L={results['effective_depth'][r]})"
                                                              for r in loops]
-    writer.value_matrix = [[name, kind, metric, _cell(chance, None)] + [_cell(by_r.get(r), stderr.get(r)) for r in loops]
-                           for name, kind, metric, by_r, stderr, chance in _rows(results)
-                           if any(v is not None for v in by_r.values())]  # e.g. a group none of the tasks is in
+    writer.value_matrix = [
+        [name, kind, metric, _cell(chance, None)] + [_cell(by_r.get(r), stderr.get(r)) for r in loops]
+        for name, kind, metric, by_r, stderr, chance in _rows(results)
+        if any(v is not None for v in by_r.values())]  # not e.g. a group none of the tasks is in
     writer.margin = 1
     return writer.dumps()
 
 
 def read_results(path: str | Path) -> dict:
-    """A results.json (or its folder), with one-line errors for a path that is not one."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "results.json"
-    try:
-        results = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LoopDataError(f"--compare {path}: not found; expected a results.json written by tools/eval_loops.py "
-                            "(or its folder)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LoopDataError(f"--compare {path}: not a readable results JSON ({' '.join(str(e).split())})") from None
-    missing = ([k for k in ("loops", "effective_depth", "groups", "training_depth") if k not in results]
-               if isinstance(results, dict) else ["a JSON object"])
-    if missing:
-        raise LoopDataError(f"--compare {path}: missing {missing}; expected a results.json written by "
-                            "tools/eval_loops.py")
-    return _num_keys(results)
+    """A results.json (or its folder) given to ``--compare``, with one-line errors for a path that is not one."""
+    from megatron_loop.data.cli import read_tool_json
+
+    return _num_keys(read_tool_json(path, "--compare", "results.json", "tools/eval_loops.py",
+                                    ("loops", "effective_depth", "groups", "training_depth")))
 
 
 def _fmt(value) -> str:

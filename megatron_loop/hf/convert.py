@@ -282,8 +282,8 @@ def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: 
 def _write_readme(folder: Path, cfg: ModelConfig, with_tokenizer: bool = True) -> None:
     native = is_native(cfg)
     kind = "native" if native else "looplm (trust_remote_code=True)"
-    model_line = ("model = AutoModelForCausalLM.from_pretrained(PATH)" if native else
-                  f"model = AutoModelForCausalLM.from_pretrained(PATH, trust_remote_code=True, num_loops={cfg.train_loops})")
+    model_line = "model = AutoModelForCausalLM.from_pretrained(PATH" + (
+        ")" if native else f", trust_remote_code=True, num_loops={cfg.train_loops})")
     # The tokenizer is a plain fast tokenizer; trust_remote_code=False keeps transformers from asking
     # whether to run the model code it sees in config.json's auto_map (it is not needed for the tokenizer).
     tok_line = ("tokenizer = AutoTokenizer.from_pretrained(PATH)" if native else

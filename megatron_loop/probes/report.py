@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from megatron_loop.errors import LoopDataError
+from megatron_loop.data.cli import read_tool_json
 from megatron_loop.probes import plots
 from megatron_loop.probes.runner import GeometryProbe, ProbeSettings
 from megatron_loop.probes.sampling import ProbeSample
@@ -54,21 +54,9 @@ def probe_geometry(model: torch.nn.Module, sample: ProbeSample, settings: ProbeS
 
 
 def read_report(path: str | Path, flag: str) -> dict:
-    """A ``geometry.json`` (or its folder), with one-line errors naming ``flag``."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / JSON_NAME
-    try:
-        report = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LoopDataError(f"{flag} {path}: not found; expected a {JSON_NAME} written by "
-                            "tools/probe_geometry.py (or its folder)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LoopDataError(f"{flag} {path}: cannot read a probe report ({' '.join(str(e).split())})") from None
-    if not isinstance(report, dict) or not {"loops", "train_loops", "layout", "sampling"} <= set(report):
-        raise LoopDataError(f"{flag} {path}: not a probe report; expected a {JSON_NAME} written by "
-                            "tools/probe_geometry.py")
-    return report
+    """A ``geometry.json`` (or its folder) given as ``flag``, with one-line errors for a path that is not one."""
+    return read_tool_json(path, flag, JSON_NAME, "tools/probe_geometry.py",
+                          ("loops", "train_loops", "layout", "sampling"))
 
 
 def replot(path: str | Path, output_dir: str | Path, lag_sets: Sequence[LagSet] | None = None,
