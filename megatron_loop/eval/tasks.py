@@ -21,6 +21,7 @@ BBH             looplm_bbh_<subtask> x 14 (shipped YAMLs)  acc       (A), (B), .
 =============== ========================================== ========= =========================
 
 Scores are percentages. BBH's score is the unweighted mean of its 14 subtasks (Table 10).
+Standard errors are lm-eval's per task, combined through every unweighted mean as sqrt(sum se^2) / n.
 Group score = unweighted mean of its tasks; Overall = unweighted mean of all eleven tasks,
 Eq. (S_Know, S_Reas): (3 * 62.80 + 8 * 28.52) / 11 = 37.87.
 """
