@@ -223,27 +223,24 @@ def _prepare_output(output: Path, overwrite: bool) -> None:
         raise LoopDataError(f"{output}: output folder is not empty; pass --overwrite to replace it")
 
 
-def _load_tokenizer(tokenizer: str | None):
+def _load_tokenizer(tokenizer: str | None, source: str | None = None):
     if tokenizer is None:
         return None
-    from transformers import AutoTokenizer
+    from megatron_loop.data.tokenizer import open_tokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(tokenizer)
-    except Exception as e:  # missing folder, offline hub, unknown format
-        raise LoopDataError(f"cannot load tokenizer '{tokenizer}': {e}; expected a tokenizer folder "
-                            "saved with save_pretrained or a cached hub name") from None
+    return open_tokenizer(tokenizer, source)
 
 
 def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: str | os.PathLike,
                       tokenizer: str | None = None, overwrite: bool = False,
-                      max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE) -> Path:
-    """Write the HF folder for a training state dict; returns the folder."""
+                      max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE, tokenizer_source: str | None = None) -> Path:
+    """Write the HF folder for a training state dict; returns the folder. ``tokenizer_source`` names
+    where ``tokenizer`` came from in error messages (default: the ``--tokenizer`` flag)."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     output = Path(output)
     _prepare_output(output, overwrite)
-    tok = _load_tokenizer(tokenizer)
+    tok = _load_tokenizer(tokenizer, tokenizer_source)
     token_ids = {}
     if tok is not None:
         token_ids = {k: getattr(tok, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -275,7 +272,7 @@ def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: 
         model.save_pretrained(tmp, max_shard_size=max_shard_size)
         if tok is not None:
             tok.save_pretrained(tmp)
-        _write_readme(tmp, cfg)
+        _write_readme(tmp, cfg, with_tokenizer=tok is not None)
         if output.exists():
             shutil.rmtree(output)
         os.replace(tmp, output)
@@ -285,13 +282,21 @@ def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: 
     return output
 
 
-def _write_readme(folder: Path, cfg: ModelConfig) -> None:
-    kind = "native" if is_native(cfg) else "looplm (trust_remote_code=True)"
+def _write_readme(folder: Path, cfg: ModelConfig, with_tokenizer: bool = True) -> None:
+    native = is_native(cfg)
+    kind = "native" if native else "looplm (trust_remote_code=True)"
+    model_line = "model = AutoModelForCausalLM.from_pretrained(PATH" + (
+        ")" if native else f", trust_remote_code=True, num_loops={cfg.train_loops})")
+    # The tokenizer is a plain fast tokenizer; trust_remote_code=False keeps transformers from asking
+    # whether to run the model code it sees in config.json's auto_map (it is not needed for the tokenizer).
+    tok_line = ("tokenizer = AutoTokenizer.from_pretrained(PATH)" if native else
+                "tokenizer = AutoTokenizer.from_pretrained(PATH, trust_remote_code=False)")
+    imports = "AutoModelForCausalLM, AutoTokenizer" if with_tokenizer else "AutoModelForCausalLM"
     (folder / "README.md").write_text(
         f"# LoopLM {cfg.layout}\n\nExported by megatron_loop ({kind}). Effective depth at r loops: "
         f"L(r) = {cfg.prelude_layers} + r*{cfg.core_layers} + {cfg.coda_layers}; trained with r = K = "
-        f"{cfg.train_loops}.\n\n```python\nfrom transformers import AutoModelForCausalLM\n"
-        f"model = AutoModelForCausalLM.from_pretrained(PATH, trust_remote_code=True, num_loops={cfg.train_loops})\n```\n")
+        f"{cfg.train_loops}.\n\n```python\nfrom transformers import {imports}\n{model_line}\n"
+        + (f"{tok_line}\n" if with_tokenizer else "") + "```\n")
 
 
 def convert_checkpoint(ckpt_dir: str | os.PathLike, output: str | os.PathLike, tag: str | None = None,
@@ -299,15 +304,18 @@ def convert_checkpoint(ckpt_dir: str | os.PathLike, output: str | os.PathLike, t
                        max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE) -> Path:
     """DeepSpeed checkpoint folder (any ZeRO stage) -> HF folder. The tokenizer defaults to the
     run config's ``data.tokenizer``."""
-    from megatron_loop.model.io import consolidated_state_dict, load_run_config
+    from megatron_loop.model.io import CONFIG_NAME, consolidated_state_dict, load_run_config
 
     ckpt_dir = Path(ckpt_dir)
     output = Path(output)
     _prepare_output(output, overwrite)  # fail before the (slow) consolidation
     cfg = load_run_config(ckpt_dir)
+    source = None if tokenizer else f"{ckpt_dir / CONFIG_NAME}: data.tokenizer={cfg.data.tokenizer!r}"
+    tokenizer = tokenizer or cfg.data.tokenizer
+    _load_tokenizer(tokenizer, source)  # a bad tokenizer fails here, before the (slow) consolidation
     state = consolidated_state_dict(ckpt_dir, tag)
-    return export_state_dict(state, cfg.model, output, tokenizer=tokenizer or cfg.data.tokenizer,
-                             overwrite=overwrite, max_shard_size=max_shard_size)
+    return export_state_dict(state, cfg.model, output, tokenizer=tokenizer, overwrite=overwrite,
+                             max_shard_size=max_shard_size, tokenizer_source=source)
 
 
 def read_hf_state_dict(hf_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
