@@ -47,11 +47,12 @@ def _copy_prefix(src: str, dst: Path, with_stats: bool = False) -> str:
 def _cases(root: Path) -> dict[str, Case]:
     assets = data_assets()
     config = tiny_config(root, "base.yaml")
-    out = root / "out"
-    base = ["--config", str(config), "--set", f"train.output_dir={out}"]
+
+    fresh = (root / f"out{n}" for n in range(1000))
 
     def c(overrides: list[str], pattern: str, **kw) -> Case:
-        args = list(base)
+        out = next(fresh)  # one folder per case: they run concurrently, and a folder holds one run
+        args = ["--config", str(config), "--set", f"train.output_dir={out}"]
         for o in overrides:
             args += ["--set", o]
         return Case(args, pattern, absent=[out], **kw)

@@ -84,7 +84,7 @@ def test_disk_full_during_save_publishes_nothing(tmp_path):
     assert failed.returncode == 2
     (line,) = _error_lines(failed)
     assert str(ckpt / "global_step6.partial") in line
-    assert "No space left on device" in line and "the latest checkpoint is still global_step3" in line
+    assert "no space left on device (ENOSPC)" in line and "the latest checkpoint is still global_step3" in line
     assert (ckpt / "latest").read_text() == "global_step3"
     assert sorted(p.name for p in ckpt.iterdir() if p.is_dir()) == ["global_step3"]
 

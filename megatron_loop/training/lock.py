@@ -30,7 +30,9 @@ from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
 LOCK_NAME = "run.lock"
 
 
-def _holder_text(info: dict) -> str:
+def _holder_text(info: dict | None) -> str:
+    if not info:  # it took the lock an instant ago and is writing its line
+        return "a run that is just starting"
     return f"host {info.get('host', '?')}, pid {info.get('pid', '?')}, started {info.get('started', '?')}"
 
 
@@ -98,7 +100,7 @@ class RunLock:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 os.close(fd)
                 raise LoopConfigError(
-                    f"{self.path}: train.output_dir is in use by another run ({_holder_text(holder or {})}): "
+                    f"{self.path}: train.output_dir is in use by another run ({_holder_text(holder)}): "
                     "wait for it to end, stop it, or choose another train.output_dir") from None
             if holder and not self._holder_gone(holder):  # no flock on this file system
                 os.close(fd)
