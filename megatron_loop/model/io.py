@@ -226,7 +226,7 @@ def select_checkpoint(path: str | os.PathLike, tag: str | None = None) -> Select
     """
     path = Path(path)
     if not path.is_dir():
-        raise LoopDataError(f"{path}: checkpoint folder not found; expected a DeepSpeed save dir")
+        raise LoopDataError(f"{path}: checkpoint folder not found")
     root, named = split_checkpoint_path(path)
     tag = tag or named
     if tag is not None:

@@ -16,9 +16,11 @@ good state: the weights before the bad batch, with the data position before it.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from itertools import islice
@@ -176,8 +178,6 @@ def universal_copy(root: Path, point: SelectedCheckpoint, info: D.DistInfo) -> P
     load_dir = root / f"{point.tag}.universal{C.PARTIAL}"
 
     def convert() -> Path:
-        import shutil
-
         shutil.rmtree(load_dir, ignore_errors=True)
         try:
             to_universal(point.path, load_dir)
@@ -211,6 +211,22 @@ def _zero_stage(ds_config: Path) -> int:
     from megatron_loop.optim.engine import load_ds_config
 
     return int(load_ds_config(ds_config=ds_config).get("zero_optimization", {}).get("stage", 0))
+
+
+def _resume_messages(point: SelectedCheckpoint, plan: R.ResumePlan, set_aside: Path | None,
+                     schedule_line: str | None, state: C.TrainState, info: D.DistInfo, resume: str | None,
+                     total_steps: int) -> list[str]:
+    msgs = list(point.notes)
+    if set_aside is not None:
+        msgs.append(f"starting a new branch at {point.tag}: newer checkpoints and their metrics moved to {set_aside}")
+    msgs += plan.summary(point.manifest.get("world_size") if point.manifest else None, info.world_size)
+    msgs += [schedule_line] if schedule_line else []
+    how = "--resume" if resume is not None else "newest complete checkpoint"
+    msgs.append(f"resuming from {point.path} (step {state.step}, {state.consumed_samples} samples consumed; {how})")
+    if state.step >= total_steps:
+        msgs.append(f"nothing left to train: the checkpoint is at step {state.step} and the config asks for "
+                    f"{total_steps} steps")
+    return msgs
 
 
 def build_run(cfg: Config, resume: str | None,
@@ -259,39 +275,26 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     load_dir = universal_copy(root, point, info) if plan.universal else None
     ds = ds_config
     if plan.universal:  # DeepSpeed re-partitions a universal checkpoint over this world
-        import json
-
-        ds = {**json.loads(Path(ds_config).read_text()), "checkpoint": {"load_universal": True}}
+        raw = json.loads(Path(ds_config).read_text())
+        ds = {**raw, "checkpoint": {**raw.get("checkpoint", {}), "load_universal": True}}
     engine, optimizer = build_engine(cfg, ds, accumulation, total_steps)
     zero_stage = engine.zero_optimization_stage()
 
     state = C.TrainState()
     logger_msgs = []
     if lock is not None and lock.taken_over:
+        held = ", ".join(f"{k} {lock.taken_over.get(k)}" for k in ("host", "pid", "started"))
         logger_msgs.append(f"{lock.path}: taking over train.output_dir from a run that ended without "
-                           f"releasing it ({', '.join(f'{k} {lock.taken_over.get(k)}' for k in ('host', 'pid', 'started'))})")
+                           f"releasing it ({held})")
     if point is not None:
-        fresh = R.Hyperparameters.of(engine, optimizer)
+        fresh = R.Hyperparameters.of(engine, optimizer)  # the new config's settings, before the load
         state = C.load_checkpoint(engine, point, info, load_dir=load_dir)
-        if load_dir is not None:
+        if load_dir is not None:  # the universal copy has served
             D.barrier()
             if info.is_main:
-                import shutil
-
                 shutil.rmtree(load_dir, ignore_errors=True)
         schedule_line = R.apply_plan(engine, optimizer, fresh, plan)
-        how = "--resume" if resume is not None else "newest complete checkpoint"
-        logger_msgs += [*point.notes]
-        if set_aside is not None:
-            logger_msgs.append(f"starting a new branch at {point.tag}: newer checkpoints and their metrics "
-                               f"moved to {set_aside}")
-        logger_msgs += plan.summary(point.manifest.get("world_size") if point.manifest else None, info.world_size)
-        logger_msgs += [schedule_line] if schedule_line else []
-        logger_msgs.append(f"resuming from {point.path} (step {state.step}, "
-                           f"{state.consumed_samples} samples consumed; {how})")
-        if state.step >= total_steps:
-            logger_msgs.append(f"nothing left to train: the checkpoint is at step {state.step} and the config "
-                               f"asks for {total_steps} steps")
+        logger_msgs += _resume_messages(point, plan, set_aside, schedule_line, state, info, resume, total_steps)
     loaders.train_sampler.consumed_samples = state.consumed_samples  # exact next sample
     valid_batches = [] if loaders.valid is None else list(islice(loaders.valid, t.eval_batches))
 
