@@ -57,25 +57,41 @@ def _stop(run_dir):
 
 
 def _resumes(run_dir):
-    return len(records(run_dir, "resume")) if (run_dir / "metrics.jsonl").is_file() else 0
+    """Resume records so far (None: a new folder)."""
+    return len(records(run_dir, "resume")) if (run_dir / "metrics.jsonl").is_file() else None
 
 
-def _wait_resumed(proc, run_dir, before, timeout=420):
-    """Until this launch logged its resume record (the folder held ``before`` of them) and one
-    training step after it; records of earlier launches do not count."""
+def _wait_trained(proc, run_dir, resumes_before, timeout=420):
+    """Until this launch trained a step: after its own resume record (the folder held
+    ``resumes_before`` of them), or in a new folder (None); records of earlier launches do not count."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"run ended early (exit {proc.returncode}):\n{proc.stdout.read()[-4000:]}")
         try:
-            recs = records(run_dir)
-        except (OSError, json.JSONDecodeError):  # a line being written
+            recs = records(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+        except json.JSONDecodeError:  # a line being written
             recs = []
-        starts = [i for i, r in enumerate(recs) if r["event"] == "resume"]
-        if len(starts) > before and any(r["event"] == "train" for r in recs[starts[-1]:]):
+        resumes = [i for i, r in enumerate(recs) if r["event"] == "resume"]
+        since = 0 if resumes_before is None else resumes[-1] if len(resumes) > resumes_before else None
+        if since is not None and any(r["event"] == "train" for r in recs[since:]):
             return
         time.sleep(0.05)
-    raise AssertionError(f"no training step after the resume within {timeout} s")
+    raise AssertionError(f"no training step within {timeout} s")
+
+
+def _interrupted(run_dir, deliver, launcher, workers=1):
+    """One slowed launch on 2 ranks (1 under python) in ``run_dir``: once it trained a step,
+    ``deliver(proc)`` (a signal); then wait for every process of it. Returns (proc, output, the
+    stop record, whose checkpoint must be the published ``latest``)."""
+    before = _resumes(run_dir)
+    proc = start_cli("slow@0.2", *_common(run_dir, f"data.num_workers={workers}"), script=str(FAULTS),
+                     nproc=1 if launcher == "python" else 2, launcher=launcher, new_session=True)
+    _wait_trained(proc, run_dir, before)
+    deliver(proc)
+    out = _finish(proc)
+    assert "killed by signal" not in out, out[-4000:]  # no DataLoader worker died of a group signal
+    return proc, out, _stop(run_dir)
 
 
 def _finish(proc, timeout=300):
@@ -95,14 +111,8 @@ def test_signals_through_every_launcher_and_data_parallel_changes(tmp_path):
     run_dir = tmp_path / "run"
 
     # python, 2 DataLoader workers, SIGTERM to the whole process group (scancel, systemd)
-    proc = start_cli("slow@0.2", *_common(run_dir, "data.num_workers=2"), script=str(FAULTS), new_session=True)
-    wait_for_step(proc, run_dir, 1)
-    os.killpg(proc.pid, signal.SIGTERM)
-    out = _finish(proc)
-    assert proc.returncode == 0, out[-4000:]
-    assert "killed by signal" not in out
-    first = _stop(run_dir)
-    assert first["reason"] == "SIGTERM"
+    proc, out, first = _interrupted(run_dir, lambda p: os.killpg(p.pid, signal.SIGTERM), "python", 2)
+    assert proc.returncode == 0 and first["reason"] == "SIGTERM", out[-4000:]
 
     # torchrun, 2 ranks from the 1-rank checkpoint (universal), NaN loss with nan_policy=stop:
     # the ranks exit 3 (torchrun itself always exits 1 when a rank fails) with the last good state
@@ -117,36 +127,17 @@ def test_signals_through_every_launcher_and_data_parallel_changes(tmp_path):
 
     # torchrun, SIGTERM to its process group: torchrun forwards it to each rank's group, the
     # DataLoader workers there ignore it, the ranks save
-    before = _resumes(run_dir)
-    proc = start_cli("slow@0.2", *_common(run_dir, "data.num_workers=1"), nproc=2, launcher="torchrun",
-                     script=str(FAULTS), new_session=True)
-    _wait_resumed(proc, run_dir, before)
-    os.killpg(proc.pid, signal.SIGTERM)
-    out = _finish(proc)
-    assert "killed by signal" not in out, out[-4000:]
-    second = _stop(run_dir)
-    assert second["reason"] == "SIGTERM" and second["step"] > first["step"], out[-6000:]
+    proc, out, second = _interrupted(run_dir, lambda p: os.killpg(p.pid, signal.SIGTERM), "torchrun")
+    assert second["reason"] == "SIGTERM" and second["step"] > first["step"], out[-4000:]
 
     # torchrun dies of SIGUSR1 (not in its --signals-to-handle): the ranks notice and save
-    before = _resumes(run_dir)
-    proc = start_cli("slow@0.2", *_common(run_dir, "data.num_workers=1"), nproc=2, launcher="torchrun",
-                     script=str(FAULTS))
-    _wait_resumed(proc, run_dir, before)
-    proc.send_signal(signal.SIGUSR1)
-    out = _finish(proc)
+    proc, out, third = _interrupted(run_dir, lambda p: p.send_signal(signal.SIGUSR1), "torchrun")
     assert proc.returncode == -signal.SIGUSR1
-    third = _stop(run_dir)
     assert third["reason"] == "launcher exited" and third["step"] > second["step"], out[-4000:]
 
     # the deepspeed runner dies of SIGTERM (it does not forward it; launch.py below it lives on)
-    before = _resumes(run_dir)
-    proc = start_cli("slow@0.2", *_common(run_dir, "data.num_workers=1"), nproc=2, launcher="deepspeed",
-                     script=str(FAULTS))
-    _wait_resumed(proc, run_dir, before)
-    proc.send_signal(signal.SIGTERM)
-    out = _finish(proc)
+    proc, out, fourth = _interrupted(run_dir, lambda p: p.send_signal(signal.SIGTERM), "deepspeed")
     assert proc.returncode == -signal.SIGTERM
-    fourth = _stop(run_dir)
     assert fourth["reason"] == "launcher exited" and fourth["step"] > third["step"], out[-4000:]
 
     # python, 1 rank again (universal, 2 -> 1), to the end

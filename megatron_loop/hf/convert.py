@@ -303,15 +303,9 @@ def _pid_of(leftover: Path) -> int | None:
 
 
 def _alive(pid: int | None) -> bool:
-    if pid is None or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    import psutil
+
+    return pid is not None and pid != os.getpid() and psutil.pid_exists(pid)
 
 
 def clean_leftovers(output: Path) -> list[str]:

@@ -50,19 +50,13 @@ def _read_holder(fd: int) -> dict | None:
 
 
 def _pid_alive(pid: int, started_epoch: float | None) -> bool:
-    try:
-        import psutil
+    """The process ``pid`` exists and is not a newer one that reused the number."""
+    import psutil
 
-        proc = psutil.Process(pid)
-        return started_epoch is None or proc.create_time() <= started_epoch + 1
-    except (ImportError, Exception):  # psutil.NoSuchProcess, AccessDenied
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+    try:
+        return started_epoch is None or psutil.Process(pid).create_time() <= started_epoch + 1
+    except psutil.NoSuchProcess:
+        return False
 
 
 class RunLock:
