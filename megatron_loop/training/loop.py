@@ -69,7 +69,7 @@ class Run:
     flops_per_token: float
     peak_flops: float
     root: Path
-    settings: dict = None  # what each checkpoint's manifest records (resume.run_settings)
+    settings: dict | None = None  # what each checkpoint's manifest records (resume.run_settings)
     lock: RunLock | None = None  # rank 0's hold on train.output_dir
 
 
