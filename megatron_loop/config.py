@@ -245,6 +245,9 @@ class TrainConfig:
     # Exit (after saving a checkpoint) once the step number is a multiple of this, as
     # Megatron-LM's --exit-interval: a planned stop that keeps the full run's schedule.
     exit_interval: int | None = None
+    # Longest wait of any collective before the run stops with an error: a rank that stopped or
+    # hung would otherwise block the others for DeepSpeed's default 30 minutes.
+    collective_timeout_s: float = 600.0
 
     def validate(self, prefix: str = "train") -> None:
         def need(cond: bool, key: str, expected: str) -> None:
@@ -282,6 +285,7 @@ class TrainConfig:
         need(self.wall_time_limit_s is None or self.wall_time_limit_s > 0, "wall_time_limit_s",
              "null or a positive number of seconds")
         need(self.exit_interval is None or self.exit_interval >= 1, "exit_interval", "null or a positive integer")
+        need(self.collective_timeout_s > 0, "collective_timeout_s", "a positive number of seconds")
 
 
 @dataclass

@@ -88,6 +88,7 @@ DESCRIPTIONS: dict[str, str] = {
     "train.max_consecutive_nonfinite": "Consecutive skipped updates before the run stops.",
     "train.wall_time_limit_s": "Save and exit cleanly after this many seconds (`null`: no limit).",
     "train.exit_interval": "Save and exit once the step is a multiple of N (Megatron-LM's --exit-interval; the schedule stays that of the full run).",
+    "train.collective_timeout_s": "Longest wait of any collective (seconds); a rank that stopped or hung makes the others stop with one error instead of blocking for DeepSpeed's 30 minutes.",
     # ---- data (App. A.1)
     "data.train_prefixes": "Indexed dataset prefixes (P for P.bin/P.idx) to train on.",
     "data.train_weights": "Blending weights, one per train prefix (`null`: equal).",

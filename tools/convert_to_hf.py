@@ -22,9 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", required=True, help="DeepSpeed save dir with 'latest' and looplm_config.json")
+    ap.add_argument("--checkpoint", required=True,
+                    help="a run's checkpoints/ folder (the checkpoint 'latest' names, verified against its "
+                         "manifest; the newest complete one if it is damaged) or one global_step* folder in it")
     ap.add_argument("--output", required=True, help="HF folder to create (must be empty or new)")
-    ap.add_argument("--tag", help="checkpoint tag (default: the one in 'latest')")
+    ap.add_argument("--tag", help="checkpoint tag (default: the one in 'latest'); a named checkpoint must verify")
     ap.add_argument("--tokenizer", help="tokenizer folder or hub name (default: data.tokenizer of the run)")
     ap.add_argument("--max-shard-size", default="2GB", help="safetensors shard size, e.g. 500MB")
     ap.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")

@@ -60,7 +60,9 @@ def _sources(text: str) -> str | list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="DeepSpeed checkpoint folder (with looplm_config.json)")
+    src.add_argument("--checkpoint", help="a run's checkpoints/ folder (with looplm_config.json; the checkpoint "
+                                          "'latest' names, verified, else the newest complete one) or one "
+                                          "global_step* folder in it")
     src.add_argument("--model", help="HF export folder (megatron_loop.hf.convert.load_looplm_from_hf)")
     src.add_argument("--replot", metavar="GEOMETRY_JSON",
                      help="redraw the figures (and recompute summaries) of an existing geometry.json; no model")

@@ -2,7 +2,9 @@
 
 Batch arithmetic (App. A.2 "Gradient accumulation": micro x accumulation x data-parallel =
 global, derived, never duplicated by hand), loop counts of the validation sweep, vocabulary of
-the tokenized data and tokenizer against the model, and the output folder.
+the tokenized data and tokenizer against the model, and the output folder (what it holds, and
+that rank 0 can write there: :func:`check_writable`, right after it took the run lock and before
+the model is built).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from megatron_loop.config import Config, resolve_paths
-from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
+from megatron_loop.training.lock import LOCK_NAME
 from megatron_loop.training.metrics import METRICS_NAME
 
 CHECKPOINTS = "checkpoints"
@@ -155,8 +158,8 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
         return
     if not output_dir.is_dir():
         raise LoopConfigError(f"train.output_dir={str(output_dir)!r}: exists and is not a folder")
-    entries = sorted(p.name for p in output_dir.iterdir())
-    if not entries:
+    entries = sorted(p.name for p in output_dir.iterdir() if p.name != LOCK_NAME)
+    if not entries:  # nothing, or only the lock of a run starting now (the lock will name it)
         return
     ours = (output_dir / CHECKPOINTS).is_dir() or (output_dir / METRICS_NAME).is_file()
     if ours and resume:
@@ -168,3 +171,37 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
     raise LoopConfigError(
         f"train.output_dir={str(output_dir)!r}: exists and is not empty (contains {entries[:3]}); "
         "expected a new folder or a run folder of pretrain_loop.py")
+
+
+PROBE_BYTES = 1 << 20
+
+
+def check_writable(output_dir: Path) -> None:
+    """Rank 0, before the model is built: the files the run will append to and the folders it
+    will write are writable, and a 1 MiB write fits (a full disk, a quota, a read-only mount is
+    one clear error naming the file, not a traceback at the first log line or save)."""
+    key = f"train.output_dir={str(output_dir)!r}"
+    metrics = output_dir / METRICS_NAME
+    targets = [output_dir] + [p for p in (output_dir / CHECKPOINTS,) if p.is_dir()]
+    try:
+        if metrics.exists():
+            with metrics.open("a"):
+                pass
+    except OSError as e:
+        raise LoopDataError(f"{metrics}: cannot be written ({os_error_text(e)}); the run appends its "
+                            f"metrics there: make it writable or choose another train.output_dir") from None
+    for folder in targets:
+        probe = folder / f".write_probe.{os.getpid()}"
+        try:
+            with probe.open("wb") as f:
+                f.write(b"\0" * PROBE_BYTES)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise LoopDataError(f"{key}: cannot write in {folder} ({os_error_text(e)}); expected a writable "
+                                "folder with free space") from None
+        finally:
+            try:
+                probe.unlink(missing_ok=True)
+            except OSError:
+                pass
