@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import types
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -66,7 +67,14 @@ INITIAL_INJECTIONS = ("none", "scalar", "channel", "residual_channel", "dense")
 HISTORY_INJECTIONS = ("none", "scalar", "channel", "dense")
 TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln")
 TIMESTEP_GRIDS = ("rescaled", "prefix")
-CHECKPOINTING = ("none", "per_loop", "per_block")
+CHECKPOINTING = ("none", "per_loop", "selective", "auto", "per_block")  # megatron_loop/model/checkpointing.py
+LOSS_IMPLEMENTATIONS = ("auto", "chunked", "fused")  # megatron_loop/perf.py
+# The readings of the paper's ambiguous passages, as switches (issue 14; defaults = the
+# original behaviour). Each is documented where it acts and in docs/CONFIG.md.
+NOISY_INITIAL_INJECTIONS = ("scalar", "channel", "residual_channel")  # App. E.1 ablation
+LOOP_GATING_REFERENCES = ("state", "injected")
+OPTIMIZERS = ("muon_adamw", "adamw")
+DATA_ORDERS = ("shuffled", "stream")
 LOOP_SAMPLINGS = ("fixed", "poisson_lognormal", "uniform")  # train.loop_sampling (issue 15)
 
 
@@ -102,11 +110,24 @@ class ModelConfig:
     history_window: int = 1
     timestep: str = "none"
     timestep_grid: str = "rescaled"
+    # Std of Gaussian noise added to the identity initialisation of scalar / channel /
+    # residual_channel initial-state injection (App. E.1 ablation: 0.03; the paper's default 0).
+    injection_init_noise: float = 0.0
+    # What Loop Gating mixes with the core output: the recurrent state h_l (``state``) or the
+    # core's actual (injected) input u_l (``injected``); see conditioning.LoopGating.
+    loop_gating_reference: str = "state"
     activation_checkpointing: str = "per_loop"
+    # activation_checkpointing=auto: GiB of activation memory a training micro-batch may use
+    # (peak above parameters, gradients and optimizer state); null: 90 % of the GPU minus what is
+    # allocated at the first step (no limit on CPU). See megatron_loop/model/checkpointing.py.
+    activation_checkpointing_budget_gib: float | None = None
     # torch.compile each transformer block once (static shapes) and reuse it at every loop:
-    # changing r never recompiles (megatron_loop/perf.py). Off by default: compiling costs
-    # start-up time and needs a C++ compiler on CPU; it pays on GPU (docs/BENCHMARKS.md).
-    compile: bool = False
+    # changing r never recompiles (megatron_loop/perf.py). auto: on when CUDA is available (it
+    # pays there, docs/BENCHMARKS.md), off on CPU (start-up time, needs a C++ compiler).
+    compile: bool | str = "auto"
+    # LM head + cross-entropy: chunked (torch, the reference), fused (Liger-Kernel's Triton
+    # kernel, CUDA), auto (fused on CUDA when liger-kernel is installed, chunked otherwise).
+    loss_implementation: str = "auto"
 
     # ---- derived quantities (App. A.1 "BaseLoop and CoreLoop models")
     @property
@@ -116,6 +137,15 @@ class ModelConfig:
     def effective_depth(self, num_loops: int | None = None) -> int:
         r = self.train_loops if num_loops is None else num_loops
         return self.prelude_layers + r * self.core_layers + self.coda_layers
+
+    @property
+    def compile_enabled(self) -> bool:
+        """``compile`` resolved: ``auto`` is on exactly when CUDA is available."""
+        if self.compile == "auto":
+            import torch
+
+            return torch.cuda.is_available()
+        return bool(self.compile)
 
     @property
     def layout(self) -> str:
@@ -147,7 +177,21 @@ class ModelConfig:
         need(self.history_window >= 1, "history_window", "an integer >= 1")
         need(self.timestep in TIMESTEPS, "timestep", f"one of {TIMESTEPS}")
         need(self.timestep_grid in TIMESTEP_GRIDS, "timestep_grid", f"one of {TIMESTEP_GRIDS}")
+        need(self.injection_init_noise >= 0, "injection_init_noise", "a float >= 0 (a standard deviation)")
+        need(self.injection_init_noise == 0 or self.initial_injection in NOISY_INITIAL_INJECTIONS,
+             "injection_init_noise", f"0 unless initial_injection is one of {NOISY_INITIAL_INJECTIONS} "
+             f"(the App. E.1 ablation; initial_injection={self.initial_injection!r})")
+        need(self.loop_gating_reference in LOOP_GATING_REFERENCES, "loop_gating_reference",
+             f"one of {LOOP_GATING_REFERENCES}")
+        need(self.loop_gating_reference == "state" or self.timestep == "loop_gating", "loop_gating_reference",
+             f"'state' unless timestep is 'loop_gating' (timestep={self.timestep!r})")
         need(self.activation_checkpointing in CHECKPOINTING, "activation_checkpointing", f"one of {CHECKPOINTING}")
+        need(self.activation_checkpointing_budget_gib is None or (
+            self.activation_checkpointing == "auto" and self.activation_checkpointing_budget_gib > 0),
+            "activation_checkpointing_budget_gib", "null, or a positive number of GiB with activation_checkpointing=auto")
+        need(self.compile in (True, False, "auto"), "compile", "true, false or 'auto' (on with CUDA)")
+        need(self.loss_implementation in LOSS_IMPLEMENTATIONS, "loss_implementation",
+             f"one of {LOSS_IMPLEMENTATIONS}")
         if self.rope_scaling is not None:
             need(self.rope_scaling.get("rope_type") == "llama3", "rope_scaling",
                  "null or a llama3 rule {rope_type: llama3, factor, low_freq_factor, high_freq_factor, "
@@ -176,6 +220,12 @@ class TrainConfig:
     muon_ns_steps: int = 5
     muon_scale: str = "match_rms_adamw"
     grad_clip: float = 1.0
+    # ``muon_adamw``: Muon for hidden matrices, AdamW for the rest (App. C.2); ``adamw``: AdamW
+    # for every parameter (the optimizer ablation of App. D.1, Table 7).
+    optimizer: str = "muon_adamw"
+    # Whether the dense injection matrices (dense initial-state W = [W_h W_0], dense history
+    # B_j) go to Muon (true) or AdamW (false, the original reading of App. C.2).
+    muon_conditioning_matrices: bool = False
     train_tokens: int | None = None
     max_steps: int | None = None
     tokens_per_parameter: float = 20.0
@@ -196,6 +246,9 @@ class TrainConfig:
     # Exit (after saving a checkpoint) once the step number is a multiple of this, as
     # Megatron-LM's --exit-interval: a planned stop that keeps the full run's schedule.
     exit_interval: int | None = None
+    # Longest wait of any collective before the run stops with an error: a rank that stopped or
+    # hung would otherwise block the others for DeepSpeed's default 30 minutes.
+    collective_timeout_s: float = 600.0
     # Variable depth in training (issue 15, megatron_loop/training/loop_sampling.py): the loop
     # count of each optimizer step, fixed = model.train_loops (the paper) or drawn from the seed
     # and the step; backprop_loops truncates backpropagation to the last N loops (null: all).
@@ -224,6 +277,9 @@ class TrainConfig:
         need(self.muon_scale in ("match_rms_adamw", "original"), "muon_scale", "'match_rms_adamw' or 'original'")
         need(self.muon_ns_steps >= 1, "muon_ns_steps", "an integer >= 1")
         need(self.grad_clip > 0, "grad_clip", "a positive float")
+        need(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")
+        need(not self.muon_conditioning_matrices or self.optimizer == "muon_adamw", "muon_conditioning_matrices",
+             f"false unless optimizer is 'muon_adamw' (optimizer={self.optimizer!r})")
         need(self.train_tokens is None or self.train_tokens > 0, "train_tokens", "null or a positive integer")
         need(self.max_steps is None or self.max_steps >= 1, "max_steps", "null or a positive integer")
         need(self.precision in ("auto", "bf16", "fp32"), "precision", "'auto', 'bf16' or 'fp32'")
@@ -238,6 +294,7 @@ class TrainConfig:
         need(self.wall_time_limit_s is None or self.wall_time_limit_s > 0, "wall_time_limit_s",
              "null or a positive number of seconds")
         need(self.exit_interval is None or self.exit_interval >= 1, "exit_interval", "null or a positive integer")
+        need(self.collective_timeout_s > 0, "collective_timeout_s", "a positive number of seconds")
         need(self.loop_sampling in LOOP_SAMPLINGS, "loop_sampling", f"one of {LOOP_SAMPLINGS}")
         need(self.loop_sampling_sigma > 0, "loop_sampling_sigma", "a positive float (log-normal sigma)")
         need(self.loop_sampling_min >= 1, "loop_sampling_min", "an integer >= 1")
@@ -253,11 +310,25 @@ class DataConfig:
 
     train_prefixes: list[str] = field(default_factory=list)
     train_weights: list[float] | None = None
-    valid_prefixes: list[str] = field(default_factory=list)
+    # null: ``<first train prefix>_valid`` when it exists (tools/preprocess_data.py
+    # --validation-documents writes it); []: no validation; else these prefixes.
+    valid_prefixes: list[str] | None = None
     tokenizer: str | None = None
     num_workers: int = 1
+    # ``shuffled``: documents packed in a seed-determined permutation (per epoch); ``stream``: in
+    # the order preprocessing wrote them (the paper shuffles once, at streaming time, App. C.1).
+    order: str = "shuffled"
+
+    def validation_prefixes(self) -> list[str]:
+        """The prefixes validation reads: ``valid_prefixes``, or by default the train prefix's sibling."""
+        if self.valid_prefixes is not None:
+            return list(self.valid_prefixes)
+        sibling = sibling_valid_prefix(self.train_prefixes[0]) if self.train_prefixes else None
+        return [sibling] if sibling else []
 
     def validate(self, prefix: str = "data") -> None:
+        if self.order not in DATA_ORDERS:
+            raise LoopConfigError(f"{prefix}.order={self.order!r}: expected one of {DATA_ORDERS}")
         if self.train_weights is not None and len(self.train_weights) != len(self.train_prefixes):
             raise LoopConfigError(
                 f"{prefix}.train_weights: expected one weight per train prefix "
@@ -274,6 +345,8 @@ class LoggingConfig:
     wandb_run_name: str | None = None
     wandb_mode: str = "auto"  # auto: online with an API key, offline without one
     progress_bar: bool = True
+    # TensorBoard event files in OUTPUT_DIR/tensorboard (the same scalars as metrics.jsonl).
+    tensorboard: bool = False
     # Per-device peak FLOP/s (in TFLOP/s) for the MFU estimate; null: 989 (H100/H200 dense
     # bf16) on GPU, a measured fp32 matmul throughput on CPU.
     peak_tflops: float | None = None
@@ -411,6 +484,13 @@ def build_model_config(values: dict, section: str = "model") -> ModelConfig:
     return cfg
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's message on one line: the problem and where (its own text spans several lines)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
 def _parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise LoopConfigError(f"--set {text!r}: expected key.path=value")
@@ -421,7 +501,7 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
-        raise LoopConfigError(f"--set {text!r}: value is not valid YAML ({e})") from None
+        raise LoopConfigError(f"--set {text!r}: value is not valid YAML ({_yaml_problem(e)})") from None
     return path, value
 
 
@@ -461,12 +541,68 @@ def config_from_dict(raw: dict, source: str = "<dict>", overrides: list[str] | N
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Load a YAML config (SPEC.md "Config vocabulary"), apply ``key.path=value`` overrides, validate."""
+    """Load a YAML config (SPEC.md "Config vocabulary"), apply ``key.path=value`` overrides, validate,
+    and make its file paths absolute (:func:`resolve_paths`, relative to the working directory)."""
     path = Path(path)
     if not path.is_file():
         raise LoopConfigError(f"{path}: config file not found")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise LoopConfigError(f"{path}: not a text file; expected a YAML config (UTF-8)") from None
     except yaml.YAMLError as e:
-        raise LoopConfigError(f"{path}: not valid YAML ({e})") from None
-    return config_from_dict(raw, source=str(path), overrides=overrides)
+        raise LoopConfigError(f"{path}: not valid YAML ({_yaml_problem(e)})") from None
+    return resolve_paths(config_from_dict(raw, source=str(path), overrides=overrides))
+
+
+# --------------------------------------------------------------------------------------
+# File paths
+# --------------------------------------------------------------------------------------
+
+REPOSITORY = Path(__file__).resolve().parents[1]  # holds the shipped deepspeed_configs/
+
+
+def prefix_exists(prefix: str | os.PathLike) -> bool:
+    """An indexed dataset prefix P names P.bin / P.idx, not a file of its own."""
+    return any(os.path.isfile(f"{prefix}{ext}") for ext in (".bin", ".idx"))
+
+
+def sibling_valid_prefix(train_prefix: str | os.PathLike) -> str | None:
+    """``P_valid`` next to train prefix ``P`` when it exists (``tools/preprocess_data.py
+    --validation-documents`` writes it), else None."""
+    from megatron_loop.data.preprocess import VALID_SUFFIX
+
+    sibling = f"{train_prefix}{VALID_SUFFIX}"
+    return sibling if prefix_exists(sibling) else None
+
+
+def resolve_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
+    """Make the existing relative paths of ``cfg`` absolute (in place; returns ``cfg``).
+
+    The run config is saved next to every checkpoint and read back by the tools
+    (``tools/convert_to_hf.py`` takes ``data.tokenizer`` from it), which may run from another
+    directory. Relative paths are taken from ``base`` (default: the working directory);
+    ``train.deepspeed_config`` falls back to the repository's ``deepspeed_configs/``. A path that
+    does not exist stays as written, so the check that reports it names what the user wrote; a
+    tokenizer that is not a local path is a hub name and stays too.
+    """
+    base = Path(os.getcwd() if base is None else base)
+
+    def absolute(path: str, exists) -> str:
+        p = Path(path).expanduser()
+        if p.is_absolute():
+            return str(p)
+        candidate = os.path.normpath(base / p)
+        return candidate if exists(candidate) else path
+
+    d, t = cfg.data, cfg.train
+    d.train_prefixes = [absolute(p, prefix_exists) for p in d.train_prefixes]
+    if d.valid_prefixes is not None:
+        d.valid_prefixes = [absolute(p, prefix_exists) for p in d.valid_prefixes]
+    if d.tokenizer:
+        d.tokenizer = absolute(d.tokenizer, os.path.exists)
+    ds = absolute(t.deepspeed_config, os.path.isfile)
+    if not os.path.isabs(ds) and (REPOSITORY / ds).is_file():
+        ds = str(REPOSITORY / ds)
+    t.deepspeed_config = ds
+    return cfg

@@ -13,7 +13,8 @@ mechanisms are O(d) per token and left out.
 
 Hardware FLOPs (:func:`hardware_flops_per_token`) add what activation checkpointing recomputes:
 one more forward of the looped block occurrences but the last loop's (``per_loop``: (r-1)*s,
-see ``LoopLM.forward``) or of every block (``per_block``: L(r)); the LM head is never recomputed.
+see ``LoopLM.forward``) or of every block (``per_block``: L(r)); ``selective`` recomputes no
+matmul, ``auto`` per its plan; the LM head is never recomputed.
 
 Truncated backpropagation (``train.backprop_loops`` N < r, issue 15) counts what is executed:
 the forward of all L(r) block occurrences, the backward (2 x forward) of only those with a graph,
@@ -70,10 +71,15 @@ def train_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | No
 
 
 def hardware_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None,
-                             backprop_loops: int | None = None) -> float:
-    """Model FLOPs plus the forward recomputation of ``cfg.activation_checkpointing`` (graphed blocks only)."""
+                             full_loops: int | None = None, backprop_loops: int | None = None) -> float:
+    """Model FLOPs plus the forward recomputation of ``cfg.activation_checkpointing`` (graphed blocks only).
+
+    ``selective`` recomputes no matmul (their outputs are kept); ``auto`` is counted as its upper
+    bound ``per_loop`` unless ``full_loops`` (the planned number of recomputed loops) is given.
+    """
     n = graphed_loops(cfg, num_loops, backprop_loops)
-    recomputed = {"none": 0, "per_loop": (n - 1) * cfg.core_layers,
+    recomputed = {"none": 0, "selective": 0, "per_loop": (n - 1) * cfg.core_layers,
+                  "auto": (n - 1 if full_loops is None else full_loops) * cfg.core_layers,
                   "per_block": cfg.prelude_layers + n * cfg.core_layers + cfg.coda_layers}[cfg.activation_checkpointing]
     return train_flops_per_token(cfg, seq_length, num_loops, backprop_loops) + recomputed * (
         block_forward_flops_per_token(cfg, seq_length))

@@ -17,9 +17,11 @@ the step stays asynchronous on GPU.
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Iterable
 
 import torch
+import torch.utils._python_dispatch
 import torch.nn.functional as F
 from torch import nn
 
@@ -45,35 +47,128 @@ class _Chunk:
         return ((self.lse - target_logit) * self.validf).sum()
 
 
+def _torch_chunk(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int,
+                 need_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The reference chunk (torch): summed CE of the chunk and, with ``need_grad``, d(sum CE)/d(logits)
+    = softmax - onehot (ignored rows zero) in the hidden dtype, built in place on the fp32 logits."""
+    c = _Chunk(hidden, weight, targets, ignore_index)
+    loss = c.loss_sum()
+    if not need_grad:
+        return loss, None
+    grad = c.logits.sub_(c.lse.unsqueeze(1)).exp_()
+    grad.scatter_add_(1, c.safe.unsqueeze(1), -c.validf.unsqueeze(1))
+    return loss, grad.mul_(c.validf.unsqueeze(1)).to(hidden.dtype)
+
+
+def _liger_chunk(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int,
+                 need_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The same quantities from Liger-Kernel's Triton cross-entropy kernel: logits stay in the hidden
+    dtype, and one kernel pass (fp32 inside) writes each row's loss and replaces the logits by their
+    gradient -- the fp32 elementwise passes of :func:`_torch_chunk` never happen.
+
+    ``reduction="sum"``: the kernel then neither reads the non-ignored count (Liger's own
+    ``LigerFusedLinearCrossEntropyFunction`` reads it with ``.item()``, a host synchronisation)
+    nor scales; the caller divides by the count as a device tensor.
+    """
+    kernel = liger_cross_entropy_kernel()
+    logits = (hidden @ weight.t()).contiguous()
+    targets = targets.contiguous()
+    n, vocab = logits.shape
+    loss_1d = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+    kernel[(n,)](
+        X_ptr=logits, X_stride=logits.stride(-2), Y_ptr=targets, Y_stride=targets.stride(-1), weight_ptr=None,
+        loss_ptr=loss_1d, z_loss_ptr=None, loss_stride=loss_1d.stride(-1), token_accuracy_ptr=None,
+        token_accuracy_stride=0, predicted_tokens_ptr=None, predicted_tokens_stride=0, n_cols=vocab,
+        n_non_ignore=1, sum_non_ignore_weight=1, weight_sum=0.0, ignore_index=ignore_index, lse_square_scale=0.0,
+        label_smoothing=0.0, reduction="sum", softcap=None, RETURN_Z_LOSS=False, RETURN_TOKEN_ACCURACY=False,
+        RETURN_PREDICTED_TOKENS=False, HAS_WEIGHT=False, HAS_SOFTCAPPING=False, HAS_GRADIENTS=need_grad,
+        BLOCK_SIZE=min(LIGER_MAX_BLOCK, _next_power_of_2(vocab)), num_warps=32)
+    return loss_1d.sum(), (logits if need_grad else None)
+
+
+CHUNK_IMPLEMENTATIONS = {"chunked": _torch_chunk, "fused": _liger_chunk}
+LIGER_MAX_BLOCK = 32768  # Liger's MAX_FUSED_SIZE: columns per kernel iteration
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def liger_cross_entropy_kernel():
+    """Liger-Kernel's Triton cross-entropy kernel (``pip install liger-kernel``; pinned in pyproject)."""
+    try:
+        from liger_kernel.ops.cross_entropy import liger_cross_entropy_kernel as kernel
+    except ImportError as e:  # pragma: no cover - liger-kernel is a dependency
+        raise RuntimeError("model.loss_implementation=fused needs liger-kernel (pip install liger-kernel)") from e
+    return kernel
+
+
+def triton_interpreter() -> bool:
+    """True when Triton kernels run on CPU tensors through its interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def resolve_loss_implementation(implementation: str, hidden: torch.Tensor) -> str:
+    """``auto``: Liger's fused kernel on CUDA (when liger-kernel imports), the chunked torch reference
+    elsewhere. ``fused`` off CUDA needs Triton's interpreter (tests)."""
+    if implementation == "auto":
+        if not hidden.is_cuda:
+            return "chunked"
+        try:
+            liger_cross_entropy_kernel()
+        except RuntimeError:
+            return "chunked"
+        return "fused"
+    if implementation == "fused" and not (hidden.is_cuda or triton_interpreter()):
+        raise RuntimeError(f"model.loss_implementation=fused: Liger's Triton kernel needs a CUDA device "
+                           f"(or TRITON_INTERPRET=1 on CPU); the hidden states are on {hidden.device}")
+    if implementation not in CHUNK_IMPLEMENTATIONS:
+        raise ValueError(f"loss implementation {implementation!r}: expected auto, chunked or fused")
+    return implementation
+
+
+def _accumulate_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``acc += a @ b`` in fp32 (low-precision products summed over many chunks would lose bits)."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    elif acc.is_cuda:
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)  # no [V, d] low-precision temporary
+    else:
+        acc += (a @ b).float()
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
-    """Mean CE of ``hidden @ weight.T`` with gradients formed chunk by chunk in the forward."""
+    """Mean CE of ``hidden @ weight.T`` with gradients formed chunk by chunk in the forward.
+
+    One loop for both implementations: a chunk function gives the chunk's summed loss and its
+    unscaled logits gradient; the 1 / (non-ignored count) scale is applied once to the loss and
+    the two gradients as a device tensor, so nothing is read back to the host.
+    """
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int,
-                ignore_index: int) -> torch.Tensor:
+                ignore_index: int, implementation: str) -> torch.Tensor:
+        chunk_fn = CHUNK_IMPLEMENTATIONS[implementation]
         count = (targets != ignore_index).sum().to(torch.float32)  # device tensor: no host sync
         inv_count = 1.0 / count
         total = hidden.new_zeros((), dtype=torch.float32)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        # fp32 accumulation of the head gradient over chunks (bf16 would lose low bits per chunk)
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
         for start in range(0, hidden.shape[0], chunk_size):
             h = hidden[start:start + chunk_size]
-            c = _Chunk(h, weight, targets[start:start + chunk_size], ignore_index)
-            total = total + c.loss_sum()
-            # d(mean CE)/d(logits) = (softmax - onehot) * valid / count, built in place on the logits
-            grad = c.logits.sub_(c.lse.unsqueeze(1)).exp_()
-            grad.scatter_add_(1, c.safe.unsqueeze(1), -c.validf.unsqueeze(1))
-            grad = grad.mul_((c.validf * inv_count).unsqueeze(1)).to(hidden.dtype)
-            del c
+            loss, grad = chunk_fn(h, weight, targets[start:start + chunk_size], ignore_index, True)
+            total = total + loss
             if grad_hidden is not None:
-                grad_hidden[start:start + chunk_size] = grad @ weight
-            if grad_weight is not None and grad.dtype == torch.float32:
-                grad_weight.addmm_(grad.t(), h)
-            elif grad_weight is not None:
-                grad_weight += (grad.t() @ h).float()
+                torch.mm(grad, weight, out=grad_hidden[start:start + chunk_size])
+            if grad_weight is not None:
+                _accumulate_fp32(grad_weight, grad.t(), h)
+            del grad
+        if grad_hidden is not None:
+            grad_hidden.mul_(inv_count.to(grad_hidden.dtype))
+        if grad_weight is not None:
+            grad_weight = grad_weight.mul_(inv_count).to(weight.dtype)
         ctx.save_for_backward(grad_hidden if grad_hidden is not None else hidden.new_empty(0),
-                              grad_weight.to(weight.dtype) if grad_weight is not None else weight.new_empty(0))
+                              grad_weight if grad_weight is not None else weight.new_empty(0))
         return total * inv_count
 
     @staticmethod
@@ -81,30 +176,34 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         gh = grad_hidden * grad_output.to(grad_hidden.dtype) if ctx.needs_input_grad[0] else None
         gw = grad_weight * grad_output.to(grad_weight.dtype) if ctx.needs_input_grad[1] else None
-        return gh, gw, None, None, None
+        return gh, gw, None, None, None, None
 
 
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                                 chunk_size: int = DEFAULT_CHUNK_TOKENS,
-                                 ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+                                 chunk_size: int = DEFAULT_CHUNK_TOKENS, ignore_index: int = IGNORE_INDEX,
+                                 implementation: str = "chunked") -> torch.Tensor:
     """``F.cross_entropy(F.linear(hidden, weight).float(), targets, ignore_index=...)`` (mean),
     without ever holding more than ``chunk_size`` tokens of logits.
 
     ``hidden`` is ``[N, d]``, ``weight`` ``[V, d]``, ``targets`` ``[N]``. As F.cross_entropy, the
-    mean is over the non-ignored targets (NaN when every target is ignored).
+    mean is over the non-ignored targets (NaN when every target is ignored). ``implementation``:
+    ``chunked`` (torch, fp32 logits per chunk: the reference), ``fused`` (Liger-Kernel's Triton
+    kernel on logits in the hidden dtype) or ``auto`` (:func:`resolve_loss_implementation`).
     """
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"expected hidden [N, d] and targets [N], got {tuple(hidden.shape)} and "
                          f"{tuple(targets.shape)}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size}: expected a positive integer")
+    implementation = resolve_loss_implementation(implementation, hidden)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(hidden, weight, targets, chunk_size, ignore_index)
+        return _LinearCrossEntropy.apply(hidden, weight, targets, chunk_size, ignore_index, implementation)
     # No gradient wanted (evaluation): plain chunked reduction, nothing kept.
+    chunk_fn = CHUNK_IMPLEMENTATIONS[implementation]
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, hidden.shape[0], chunk_size):
-        total = total + _Chunk(hidden[start:start + chunk_size], weight, targets[start:start + chunk_size],
-                               ignore_index).loss_sum()
+        total = total + chunk_fn(hidden[start:start + chunk_size], weight, targets[start:start + chunk_size],
+                                 ignore_index, False)[0]
     return total / (targets != ignore_index).sum().to(torch.float32)
 
 
@@ -197,11 +296,76 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int = 1024
     return 2 * size**3 / min(times)
 
 
-def count_host_syncs(fn: Callable[[], object], device: torch.device) -> int | None:
-    """Synchronising CUDA calls made by one call of ``fn`` (``torch.cuda.set_sync_debug_mode``);
-    ``None`` off CUDA, where the notion does not apply."""
+# Ops that read device memory back to the host (on CUDA each one waits for the stream): scalar
+# reads (``.item()``, ``bool(t)``, ``int(t)``, ``float(t)``), data-dependent output shapes
+# (boolean masks, nonzero, unique, ...) and host data entering the step (``torch.tensor(...)``).
+HOST_SYNC_OPS = frozenset({
+    "_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "argwhere", "masked_select", "_unique",
+    "_unique2", "unique_dim", "unique_consecutive", "bincount", "histc", "lift_fresh", "lift_fresh_copy"})
+
+
+def _caller() -> str:
+    """file:line of the innermost frame outside torch (where the synchronising call was written)."""
+    import traceback
+
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if f"{os.sep}torch{os.sep}" not in frame.filename:
+            return f"{frame.filename}:{frame.lineno} ({frame.name})"
+    return "?"
+
+
+def _syncs(func, args, kwargs) -> bool:
+    name = func.overloadpacket.__name__
+    if name in HOST_SYNC_OPS:
+        return True
+    if name == "repeat_interleave" and torch.is_tensor(args[0] if args else None) and \
+            kwargs.get("output_size") is None and len(args) < 4:  # tensor repeats, output size unknown
+        return True
+    if name in ("index", "index_put", "index_put_"):  # boolean masks become nonzero()
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        return any(t is not None and t.dtype in (torch.bool, torch.uint8) for t in indices)
+    if name in ("_to_copy", "copy_"):  # a copy between devices (host <-> device)
+        src = args[1] if name == "copy_" else args[0]
+        dst = args[0].device if name == "copy_" else kwargs.get("device") or args[0].device
+        return torch.is_tensor(src) and torch.device(dst).type != src.device.type
+    return False
+
+
+class HostSyncDetector(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records every op (with the line that called it) that would synchronise host and device.
+
+    The CPU stand-in for ``torch.cuda.set_sync_debug_mode``: it sees the aten ops that
+    ``.item()``, ``bool(t)``, ``int(t)``, boolean-mask indexing and ``torch.tensor(...)`` call,
+    inside forward, backward (autograd's ops run through the mode too) and optimizer steps.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.syncs: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _syncs(func, args, kwargs):
+            self.syncs.append(f"{func} at {_caller()}")
+        return func(*args, **kwargs)
+
+
+def find_host_syncs(fn: Callable[[], object]) -> list[str]:
+    """The synchronising ops of one call of ``fn`` (:class:`HostSyncDetector`), any device."""
+    with HostSyncDetector() as detector:
+        fn()
+    return detector.syncs
+
+
+def count_host_syncs(fn: Callable[[], object], device: torch.device, where: list[str] | None = None) -> int:
+    """Synchronising calls made by one call of ``fn``: on CUDA what ``torch.cuda.set_sync_debug_mode``
+    reports (any cause, kernels included), elsewhere :func:`find_host_syncs`. ``where`` collects
+    the location of each (the line that made the call)."""
     if device.type != "cuda":
-        return None
+        found = find_host_syncs(fn)
+        if where is not None:
+            where.extend(found)
+        return len(found)
     import warnings
 
     synchronize(device)
@@ -212,4 +376,7 @@ def count_host_syncs(fn: Callable[[], object], device: torch.device) -> int | No
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    hits = [w for w in caught if "synchroniz" in str(w.message)]
+    if where is not None:
+        where.extend(f"{w.filename}:{w.lineno}: {str(w.message).splitlines()[0]}" for w in hits)
+    return len(hits)

@@ -94,11 +94,13 @@ def reference_trajectory(model, x, r, grid="rescaled"):
     for l in range(r):
         psi = psi_ref(l, T)
         hl = states[l]
-        y = ref_injection(model, hl, states[0]) + ref_history(model, states, l)
+        u = ref_injection(model, hl, states[0]) + ref_history(model, states, l)
+        y = u
         for blk in model.core:
             y = ref_block(blk, y, rope, psi, cfg.timestep)
-        if cfg.timestep == "loop_gating":
-            y = hl + (1 + psi @ model.loop_gating.q) * (y - hl)
+        if cfg.timestep == "loop_gating":  # LG mixes with h_l, or with the core input u_l
+            x = u if cfg.loop_gating_reference == "injected" else hl
+            y = x + (1 + psi @ model.loop_gating.q) * (y - x)
         states.append(y)
     return [s.transpose(0, 1) for s in states]
 
@@ -121,6 +123,9 @@ MECHANISMS = [
     dict(initial_injection="channel", history_injection="scalar", history_window=2, timestep="loop_gating"),
     dict(initial_injection="residual_channel", history_injection="dense", history_window=1, timestep="adaln",
          prelude_layers=1, coda_layers=1),
+    dict(initial_injection="channel", history_injection="scalar", history_window=2, timestep="loop_gating",
+         loop_gating_reference="injected"),
+    dict(initial_injection="dense", timestep="loop_gating", loop_gating_reference="injected", prelude_layers=1),
 ]
 
 
@@ -159,6 +164,48 @@ def test_trajectory_matches_reference_formula(mech):
     plain.load_state_dict(model.state_dict(), strict=False)
     with torch.no_grad():
         assert not torch.allclose(plain(x).logits, model(x).logits, atol=1e-4)
+
+
+def test_loop_gating_reference_changes_the_forward_only_with_injection():
+    """``injected`` mixes with u_l: same weights, different logits once injection is non-trivial;
+    identical logits when there is no injection (u_l = h_l)."""
+    x = torch.randint(0, 2048, (2, 10))
+    for mech, differ in [(dict(initial_injection="channel"), True), (dict(), False)]:
+        state = make(timestep="loop_gating", **mech)
+        randomise_conditioning(state)
+        injected = make(timestep="loop_gating", loop_gating_reference="injected", **mech)
+        injected.load_state_dict(state.state_dict())
+        with torch.no_grad():
+            a, b = state(x, num_loops=2 * K).logits, injected(x, num_loops=2 * K).logits
+        assert (not torch.allclose(a, b, atol=1e-4)) == differ
+    with pytest.raises(LoopConfigError, match="loop_gating_reference='injected': expected 'state' unless timestep"):
+        build_model_config(dict(backbone="tiny-qwen", timestep="adaln", loop_gating_reference="injected"))
+
+
+@pytest.mark.parametrize("kind,names", [("scalar", ["alpha"]), ("channel", ["a", "b"]),
+                                        ("residual_channel", ["delta_a", "b"])])
+def test_injection_init_noise_perturbs_the_identity(kind, names):
+    """App. E.1 ablation: N(0, 0.03^2) added to each coefficient of the identity initialisation,
+    in parameter order, from the global generator (so the run seed fixes it)."""
+    from megatron_loop.model.conditioning import InitialStateInjection
+
+    identity = InitialStateInjection(kind, D)
+    torch.manual_seed(11)
+    noisy = InitialStateInjection(kind, D, init_noise=0.03)
+    torch.manual_seed(11)
+    for name in names:
+        want = getattr(identity, name) + torch.randn_like(getattr(identity, name)) * 0.03
+        assert torch.equal(getattr(noisy, name), want), name
+    deviation = torch.cat([(getattr(noisy, n) - getattr(identity, n)).flatten() for n in names])
+    if deviation.numel() > 100:
+        assert 0.02 < deviation.std().item() < 0.04
+    # through the config: the model at initialisation is no longer BaseLoop
+    x = torch.randint(0, 2048, (1, 8))
+    plain, cond = make(initial_injection=kind), make(initial_injection=kind, injection_init_noise=0.03)
+    with torch.no_grad():
+        assert not torch.allclose(plain(x).logits, cond(x).logits, atol=1e-5)
+    with pytest.raises(LoopConfigError, match="injection_init_noise=0.03: expected 0 unless initial_injection"):
+        build_model_config(dict(backbone="tiny-qwen", initial_injection="dense", injection_init_noise=0.03))
 
 
 def test_history_window_rule_first_transitions():

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from data_fixtures import copy_prefix, data_assets
+from data_fixtures import copy_prefix, data_assets, write_jsonl
 from megatron_loop.data.packed import PackedDataset, build_pack_index, epochs_for
-from megatron_loop.errors import LoopDataError
+from megatron_loop.errors import LoopConfigError, LoopDataError
 
 SEQ = 128
 
@@ -103,6 +103,48 @@ def test_epochs_concatenate_independent_shuffles(prefix):
                                   _stream(two)[: len(two) * SEQ])
     assert epochs_for(one.tokens_per_epoch, SEQ, len(one)) == 1
     assert epochs_for(one.tokens_per_epoch, SEQ, len(one) + 1) == 2
+
+
+def test_stream_order_packs_the_preprocessing_stream(tmp_path, monkeypatch):
+    """``data.order: stream`` packs documents exactly as preprocessing streamed them (App. C.1:
+    streaming, shuffle buffer, seed 42; here buffer 10 over a local folder that ``datasets``
+    reads as it reads a hub name), through 2 encoding workers, over 2 epochs."""
+    import datasets
+
+    import megatron_loop.data.sources as sources
+    from megatron_loop.data.preprocess import PreprocessOptions, preprocess
+    from megatron_loop.data.tokenizer import load_tokenizer
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
+    monkeypatch.setattr(sources, "resolve_local_inputs", lambda spec: None)  # take the hub code path
+    texts = data_assets().documents[:150]
+    write_jsonl(tmp_path / "hub" / "train.jsonl", texts)
+    hub = sources.HFSource(str(tmp_path / "hub"), streaming=True, shuffle_buffer=10, seed=42)
+    prefix = str(tmp_path / "p")
+    preprocess(hub.name, str(data_assets().tokenizer), prefix,
+               PreprocessOptions(hf=hub, workers=2, batch_size=16, progress=False))
+    streamed = list(sources.iter_hf_documents(hub))
+    assert streamed != texts and sorted(streamed) == sorted(texts)  # the buffer did shuffle
+    tok = load_tokenizer(str(data_assets().tokenizer))
+    expected = np.concatenate([tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                               for t in streamed])
+    ds = PackedDataset(prefix, SEQ, seed=3, num_epochs=2, order="stream")
+    assert len(ds) == 2 * len(expected) // SEQ
+    np.testing.assert_array_equal(np.concatenate([ds.get_tokens(i) for i in range(len(ds))]),
+                                  np.tile(expected, 2)[: len(ds) * SEQ])
+    shuffled = PackedDataset(prefix, SEQ, seed=3)  # the default permutes the documents again
+    assert sorted(shuffled.index.doc_order.tolist()) == list(range(len(texts)))
+    assert shuffled.index.doc_order.tolist() != list(range(len(texts)))
+    with pytest.raises(LoopConfigError, match="data.order='random': expected one of"):
+        PackedDataset(prefix, SEQ, seed=3, order="random")
+    # the config key reaches the training loader
+    from megatron_loop.config import config_from_dict
+    from megatron_loop.data.loaders import build_train_valid_loaders
+    from megatron_loop.training.preflight import data_spec
+
+    cfg = config_from_dict({"data": {"train_prefixes": [prefix], "order": "stream"}})
+    loaders = build_train_valid_loaders(data_spec(cfg), seq_length=SEQ, global_batch_size=2, micro_batch_size=2)
+    np.testing.assert_array_equal(next(iter(loaders.train))["tokens"][0].numpy(), expected[:SEQ])
 
 
 def test_seq_length_longer_than_data(prefix):

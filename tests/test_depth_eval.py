@@ -27,23 +27,24 @@ def _eval_loops_main():
 
 def _args(tmp, *extra):
     local = write_local_tasks(tmp / "tasks")
-    return ["--model", str(hf_assets().exports[MODEL]), "--loops", "1,3", "--tasks", f"proofwriter={local['proofwriter']}",
+    return ["--model", str(hf_assets().exports[MODEL]), "--loops", "3", "--tasks", f"proofwriter={local['proofwriter']}",
             "--include-path", str(tmp / "tasks"), "--limit", "6", "--valid-prefix", data_assets().prefix + "_valid",
             "--seq-length", "32", "--valid-sequences", "4", "--batch-size", "4", "--output", str(tmp / "eval"),
             "--no-progress", *extra]
 
 
 def test_eval_json_has_loops_per_token_per_threshold(tmp_path):
-    assert _eval_loops_main()(_args(tmp_path, "--exit-criterion", "kl", "--exit-thresholds", "0,1e-3,1e9")) == 0
+    assert _eval_loops_main()(_args(tmp_path, "--exit-criterion", "kl", "--exit-thresholds", "0,1e9")) == 0
     res = json.loads((tmp_path / "eval" / "results.json").read_text())
     adaptive = res["adaptive"]
-    assert adaptive["criterion"] == "kl" and adaptive["max_loops"] == 3 and adaptive["thresholds"] == [0, 1e-3, 1e9]
+    assert adaptive["criterion"] == "kl" and adaptive["max_loops"] == 3 and adaptive["thresholds"] == [0, 1e9]
     rows = adaptive["by_threshold"]
-    assert list(rows) == ["0", "0.001", "1e+09"]
+    assert list(rows) == ["0", "1e+09"]
     for row in rows.values():
         assert 1.0 <= row["loops_per_token"] <= 3.0 and 1.0 <= row["task_loops_per_token"] <= 3.0
         assert row["effective_depth"] == pytest.approx(1 + row["loops_per_token"] * 1 + 1)
         assert set(row["tasks"]) == {"proofwriter"} and "overall" in row["groups"]
+        assert set(row["tasks_stderr"]) == {"proofwriter"}
     # threshold 0 is the fixed model at r = cap = 3, exactly
     assert rows["0"]["loops_per_token"] == rows["0"]["task_loops_per_token"] == 3.0
     assert rows["0"]["heldout"] == res["heldout"]["3"]
@@ -52,7 +53,7 @@ def test_eval_json_has_loops_per_token_per_threshold(tmp_path):
     assert rows["1e+09"]["loops_per_token"] == rows["1e+09"]["task_loops_per_token"] == 1.0
     assert rows["1e+09"]["effective_depth"] == 3.0
     table = list(csv.DictReader((tmp_path / "eval" / "adaptive.csv").open()))
-    assert [r["mode"] for r in table] == ["kl (r <= 3)"] * 3 + ["fixed"] * 2
+    assert [r["mode"] for r in table] == ["kl (r <= 3)"] * 2 + ["fixed"]
     assert (tmp_path / "eval" / "frontier.png").stat().st_size > 0
 
 

@@ -1,7 +1,7 @@
 """Truncated backpropagation (issue 15 item 2): ``backprop_loops=N`` runs the first r - N loops
 without a graph. Gradients equal a reference that runs every loop with a graph and detaches the
 state and the history states by hand; nothing before h_{r-N} enters the graph; checkpointing
-changes nothing; N >= r is full backpropagation bit for bit; the FLOP count covers what runs."""
+(every mode, planned over the graphed loops) changes nothing; N >= r is full backpropagation bit for bit; the FLOP count covers what runs."""
 
 from __future__ import annotations
 
@@ -57,7 +57,8 @@ def test_gradients_equal_a_hand_detached_reference(r, n):
     _hand_detached_loss(model, x, r, n).backward()
     reference = _grads(model)
     assert reference["embed_tokens.weight"].abs().sum() > 0  # h0 reaches the graphed loops by injection
-    for mode in ("none", "per_loop", "per_block"):  # and checkpointing changes nothing
+    model.activation_checkpointing_budget_gib = 1e-6  # auto: nothing fits, the smallest-peak plan
+    for mode in ("none", "per_loop", "selective", "auto", "per_block"):  # and checkpointing changes nothing
         model.zero_grad(set_to_none=True)
         model.activation_checkpointing = mode
         model(x, num_loops=r, labels=x, backprop_loops=n).loss.backward()
@@ -114,3 +115,8 @@ def test_flops_count_the_executed_forward_and_backward():
     base = train_flops_per_token(cfg, seq, 5, backprop_loops=2)
     assert hardware_flops_per_token(per_loop, seq, 5, backprop_loops=2) == base + 2 * block  # graphed loops but the last
     assert hardware_flops_per_token(per_block, seq, 5, backprop_loops=2) == base + 6 * block  # graphed blocks
+    selective = build_model_config({**cfg.__dict__, "activation_checkpointing": "selective"})
+    auto = build_model_config({**cfg.__dict__, "activation_checkpointing": "auto"})
+    assert hardware_flops_per_token(selective, seq, 5, backprop_loops=2) == base  # no matmul recomputed
+    assert hardware_flops_per_token(auto, seq, 5, backprop_loops=2) == base + 2 * block  # bound: per_loop's
+    assert hardware_flops_per_token(auto, seq, 5, full_loops=0, backprop_loops=2) == base

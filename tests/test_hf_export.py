@@ -217,3 +217,40 @@ def test_export_refuses_a_checkpoint_carrying_code(tmp_path):
         convert_checkpoint(ckpt, tmp_path / "hf")
     assert not marker.exists()
     assert not (tmp_path / "hf").exists()
+
+
+def test_loop_gating_reference_injected_exports_with_matching_logits(tmp_path):
+    """The ablation switch reaches the export (config.json field, HF forward); an export written
+    before the field existed loads with the original reading."""
+    from transformers import AutoModelForCausalLM
+
+    from megatron_loop import build_model
+    from megatron_loop.config import build_model_config
+    from megatron_loop.hf.convert import export_state_dict, load_looplm_from_hf
+
+    cfg = build_model_config(dict(backbone="tiny-qwen", vocab_size=640, core_layers=2, train_loops=2,
+                                  initial_injection="channel", history_injection="scalar", history_window=1,
+                                  timestep="loop_gating", loop_gating_reference="injected",
+                                  activation_checkpointing="none"))
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in (model.initial_injection.b, model.history_injection.beta, model.loop_gating.q):
+            p.add_(0.3 * torch.randn(p.shape, generator=gen))
+    folder = export_state_dict(model.state_dict(), cfg, tmp_path / "hf")
+    assert json.loads((folder / "config.json").read_text())["loop_gating_reference"] == "injected"
+    hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    ids = _input_ids()
+    state_reading = build_model(build_model_config({**cfg.__dict__, "loop_gating_reference": "state"})).eval()
+    state_reading.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for r in (1, 2, 4):
+            want = model(ids, num_loops=r).logits
+            assert _relative_error(hf(ids, num_loops=r).logits, want) < TOLERANCE, r
+            if r > 1:  # the two readings differ, so the match above is not vacuous
+                assert _relative_error(state_reading(ids, num_loops=r).logits, want) > 1e-3
+    config = json.loads((folder / "config.json").read_text())
+    del config["loop_gating_reference"]
+    (folder / "config.json").write_text(json.dumps(config))
+    assert load_looplm_from_hf(folder).config.loop_gating_reference == "state"

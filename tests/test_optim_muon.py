@@ -149,3 +149,72 @@ def test_muon_state_is_in_state_dict_and_round_trips():
     fresh.load_state_dict(state)
     assert torch.equal(fresh.state[fresh_model.qkv]["momentum_buffer"], optimizer.state[model.qkv]["momentum_buffer"])
     assert [g["name"] for g in fresh.param_groups] == ["muon", "adamw"]
+
+
+# ------------------------------------------------------------------ grouping switches (issue 14)
+def _conditioned_looplm():
+    """A tiny LoopLM with every kind of conditioning matrix: dense initial injection W [d, 2d],
+    dense history B [w, d, d] (a StackSplit stack) and AdaLN W [2d, 8] (timestep, never Muon),
+    with seeded random gradients on every parameter."""
+    from megatron_loop import build_model
+    from megatron_loop.config import build_model_config
+
+    torch.manual_seed(0)
+    model = build_model(build_model_config(dict(
+        backbone="tiny-qwen", core_layers=1, train_loops=3, initial_injection="dense", history_injection="dense",
+        history_window=2, timestep="adaln", activation_checkpointing="none")))
+    gen = torch.Generator().manual_seed(1)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=gen)
+    return model
+
+
+def _ids(params) -> set[int]:
+    return {id(p) for p in params}
+
+
+def test_groups_for_each_optimizer_switch():
+    model = _conditioned_looplm()
+    matrices = _ids(p for p in model.parameters() if roles.role_of(p) == roles.MATRIX)
+    dense = _ids([model.initial_injection.weight, model.history_injection.beta])
+    everything = _ids(model.parameters())
+
+    def groups(**kw):
+        return {g["name"]: _ids(g["params"]) for g in role_param_groups(model, **kw)}
+
+    default = groups()  # App. C.2 as read originally: dense injection matrices with AdamW
+    assert default["muon"] == matrices and default["adamw"] == everything - matrices
+    moved = groups(muon_conditioning_matrices=True)
+    assert moved["muon"] == matrices | dense and moved["adamw"] == everything - matrices - dense
+    adaln = _ids(p for n, p in model.named_parameters() if "adaln" in n)
+    assert adaln and adaln <= moved["adamw"]  # timestep matrices stay with AdamW
+    assert groups(optimizer="adamw") == {"adamw": everything}  # App. D.1 ablation
+    with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
+        role_param_groups(model, optimizer="sgd")
+
+
+def test_dense_conditioning_matrices_under_muon_match_torch_muon():
+    """W = [W_h W_0] is one projection; each lag's B_j is orthogonalised on its own."""
+    model = _conditioned_looplm()
+    inj, beta = model.initial_injection.weight, model.history_injection.beta
+    refs = [torch.nn.Parameter(inj.detach().clone())] + [torch.nn.Parameter(b.detach().clone()) for b in beta]
+    for ref, grad in zip(refs, [inj.grad, *beta.grad]):
+        ref.grad = grad.clone()
+    optimizer = MuonAdamW(role_param_groups(model, muon_conditioning_matrices=True), lr=LR, weight_decay=WD)
+    optimizer.step()
+    torch.optim.Muon(refs, lr=LR, weight_decay=WD, momentum=0.95, nesterov=True,
+                     adjust_lr_fn="match_rms_adamw").step()
+    torch.testing.assert_close(inj.detach(), refs[0].detach(), rtol=0, atol=ATOL)
+    for j in range(beta.shape[0]):
+        torch.testing.assert_close(beta[j].detach(), refs[1 + j].detach(), rtol=0, atol=ATOL)
+
+
+def test_adamw_ablation_is_torch_adamw_on_every_parameter():
+    model = _conditioned_looplm()
+    twin = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
+    for t, p in zip(twin, model.parameters()):
+        t.grad = p.grad.clone()
+    MuonAdamW(role_param_groups(model, optimizer="adamw"), lr=LR, weight_decay=WD).step()
+    torch.optim.AdamW(twin, lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=WD).step()
+    for t, p in zip(twin, model.parameters()):
+        assert torch.equal(t.detach(), p.detach())

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _bench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "tools" / "bench.py"), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=240)
 
 
 def test_help_lists_the_modes():
@@ -51,3 +51,21 @@ def test_full_steps_through_the_deepspeed_engine():
                  "--warmup", "0", "--seq", "16", "--micro-batch", "1")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| llama 4x5 full |" in out.stdout and "| llama 20x1 full |" in out.stdout
+
+
+def test_peers_train_and_profile_modes(tmp_path):
+    """One small CPU run of the three issue-13 modes: ours vs HF's LlamaForCausalLM (ratio printed),
+    the real training path on the shipped llama_4x5 config (its checkpointing: auto; metrics.jsonl figures), a profile."""
+    out_json = tmp_path / "bench.json"
+    out = _bench("--device", "cpu", "--mode", "peers,train,profile", "--families", "llama", "--steps", "1",
+                 "--warmup", "0", "--seq", "16", "--micro-batch", "1", "--top", "3", "--json", str(out_json))
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {r["case"]: r for r in json.loads(out_json.read_text())["rows"]}
+    ours, hf = rows["llama 4x5 ours eager"], rows["llama 20L HF eager"]
+    assert ours["metrics"]["host_syncs"] == 0 and hf["metrics"]["tokens_per_s"] > 0
+    assert "ratio llama 4x5 ours eager / llama 20L HF eager" in rows
+    train = rows["llama_4x5 (1 steps, median)"]
+    assert train["params"]["activation_checkpointing"] == "auto" and train["params"]["micro_batch"] == 1
+    assert train["metrics"]["exit_code"] == 0 and train["metrics"]["tokens_per_s"] > 0 and "mfu" in train["metrics"]
+    shares = [r["metrics"]["share"] for r in rows.values() if r["mode"] == "profile"]
+    assert shares[-1] == 1.0 and 0 < sum(shares[:-1]) <= 1.0

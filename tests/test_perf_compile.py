@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
 from megatron_loop import build_model, load_config
 from megatron_loop.config import build_model_config
+from megatron_loop.errors import LoopConfigError
 from megatron_loop.perf import compile_blocks
 
 
@@ -67,6 +69,23 @@ def test_compiled_training_step_matches_eager_gradients():
 def test_compile_config_key():
     cfg = load_config("examples/tiny_2x3.yaml", overrides=["model.compile=true"])
     assert cfg.model.compile is True
-    assert build_model_config(dict(backbone="tiny-llama")).compile is False
+    default = build_model_config(dict(backbone="tiny-llama"))
+    assert default.compile == "auto" and default.compile_enabled is torch.cuda.is_available()  # auto: CUDA only
     model = build_model(cfg.model, device="meta")
     assert all(block._compiled_call_impl is not None for block in model.core)
+    assert all(block._compiled_call_impl is None for block in build_model(default, device="meta").core)
+    with pytest.raises(LoopConfigError, match="model.compile"):
+        build_model_config(dict(backbone="tiny-llama", compile="yes"))
+
+
+def test_execution_keys_stay_out_of_the_checkpoint_signature():
+    """A run may resume with compile, checkpointing or the loss kernel switched (same weights)."""
+    from megatron_loop.training.checkpoint import model_signature
+
+    a = load_config("examples/tiny_2x3.yaml")
+    b = load_config("examples/tiny_2x3.yaml", overrides=[
+        "model.compile=true", "model.activation_checkpointing=auto", "model.activation_checkpointing_budget_gib=8",
+        "model.loss_implementation=chunked"])
+    assert model_signature(a) == model_signature(b)
+    assert model_signature(a) != model_signature(load_config("examples/tiny_2x3.yaml",
+                                                             overrides=["model.train_loops=4"]))

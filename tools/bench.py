@@ -19,6 +19,12 @@ Modes (each case of a mode runs in this one process, side by side):
   data             loader samples/s; preprocessing tokens/s vs the bare tokenizer
   eval             forward throughput of the HF export at several r
   compile          eager vs torch.compile'd blocks; graphs compiled when r changes (must be 0)
+  peers            our step vs HF transformers LlamaForCausalLM / Qwen3ForCausalLM at the same widths,
+                   depth (p+Ks+c layers) and micro-batch, eager (and torch.compile'd with --compile)
+  train            the real training path (build_engine, DeepSpeed) on a shipped example config
+                   (--config), its micro-batch and checkpointing; reports what metrics.jsonl reports
+  profile          torch.profiler table of one step of --config's model: top ops, share of the step
+  loss             LM head + cross-entropy alone: chunked torch reference vs Liger's fused kernel (CUDA)
   backprop         truncated backpropagation: backprop_loops 1, K/2, K vs full at K loops (issue 15)
   exit-decode      greedy decode tokens/s of an HF export: fixed r vs per-token adaptive exit (issue 15)
 CPU mode shrinks the models (same block structure, small widths, short sequences); CUDA mode
@@ -48,7 +54,8 @@ from megatron_loop.flops import H100_BF16_PEAK_FLOPS, hardware_flops_per_token, 
 from megatron_loop.perf import (count_host_syncs, matmul_peak_flops, peak_memory_delta,  # noqa: E402
                                 time_interleaved)
 
-MODES = ("loop-vs-nonloop", "checkpointing", "optimizer", "data", "eval", "compile", "backprop", "exit-decode")
+MODES = ("loop-vs-nonloop", "checkpointing", "optimizer", "data", "eval", "compile", "peers", "train", "profile",
+         "loss", "backprop", "exit-decode")
 PAPER_GLOBAL_BATCH = 1824  # sequences of 2048 tokens (App. A.2): 38 micro x 6 accumulation x 8 ranks
 PAPER_DATA_PARALLEL = 8
 
@@ -203,8 +210,11 @@ def measure(cases: dict[str, Case], setup: Setup) -> dict[str, dict]:
             m["mfu" if setup.cuda else "mfu_vs_matmul"] = achieved / setup.peak_flops
         if case.memory:
             m["peak_step_mib"] = peak_memory_delta(case.step, setup.device) / 2**20
-        if case.check_syncs and setup.cuda:
-            m["host_syncs"] = count_host_syncs(case.step, setup.device)
+        if case.check_syncs:  # CUDA: sync debug mode; CPU: perf.HostSyncDetector (aten-level reads)
+            where: list[str] = []
+            m["host_syncs"] = count_host_syncs(case.step, setup.device, where)
+            if where:
+                m["host_sync_sites"] = sorted(set(where))
         out[name] = m
     return out
 
@@ -257,30 +267,60 @@ def bench_loop_vs_nonloop(setup: Setup, families: list[str]) -> list[Row]:
     return rows
 
 
-def bench_checkpointing(setup: Setup, family: str, loops_list: list[int]) -> list[Row]:
-    """none / per_loop / per_block at each K: step time (forward + backward) and step peak memory.
+def _midway_budget_gib(cfg: ModelConfig, setup: Setup, loops: int) -> float:
+    """Halfway between per_loop's and none's peak, as the memory model predicts them."""
+    from megatron_loop.model.checkpointing import FULL, NONE, loop_memory, predicted_peak
+
+    params = build(cfg, setup).num_parameters() * setup.dtype.itemsize
+    mem = loop_memory(cfg, setup.micro_batch, setup.seq, setup.dtype.itemsize, 4096, params)
+    low = predicted_peak((FULL,) * (loops - 1) + (NONE,), mem)
+    return (low + predicted_peak((NONE,) * loops, mem)) / 2 / 2**30
+
+
+AC_MODES = ("none", "per_loop", "selective", "auto", "per_block")
+
+
+def bench_checkpointing(setup: Setup, family: str, loops_list: list[int], ac_budget_gib: float | None = None,
+                        modes: tuple[str, ...] = AC_MODES) -> list[Row]:
+    """Every checkpointing mode at each K: step time (forward + backward) and step peak memory.
+
+    ``auto`` runs with ``--ac-budget-gib`` (default: halfway between per_loop's and none's peak as
+    the memory model predicts them), so the planner has to mix loop kinds.
 
     Per-loop checkpointing should add one stored loop input ``h_l`` ([seq, batch, hidden]) per
     extra loop; ``loop_inputs_per_loop`` is the peak's growth per loop in those units.
     """
     rows = []
     core = FAMILIES[family][2][0]
-    modes = ("none", "per_loop", "per_block")
     for loops in loops_list:
-        cases, cfgs = {}, {}
+        cases, cfgs, plans = {}, {}, {}
         for mode in modes:
-            cfg = cfgs[mode] = model_config(setup, family, core, loops, activation_checkpointing=mode)
+            extra = {}
+            if mode == "auto":
+                extra["activation_checkpointing_budget_gib"] = ac_budget_gib or _midway_budget_gib(
+                    model_config(setup, family, core, loops), setup, loops)
+            cfg = cfgs[mode] = model_config(setup, family, core, loops, activation_checkpointing=mode, **extra)
             model = build(cfg, setup)
             tokens = batch(cfg, setup)
             cases[mode] = Case(train_step(model, None, tokens), tokens.numel(), train_flops_per_token(cfg, setup.seq))
+            if mode == "auto":
+                model(tokens, labels=tokens, compute_logits=False)  # plans the loops
+                plans[mode] = next(iter(model._checkpoint_plans.values()))
         loop_input_mib = tokens.numel() * cfg.hidden_size * setup.dtype.itemsize / 2**20
         measured = measure(cases, setup)
         for mode in modes:
             m = measured[mode]
-            m["time_vs_none"] = m["step_s"] / measured["none"]["step_s"]
+            if "none" in measured:
+                m["time_vs_none"] = m["step_s"] / measured["none"]["step_s"]
             # hardware TFLOP/s: model FLOPs plus the recomputed forward
-            m["hw_tflops"] = m["tokens_per_s"] * hardware_flops_per_token(cfgs[mode], setup.seq) / 1e12
+            full = sum(k == "full" for k in plans[mode].kinds) if mode in plans else None
+            m["hw_tflops"] = m["tokens_per_s"] * hardware_flops_per_token(cfgs[mode], setup.seq,
+                                                                          full_loops=full) / 1e12
             m["loop_input_mib"] = loop_input_mib
+            if mode in plans:
+                m["plan"] = "/".join(k[0] for k in plans[mode].kinds)  # n(one) s(elective) f(ull) per loop
+                m["predicted_peak_mib"] = plans[mode].peak_bytes / 2**20
+                m["budget_mib"] = cfgs[mode].activation_checkpointing_budget_gib * 1024
             rows.append(Row("checkpointing", f"{family} {core}x{loops} {mode}", {"K": loops, "mode": mode}, m))
         del cases
         release(setup)
@@ -424,6 +464,180 @@ def bench_eval(setup: Setup, family: str, loops_list: list[int], eval_batch: int
     return rows
 
 
+def hf_peer(cfg: ModelConfig, setup: Setup) -> torch.nn.Module:
+    """HF transformers' own model at our widths with L(K) = p + Ks + c layers (SDPA attention), as a
+    user would train the NonLoop reference: Llama (untied) or Qwen3 (QK-norm, tied)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    common = dict(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                  num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                  head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, rms_norm_eps=cfg.rms_norm_eps,
+                  rope_theta=cfg.rope_theta, max_position_embeddings=cfg.max_position_embeddings,
+                  num_hidden_layers=cfg.effective_depth(), tie_word_embeddings=cfg.tie_word_embeddings,
+                  attn_implementation="sdpa", use_cache=False)
+    if cfg.qk_norm:
+        hf_cfg, cls = Qwen3Config(**common), Qwen3ForCausalLM
+    else:
+        hf_cfg, cls = LlamaConfig(**common, rope_scaling=cfg.rope_scaling), LlamaForCausalLM
+    torch.manual_seed(0)
+    return cls(hf_cfg).to(device=setup.device, dtype=setup.dtype).train()
+
+
+def bench_peers(setup: Setup, families: list[str]) -> list[Row]:
+    """Forward + backward of our loop model vs HF's model of the same effective depth, interleaved;
+    with ``--compile`` also ``model.compile=true`` vs ``torch.compile(hf_model)``."""
+    rows = []
+    for family in families:
+        _, _, (core, loops), _ = FAMILIES[family]
+        cases, flops = {}, None
+        for compiled in (False, True) if setup.compile else (False,):
+            tag = "compiled" if compiled else "eager"
+            cfg = model_config(setup, family, core, loops, compile=compiled)
+            ours = build(cfg, setup)
+            tokens = batch(cfg, setup)
+            flops = train_flops_per_token(cfg, setup.seq)
+            hf = hf_peer(cfg, setup)
+            if compiled:
+                hf = torch.compile(hf)
+
+            def hf_step(hf=hf, tokens=tokens):
+                hf(input_ids=tokens, labels=tokens).loss.backward()
+                hf.zero_grad(set_to_none=True)
+
+            cases[f"{family} {core}x{loops} ours {tag}"] = Case(train_step(ours, None, tokens), tokens.numel(), flops,
+                                                             check_syncs=not compiled)
+            cases[f"{family} {cfg.effective_depth()}L HF {tag}"] = Case(hf_step, tokens.numel(), flops)
+        measured = measure(cases, setup)
+        names = list(measured)
+        for name, metrics in measured.items():
+            rows.append(Row("peers", name, {}, metrics))
+        for i in range(0, len(names), 2):
+            ratios = speed_ratios(measured[names[i]], measured[names[i + 1]])
+            rows.append(Row("peers", f"ratio {names[i]} / {names[i + 1]}", {}, {**ratios, "target": ">= 1.10"}))
+        if setup.compile:  # the comparison the target names: our compiled step vs HF + torch.compile
+            ratios = speed_ratios(measured[names[2]], measured[names[3]])
+            rows.append(Row("peers", f"ratio {names[2]} / {names[3]}", {}, {**ratios, "target": ">= 1.10"}))
+            rows.pop(-2)  # already listed
+        del cases
+        release(setup)
+    return rows
+
+
+def bench_loss(setup: Setup, families: list[str]) -> list[Row]:
+    """The LM head + cross-entropy alone (forward + backward) at the micro-batch's tokens: the
+    chunked torch reference vs Liger's fused kernel (CUDA only), interleaved."""
+    from megatron_loop.perf import DEFAULT_CHUNK_TOKENS, chunked_linear_cross_entropy
+
+    rows = []
+    for family in families:
+        _, _, (core, loops), _ = FAMILIES[family]
+        cfg = model_config(setup, family, core, loops)
+        n = setup.micro_batch * setup.seq
+        g = torch.Generator(device="cpu").manual_seed(0)
+        hidden = torch.randn(n, cfg.hidden_size, generator=g).to(setup.device, setup.dtype).requires_grad_(True)
+        weight = (0.02 * torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)).to(setup.device, setup.dtype)
+        weight.requires_grad_(True)
+        targets = torch.randint(0, cfg.vocab_size, (n,), generator=g).to(setup.device)
+
+        def step(impl):
+            def run():
+                chunked_linear_cross_entropy(hidden, weight, targets, DEFAULT_CHUNK_TOKENS,
+                                             implementation=impl).backward()
+                hidden.grad = weight.grad = None
+            return run
+
+        impls = ("chunked", "fused") if setup.cuda else ("chunked",)  # Triton needs CUDA
+        flops = 6 * cfg.hidden_size * cfg.vocab_size  # three head matmuls per token
+        measured = measure({impl: Case(step(impl), n, flops, check_syncs=True) for impl in impls}, setup)
+        for impl, m in measured.items():
+            rows.append(Row("loss", f"{family} head+CE {impl}", {"tokens": n, "vocab": cfg.vocab_size}, m))
+        if len(impls) == 2:
+            rows.append(Row("loss", f"ratio {family} fused / chunked", {},
+                            speed_ratios(measured["fused"], measured["chunked"])))
+    return rows
+
+
+def _synthetic_prefix(root: Path, vocab: int, tokens: int) -> str:
+    """Random-token documents (ids below ``vocab``) in megatron-core's indexed format."""
+    import numpy as np
+
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    prefix = str(root / "synthetic")
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.int32)
+    rng = np.random.default_rng(0)
+    for _ in range(max(1, tokens // 1000)):
+        builder.add_document(torch.from_numpy(rng.integers(0, vocab, 1000, dtype=np.int32)), [1000])
+    builder.finalize(prefix + ".idx")
+    return prefix
+
+
+def bench_train(setup: Setup, config: str, data_prefix: str | None, micro_batch: int | None, accumulation: int,
+                overrides: list[str]) -> list[Row]:
+    """``pretrain_loop.py --config CONFIG`` for ``--warmup + --steps`` steps: the DeepSpeed engine
+    of ``build_engine``, the config's checkpointing, compile and micro-batch (unless overridden),
+    one rank, global batch = micro-batch x ``--accumulation``. CPU shrinks the widths and the
+    sequence as the other modes do. Reports the medians of what metrics.jsonl logs."""
+    from megatron_loop.config import load_config
+    from megatron_loop.training.loop import train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = load_config(config)
+        micro = micro_batch or base.train.micro_batch_size
+        sets = [f"train.seq_length={setup.seq}", f"train.micro_batch_size={micro}",
+                f"train.global_batch_size={micro * accumulation}", f"train.max_steps={setup.steps + setup.warmup}",
+                "train.train_tokens=null", f"train.output_dir={tmp}/run", "train.save_interval=1000000",
+                "train.eval_interval=0", "train.resume=false", "logging.wandb_project=null",
+                "logging.progress_bar=false", "data.valid_prefixes=[]", "data.tokenizer=null"]
+        if not setup.cuda:
+            sets += [f"model.{k}={v}" for k, v in CPU_WIDTHS.items()] + ["model.rope_scaling=null"]
+        cfg = load_config(config, overrides=sets + list(overrides))
+        prefix = data_prefix or _synthetic_prefix(Path(tmp), cfg.model.vocab_size,
+                                                  (setup.steps + setup.warmup + 2) * micro * accumulation
+                                                  * (setup.seq + 1))
+        cfg = load_config(config, overrides=sets + list(overrides) + [f"data.train_prefixes=[{prefix}]"])
+        code = train(cfg)
+        records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r.get("event") == "train"][setup.warmup:]
+    keys = [k for k, v in steps[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and k not in ("step", "consumed_samples", "tokens", "lr_muon", "lr_adamw", "skipped_updates")]
+    metrics = {k: statistics.median(r[k] for r in steps) for k in keys}
+    metrics["exit_code"] = code
+    params = {"config": config, "micro_batch": micro, "accumulation": accumulation,
+              "activation_checkpointing": cfg.model.activation_checkpointing, "compile": cfg.model.compile_enabled,
+              "loss_implementation": cfg.model.loss_implementation, "steps_measured": len(steps)}
+    return [Row("train", f"{Path(config).stem} ({len(steps)} steps, median)", params, metrics)]
+
+
+def bench_profile(setup: Setup, config: str, top: int) -> list[Row]:
+    """Where one forward + backward of ``--config``'s model (its checkpointing, compile setting of
+    ``--compile``) spends its time: torch.profiler, ops by self time (CUDA kernels on GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from megatron_loop.config import load_config
+
+    values = dict(vars(load_config(config).model), compile=setup.compile)
+    if not setup.cuda:
+        values.update(CPU_WIDTHS, rope_scaling=None)
+    cfg = build_model_config({k: v for k, v in values.items() if k != "backbone"})
+    model = build(cfg, setup)
+    tokens = batch(cfg, setup)
+    step = train_step(model, None, tokens)
+    for _ in range(max(1, setup.warmup)):
+        step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if setup.cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+        synchronize_device = torch.cuda.synchronize if setup.cuda else (lambda: None)
+        synchronize_device()
+    attr = "self_device_time_total" if setup.cuda else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attr) > 0]
+    total = sum(getattr(e, attr) for e in events)
+    rows = []
+    for e in sorted(events, key=lambda e: getattr(e, attr), reverse=True)[:top]:
+        rows.append(Row("profile", e.key, {}, {"self_ms": getattr(e, attr) / 1e3, "share": getattr(e, attr) / total,
+                                              "calls": e.count}))
+    rows.append(Row("profile", "total (one step)", {"config": config}, {"self_ms": total / 1e3, "share": 1.0}))
 def bench_backprop(setup: Setup, family: str, loops: int) -> list[Row]:
     """Forward + backward at K loops with ``backprop_loops`` N = 1, K/2, K and full (None), one model
     (channel initial injection, checkpointing off), side by side; FLOPs count the executed backward."""
@@ -444,7 +658,7 @@ def bench_backprop(setup: Setup, family: str, loops: int) -> list[Row]:
     for name, m in measured.items():
         m.update(time_vs_full=m["step_s"] / measured["full"]["step_s"],
                  peak_vs_full=m["peak_step_mib"] / measured["full"]["peak_step_mib"],
-                 paired_speedup_vs_full=speed_ratios(measured["full"], m)["ratio_paired"])
+                 paired_speedup_vs_full=speed_ratios(m, measured["full"])["ratio_paired"])  # t_full / t
         rows.append(Row("backprop", f"{family} {core}x{loops} {name}", {"K": loops, "backprop_loops": windows[name]}, m))
     release(setup)
     return rows
@@ -496,7 +710,7 @@ def bench_exit_decode(setup: Setup, model_dir: str, valid_prefix: str, fixed: li
         got = torch.cat([o[0, prompt_tokens:] for o in outputs[name]])
         m.update(loops_per_token=statistics.mean(loops[name]) if name in loops else settings[name]["num_loops"],
                  same_tokens_as_cap=float((got == reference).float().mean()),
-                 speedup_vs_cap=speed_ratios(measured[f"fixed r={cap}"], m)["ratio_paired"])
+                 speedup_vs_cap=speed_ratios(m, measured[f"fixed r={cap}"])["ratio_paired"])  # t_cap / t
         rows.append(Row("exit-decode", name, {"prompts": len(inputs), "new_tokens": new_tokens}, m))
     return rows
 
@@ -579,6 +793,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-input", default=None, help="documents for the data mode (default: generated corpus)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer for --data-input (default: one trained on it)")
     ap.add_argument("--workers", type=int, default=1, help="preprocessing workers for the data mode")
+    ap.add_argument("--config", default="examples/llama_4x5.yaml", help="shipped example for --mode train/profile")
+    ap.add_argument("--data-prefix", default=None,
+                    help="indexed dataset for --mode train (default: random tokens below the vocabulary)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for --mode train (repeatable), e.g. --set model.compile=true")
+    ap.add_argument("--ac-budget-gib", type=float, default=None,
+                    help="activation_checkpointing=auto budget in the checkpointing mode (default: midway)")
+    ap.add_argument("--ac-modes", default=",".join(AC_MODES),
+                    help="activation_checkpointing modes of the checkpointing mode (comma list)")
+    ap.add_argument("--top", type=int, default=12, help="rows of the profile table")
     ap.add_argument("--json", default=None, help="write every figure and its provenance here")
     ap.add_argument("--hf-model", default=None, help="exit-decode: an HF export (tools/convert_to_hf.py)")
     ap.add_argument("--valid-prefix", default=None, help="exit-decode: indexed prefix the prompts come from")
@@ -591,7 +815,7 @@ def make_setup(args: argparse.Namespace) -> Setup:
     if cuda and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device visible")
     device = torch.device("cuda" if cuda else "cpu")
-    if args.engine == "deepspeed":
+    if args.engine == "deepspeed" or "train" in args.mode.split(","):
         from megatron_loop.optim import init_distributed
 
         init_distributed()  # before any model: DeepSpeed needs the process group it initialises itself
@@ -612,8 +836,10 @@ def make_setup(args: argparse.Namespace) -> Setup:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    # "all" leaves out exit-decode, which needs a trained export (--hf-model)
-    modes = MODES[:-1] if args.mode == "all" else tuple(m.strip() for m in args.mode.split(","))
+    # "all": every side-by-side mode in this process (train starts its own engine: run it alone;
+    # exit-decode needs a trained export, --hf-model)
+    modes = tuple(m for m in MODES if m not in ("train", "exit-decode")) if args.mode == "all" else tuple(
+        m.strip() for m in args.mode.split(","))
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise SystemExit(f"--mode {unknown[0]!r}: expected one of {', '.join(MODES)} or 'all'")
@@ -626,7 +852,17 @@ def main(argv: list[str] | None = None) -> int:
         if mode == "loop-vs-nonloop":
             rows += bench_loop_vs_nonloop(setup, families)
         elif mode == "checkpointing":
-            rows += bench_checkpointing(setup, families[0], loops)
+            rows += bench_checkpointing(setup, families[0], loops, args.ac_budget_gib,
+                                        tuple(args.ac_modes.split(",")))
+        elif mode == "peers":
+            rows += bench_peers(setup, families)
+        elif mode == "train":
+            rows += bench_train(setup, args.config, args.data_prefix, args.micro_batch, args.accumulation or 1,
+                                args.set)
+        elif mode == "loss":
+            rows += bench_loss(setup, families)
+        elif mode == "profile":
+            rows += bench_profile(setup, args.config, args.top)
         elif mode == "optimizer":
             rows += bench_optimizer(setup, families[0], args.accumulation or (6 if setup.cuda else 4))
         elif mode == "data":

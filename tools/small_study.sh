@@ -1,30 +1,52 @@
 #!/usr/bin/env bash
-# The paper's comparison at toy scale on CPU (docs/REPRODUCE.md): at matched physical depth 2
-# and training effective depth L(K) = 6, BaseLoop 2x3 vs CoreLoop 0+1x5+1 vs BaseLoop 2x3 with
-# channel history injection + Loop Gating, against the NonLoop 6x1 reference; each trained on the
-# bundled corpus, exported, and swept over r = 1..2K (bundled reasoning tasks + held-out loss).
+# A paper study at toy scale on CPU (docs/REPRODUCE.md): the CPU twins of a study of the registry
+# (megatron_loop/registry.py) trained on the bundled corpus, exported, swept over r (bundled
+# lm-eval tasks + held-out loss), compared in shared plots, and probed when the study is a
+# geometry figure.
 #
-#   bash tools/small_study.sh            # STUDY_RUN (runs/study), STUDY_STEPS (400), STUDY_LIMIT (300)
+#   bash tools/small_study.sh [STUDY]     # default: toy (BaseLoop 2x3, CoreLoop 0+1x5+1, 2x3 + H + LG, NonLoop 6x1)
+#   bash tools/small_study.sh --list      # the studies (paper figure/table, runs)
+#
+# Knobs (environment): STUDY_RUN (output folder; runs/study for toy, runs/study_STUDY otherwise),
+# STUDY_STEPS (400), STUDY_LIMIT (lm-eval items per task, 300).
+# A twin has the tiny backbone of its family and the run's p/s/K/c and conditioning, unless the
+# study defines scaled layouts (toy: physical depth 2, L(K) = 6); its config is written to
+# STUDY_RUN/configs/NAME.yaml by tools/generate_configs.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/pipeline.sh
 
-RUN=${STUDY_RUN:-runs/study}
+STUDY=${1:-toy}
+if [ "$STUDY" = --list ]; then
+  python tools/generate_configs.py --list-studies | cut -f1-4
+  exit 0
+fi
+if [ "$STUDY" = toy ]; then RUN=${STUDY_RUN:-runs/study}; else RUN=${STUDY_RUN:-runs/study_$STUDY}; fi
 STEPS=${STUDY_STEPS:-400}
 LIMIT=${STUDY_LIMIT:-300}
 mkdir -p "$RUN"
+PLAN=$(python tools/generate_configs.py --study "$STUDY" --toy-dir "$RUN")  # NAME CONFIG LOOPS PROBE_LOOPS
+step "study $STUDY: $(echo "$PLAN" | cut -f1 | tr '\n' ' ')"
 [ -f "$RUN/data/corpus.idx" ] || prepare_data "$RUN"
 
-train_model "$RUN" nonloop_6x1 "$STEPS" python examples/tiny_2x3.yaml --set model.core_layers=6 --set model.train_loops=1
-train_model "$RUN" baseloop_2x3 "$STEPS" python examples/tiny_2x3.yaml
-train_model "$RUN" coreloop_0+1x5+1 "$STEPS" python examples/tiny_2x3.yaml \
-    --set model.core_layers=1 --set model.train_loops=5 --set model.coda_layers=1
-train_model "$RUN" baseloop_2x3_hist_lg "$STEPS" python examples/tiny_2x3_hist_lg.yaml
+while IFS=$'\t' read -r name config loops probe; do
+  train_model "$RUN" "$name" "$STEPS" python "$config"
+done <<< "$PLAN"
 
-export_and_eval "$RUN" nonloop_6x1 1 "$LIMIT"
-export_and_eval "$RUN" baseloop_2x3 1,2,3,4,5,6 "$LIMIT"
-export_and_eval "$RUN" coreloop_0+1x5+1 1,2,3,4,5,6,7,8,9,10 "$LIMIT"
-export_and_eval "$RUN" baseloop_2x3_hist_lg 1,2,3,4,5,6 "$LIMIT" \
-    --compare "$RUN/baseloop_2x3/eval/results.json" --compare "$RUN/coreloop_0+1x5+1/eval/results.json" \
-    --compare "$RUN/nonloop_6x1/eval/results.json"
-step "figures comparing the four models: $RUN/baseloop_2x3_hist_lg/eval/*.png"
+# every twin's sweep; the last one also draws the others on its figures
+compare=()
+last=$(echo "$PLAN" | tail -n 1 | cut -f1)
+while IFS=$'\t' read -r name config loops probe; do
+  if [ "$name" = "$last" ]; then
+    export_and_eval "$RUN" "$name" "$loops" "$LIMIT" "${compare[@]}"
+  else
+    export_and_eval "$RUN" "$name" "$loops" "$LIMIT"
+    compare+=(--compare "$RUN/$name/eval/results.json")
+  fi
+  if [ "$probe" != - ]; then
+    step "geometry probes of $name at r = $probe (App. C.4)"
+    python tools/probe_geometry.py --checkpoint "$RUN/$name/train/checkpoints" --valid-prefix "$RUN/data/corpus_valid" \
+        --loops "$probe" --num-sequences 8 --num-positions 800 --seq-length 128 --output "$RUN/$name/probe" --no-progress
+  fi
+done <<< "$PLAN"
+step "figures comparing the study's models: $RUN/$last/eval/*.png"

@@ -10,6 +10,12 @@ the full window ``tokens`` (``seq_length`` ids); the model reads ``tokens[:-1]``
 With ``num_epochs > 1`` the stream is the concatenation of ``num_epochs`` independently shuffled
 passes (epoch ``e`` uses ``default_rng([seed, e])``), packed as one stream.
 
+``order="stream"`` (``data.order: stream``) skips the permutation: documents are packed in the
+order preprocessing wrote them, every epoch. That is the paper's order (App. C.1: "We stream the
+training data and shuffle examples using a buffer of 10,000 documents and random seed 42", i.e.
+one shuffle, at streaming time, which ``tools/preprocess_data.py --streaming --shuffle-buffer
+10000 --seed 42`` reproduces); ``shuffled`` (the default) permutes the documents once more.
+
 The index (document order, and each sample's first document and offset in it) is built with
 vectorised numpy (a cumulative sum and a ``searchsorted``; no Python loop per document) and
 cached next to the data as ``.npy`` files named by a hash of its inputs, then memory-mapped.
@@ -27,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from megatron_loop.config import DATA_ORDERS as ORDERS
 from megatron_loop.data.indexed import open_indexed
 from megatron_loop.errors import LoopConfigError, LoopDataError
 
@@ -47,12 +54,18 @@ class PackIndex:
         return len(self.sample_doc)
 
 
-def build_pack_index(lengths: np.ndarray, seq_length: int, seed: int, num_epochs: int = 1) -> PackIndex:
-    """Vectorised packing index for documents of ``lengths`` tokens."""
+def build_pack_index(lengths: np.ndarray, seq_length: int, seed: int, num_epochs: int = 1,
+                     order: str = "shuffled") -> PackIndex:
+    """Vectorised packing index for documents of ``lengths`` tokens (``order``: see the module doc)."""
+    if order not in ORDERS:
+        raise LoopConfigError(f"data.order={order!r}: expected one of {ORDERS}")
     n = len(lengths)
     order_dtype = np.int32 if n < 2**31 else np.int64
-    doc_order = np.concatenate([np.random.default_rng([seed, e]).permutation(n).astype(order_dtype)
-                                for e in range(num_epochs)])
+    if order == "stream":
+        doc_order = np.tile(np.arange(n, dtype=order_dtype), num_epochs)
+    else:
+        doc_order = np.concatenate([np.random.default_rng([seed, e]).permutation(n).astype(order_dtype)
+                                    for e in range(num_epochs)])
     ends = np.cumsum(lengths[doc_order], dtype=np.int64)  # stream position after each document
     num_samples = int(ends[-1]) // seq_length if n else 0
     starts = np.arange(num_samples, dtype=np.int64) * seq_length
@@ -99,17 +112,21 @@ def _save_cache(files: dict[str, Path], index: PackIndex, key: dict) -> bool:
 
 
 class PackedDataset(torch.utils.data.Dataset):
-    """Non-overlapping ``seq_length``-token windows of the shuffled document stream of ``prefix``.
+    """Non-overlapping ``seq_length``-token windows of the (shuffled or stream-order) document
+    stream of ``prefix``.
 
     ``dataset[i]`` is ``{"tokens": LongTensor[seq_length]}``.
     """
 
     def __init__(self, prefix: str | os.PathLike, seq_length: int, seed: int, num_epochs: int = 1,
-                 cache_dir: str | None = None) -> None:
+                 cache_dir: str | None = None, order: str = "shuffled") -> None:
         if seq_length < 2:
             raise LoopConfigError(f"seq_length {seq_length}: expected at least 2 (one prediction)")
         if num_epochs < 1:
             raise LoopConfigError(f"num_epochs {num_epochs}: expected at least 1")
+        if order not in ORDERS:
+            raise LoopConfigError(f"data.order={order!r}: expected one of {ORDERS}")
+        self.order = order
         self.prefix = str(prefix)
         self.seq_length = seq_length
         self.seed = seed
@@ -128,7 +145,7 @@ class PackedDataset(torch.utils.data.Dataset):
                 f"{self.num_documents} documents cannot fill one sequence of seq_length "
                 f"{self.seq_length}; expected at least {self.seq_length} tokens")
         key = {"prefix": Path(self.prefix).name, "seq_length": self.seq_length, "seed": self.seed,
-               "num_epochs": self.num_epochs, "num_documents": self.num_documents,
+               "num_epochs": self.num_epochs, "order": self.order, "num_documents": self.num_documents,
                "num_tokens": self.tokens_per_epoch, "version": _INDEX_VERSION,
                # Content, not just counts: a re-tokenised corpus of the same size must not
                # reuse a stale index (hashing the lengths costs far less than rebuilding).
@@ -137,14 +154,14 @@ class PackedDataset(torch.utils.data.Dataset):
         index = _load_cached(self.cache_files)
         self.cache_hit = index is not None
         if index is None:
-            index = build_pack_index(self.lengths, self.seq_length, self.seed, self.num_epochs)
+            index = build_pack_index(self.lengths, self.seq_length, self.seed, self.num_epochs, self.order)
             if _save_cache(self.cache_files, index, key):
                 index = _load_cached(self.cache_files) or index
         self.index = index
 
     def __getstate__(self) -> dict:
         # DataLoader workers reopen the memory maps instead of pickling the arrays.
-        return {k: self.__dict__[k] for k in ("prefix", "seq_length", "seed", "num_epochs", "cache_dir")}
+        return {k: self.__dict__[k] for k in ("prefix", "seq_length", "seed", "num_epochs", "cache_dir", "order")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

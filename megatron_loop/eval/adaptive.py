@@ -20,6 +20,7 @@ and token, which the effective depth does not count (docs/BENCHMARKS.md has deco
      "by_threshold": {"<t>": {"threshold", "loops_per_token", "effective_depth",
                               "heldout_loops_per_token", "task_loops_per_token",
                               "tasks": {task: percent}, "groups": {group: percent},
+                              "tasks_stderr": {task: percent}, "groups_stderr": {group: percent},
                               "heldout": {"loss", "perplexity", "sequences"}}}}
 """
 
@@ -36,7 +37,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from megatron_loop.errors import LoopConfigError  # noqa: E402
 from megatron_loop.eval.sweep import SweepSettings, architecture, load_hf_model  # noqa: E402
-from megatron_loop.eval.tasks import aggregate  # noqa: E402
+from megatron_loop.eval.tasks import aggregate, aggregate_stderr  # noqa: E402
 
 EXIT_CRITERIA = ("kl", "cosine")
 
@@ -107,24 +108,29 @@ def run_adaptive_sweep(model_dir: str | Path, settings: SweepSettings, criterion
                               "(one loop); adaptive exit needs a LoopLM export")
     arch = architecture(model.config)
     p, s, c = arch["prelude_layers"], arch["core_layers"], arch["coda_layers"]
-    lm = manager = None
+    lm = manager = tasks = None
     if settings.tasks:
-        from megatron_loop.eval.harness import make_lm, task_manager
+        from megatron_loop.eval.harness import load_tasks, make_lm, task_manager
 
-        lm, manager = make_lm(model, tokenizer, settings.batch_size), task_manager(settings.include_paths)
+        manager = task_manager(settings.include_paths)
+        tasks = load_tasks(settings.tasks, manager)  # once: datasets read once for every threshold
+        lm = make_lm(model, tokenizer, settings.batch_size, settings.progress)
     out = {"criterion": criterion, "max_loops": max_loops, "thresholds": list(thresholds), "by_threshold": {}}
     model.config.num_loops, model.config.exit_criterion = max_loops, criterion
     try:
         for threshold in tqdm(thresholds, desc=f"adaptive exit ({criterion})", unit="threshold",
                               disable=not settings.progress):
             model.config.exit_threshold = threshold
-            row: dict = {"threshold": threshold, "tasks": {}, "groups": {}, "heldout": None}
+            row: dict = {"threshold": threshold, "tasks": {}, "groups": {}, "tasks_stderr": {}, "groups_stderr": {},
+                         "heldout": None}
             if settings.tasks:
                 from megatron_loop.eval.harness import evaluate_tasks
 
                 with count_loops(model) as counted:
-                    scores, _ = evaluate_tasks(lm, settings.tasks, manager, settings.limit)
-                row["tasks"], row["groups"] = scores, aggregate(scores, settings.tasks)
+                    scores = evaluate_tasks(lm, settings.tasks, manager, settings.limit, tasks)
+                row["tasks"], row["groups"] = scores.scores, aggregate(scores.scores, settings.tasks)
+                row["tasks_stderr"] = scores.stderr
+                row["groups_stderr"] = aggregate_stderr(scores.stderr, settings.tasks)
                 row["task_loops_per_token"] = counted.mean
             if settings.valid_prefix:
                 from megatron_loop.eval.heldout import heldout_loss
@@ -163,6 +169,27 @@ def write_adaptive_outputs(results: dict, output: str | Path, others: list[dict]
                         *(_fmt(results["tasks"][t].get(r)) for t in tasks)])
     everyone = [results, *(o for o in others or [] if o.get("adaptive"))]
     return [csv_path, plot_frontier(everyone, out / "frontier.png")]
+
+
+def format_adaptive_table(results: dict) -> str:
+    """The threshold table printed after the fixed-r table: Markdown (pytablewriter, as
+    ``report.format_table``), one row per threshold with loops per token, effective depth,
+    overall score ± standard error and held-out loss."""
+    from pytablewriter import MarkdownTableWriter
+
+    from megatron_loop.eval.report import _cell
+
+    adaptive = results["adaptive"]
+    writer = MarkdownTableWriter()
+    writer.headers = [f"{adaptive['criterion']} threshold (r <= {adaptive['max_loops']})", "Loops/token",
+                      "Eff. depth", "Overall", "Held-out loss"]
+    writer.value_matrix = [
+        [row["threshold"], _fmt(row["loops_per_token"]), _fmt(row["effective_depth"]),
+         _cell(row["groups"].get("overall"), row["groups_stderr"].get("overall")),
+         _fmt((row["heldout"] or {}).get("loss"))]
+        for row in adaptive["by_threshold"].values()]
+    writer.margin = 1
+    return writer.dumps()
 
 
 def _frontier_panels(results: dict) -> list[tuple[str, list, list]]:

@@ -25,6 +25,7 @@ One loop iteration (``LoopLMModel._loop_iteration``):
     u_l     = I_phi(h_l, h0) + sum_j B_j(h_{l-j} - h_l)
     y_l     = Core(u_l; psi_l)
     h_{l+1} = h_l + g_l (y_l - h_l) with LG,   y_l otherwise
+              (u_l in place of h_l when ``loop_gating_reference == "injected"``)
 
 Each block is a pre-norm Llama / Qwen3 decoder layer (RMSNorm, GQA self-attention with
 rotate-half RoPE and optional per-head QK RMSNorm, SwiGLU MLP, no biases) running on
@@ -51,6 +52,7 @@ every token of a forward has exited (the remaining loops are skipped); the cache
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -65,12 +67,33 @@ HISTORY_INJECTIONS = ("none", "scalar", "channel", "dense")
 TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln")
 TIMESTEP_GRIDS = ("rescaled", "prefix")
 EXIT_CRITERIA = ("none", "kl", "cosine")
+LOOP_GATING_REFERENCES = ("state", "injected")
 NUM_TIMESTEP_FEATURES = 8
 
 
 # ======================================================================================
 # Configuration
 # ======================================================================================
+
+
+def _checked_num_loops(value):
+    """``num_loops`` as an int >= 1, or None (= K). Floats, strings and bools are refused rather than
+    truncated or parsed: r = 2.5 or "abc" is a typo, not a loop count."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"LoopLMConfig.num_loops={value!r}: expected an integer >= 1 (the inference loop "
+                         "count r), or None for the training loop count K")
+    return int(value)
+
+
+def _check_prefix_grid(num_loops, train_loops, timestep, grid) -> None:
+    """The ``prefix`` grid is the training grid T = K, so it has no timestep for r > K (App. A.1)."""
+    if (grid == "prefix" and timestep not in (None, "none") and num_loops is not None and train_loops is not None
+            and num_loops > train_loops):
+        raise ValueError(f"LoopLMConfig.timestep_grid='prefix' with num_loops={num_loops}: the prefix grid is the "
+                         f"training grid of train_loops={train_loops} steps, so r must be <= {train_loops}; use "
+                         "timestep_grid='rescaled' to extrapolate")
 
 
 class LoopLMConfig(PretrainedConfig):
@@ -111,6 +134,7 @@ class LoopLMConfig(PretrainedConfig):
         timestep_grid: str = "rescaled",
         exit_criterion: str = "none",
         exit_threshold: float = 0.0,
+        loop_gating_reference: str = "state",
         initializer_range: float = 0.02,
         hidden_act: str = "silu",
         use_cache: bool = True,
@@ -139,6 +163,9 @@ class LoopLMConfig(PretrainedConfig):
         self.timestep_grid = timestep_grid
         self.exit_criterion = exit_criterion
         self.exit_threshold = exit_threshold
+        # What Loop Gating mixes with the core output: the state h_l ("state"; exports written
+        # before this field existed) or the injected core input u_l ("injected").
+        self.loop_gating_reference = loop_gating_reference
         self.initializer_range = initializer_range
         self.hidden_act = hidden_act
         self.use_cache = use_cache
@@ -146,14 +173,31 @@ class LoopLMConfig(PretrainedConfig):
         self._check()
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
 
+    def __setattr__(self, key, value):
+        # Checked on every assignment, not only in __init__: ``from_pretrained(..., num_loops=R)``,
+        # lm-eval's ``--model_args num_loops=R`` and ``model.config.num_loops = R`` all set the
+        # attribute on a built config, where a bad value would otherwise surface as a wrong model.
+        if key == "num_loops":
+            value = _checked_num_loops(value)
+        elif key == "timestep_grid" and value not in TIMESTEP_GRIDS:
+            raise ValueError(f"LoopLMConfig.timestep_grid={value!r}: expected one of {TIMESTEP_GRIDS}")
+        elif key == "exit_criterion" and value not in EXIT_CRITERIA:
+            raise ValueError(f"LoopLMConfig.exit_criterion={value!r}: expected one of {EXIT_CRITERIA}")
+        elif key == "exit_threshold":
+            _check_exit_threshold(value)
+        if key in ("num_loops", "timestep_grid", "timestep"):
+            fields = {**self.__dict__, key: value}
+            _check_prefix_grid(fields.get("num_loops"), fields.get("train_loops"), fields.get("timestep"),
+                               fields.get("timestep_grid"))
+        super().__setattr__(key, value)
+
     def _check(self) -> None:
         choices = {"initial_injection": INITIAL_INJECTIONS, "history_injection": HISTORY_INJECTIONS,
-                   "timestep": TIMESTEPS, "timestep_grid": TIMESTEP_GRIDS, "exit_criterion": EXIT_CRITERIA}
+                   "timestep": TIMESTEPS, "timestep_grid": TIMESTEP_GRIDS,
+                   "loop_gating_reference": LOOP_GATING_REFERENCES, "exit_criterion": EXIT_CRITERIA}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"LoopLMConfig.{key}={getattr(self, key)!r}: expected one of {allowed}")
-        if self.num_loops is not None and int(self.num_loops) < 1:
-            raise ValueError(f"LoopLMConfig.num_loops={self.num_loops!r}: expected an integer >= 1 (or None = K)")
         _check_exit_threshold(self.exit_threshold)
         if self.hidden_act != "silu":
             raise ValueError(f"LoopLMConfig.hidden_act={self.hidden_act!r}: only 'silu' (SwiGLU) is supported")
@@ -394,7 +438,8 @@ class HistoryStateInjection(nn.Module):
 
 
 class LoopGating(nn.Module):
-    """Loop Gating, Eq. (loop_level_timestep_gating): g_l = 1 + q^T psi_l, h_{l+1} = h_l + g_l (y_l - h_l)."""
+    """Loop Gating, Eq. (loop_level_timestep_gating): g_l = 1 + q^T psi_l, h_{l+1} = x_l + g_l (y_l - x_l),
+    with reference x_l = h_l (``loop_gating_reference="state"``) or the injected core input u_l."""
 
     def __init__(self):
         super().__init__()
@@ -655,7 +700,7 @@ class LoopLMModel(LoopLMPreTrainedModel):
             merge = None if token_exit is None else (lambda kk, vv, layer=k: token_exit.merge(layer, kk, vv))
             y = block(y, rope, mask, cache, first_slot + k, psi, merge)
         if cfg.timestep == "loop_gating":
-            y = self.loop_gating(h, y, psi)
+            y = self.loop_gating(u if cfg.loop_gating_reference == "injected" else h, y, psi)
         return y
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,

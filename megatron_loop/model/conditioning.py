@@ -13,7 +13,9 @@ BranchGating and AdaLN modulate the residual branch u+ = u + g * Branch((1 + s) 
 Eq. (branch_timestep_modulation); the core block (``layers.LoopBlock``) applies that update.
 
 Every parameter here starts so that the model equals the unconditioned BaseLoop at
-initialisation, and is tagged with the ``conditioning`` role (AdamW group, App. A.2).
+initialisation (unless ``model.injection_init_noise`` perturbs the initial-state injection, the
+App. E.1 ablation), and is tagged with the ``conditioning`` role (AdamW group, App. C.2; the
+dense injection matrices go to Muon with ``train.muon_conditioning_matrices``).
 """
 
 from __future__ import annotations
@@ -38,9 +40,16 @@ class InitialStateInjection(nn.Module):
       residual_channel (1 + delta_a) * h + b * h0   delta_a = b = 0    2d
       dense            [W_h W_0] [h; h0]            [I_d 0], no bias   2d^2
     Shared across loops and token positions.
+
+    ``init_noise`` (``model.injection_init_noise``, App. E.1 "Input Noise Initialization
+    Ablation"): the paper compares "initialization without noise against a noise scale of 0.03"
+    for the scalar, channel and residual_channel variants without saying how the noise enters;
+    we read it as N(0, init_noise^2) added to every coefficient of the identity initialisation
+    above (alpha; a and b; delta_a and b), drawn from torch's global generator (so the run seed
+    fixes it). Default 0: exactly the identity.
     """
 
-    def __init__(self, kind: str, hidden_size: int):
+    def __init__(self, kind: str, hidden_size: int, init_noise: float = 0.0):
         super().__init__()
         d = hidden_size
         self.kind = kind
@@ -58,7 +67,16 @@ class InitialStateInjection(nn.Module):
             self.weight = nn.Parameter(weight)
         else:
             raise LoopConfigError(f"model.initial_injection={kind!r}: expected scalar, channel, residual_channel or dense")
+        if init_noise:
+            if kind == "dense":
+                raise LoopConfigError("model.injection_init_noise: expected 0 for dense initial injection "
+                                      "(the App. E.1 ablation covers scalar, channel and residual_channel)")
+            with torch.no_grad():
+                for p in self.parameters():
+                    p.add_(torch.randn_like(p) * init_noise)
         roles.tag_all(self, roles.CONDITIONING)
+        if kind == "dense":  # one bias-free projection of concat(h, h0), as Huginn's adapter
+            roles.set_conditioning_matrix(self.weight)
 
     def forward(self, h: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
         if self.kind == "scalar":
@@ -92,6 +110,8 @@ class HistoryStateInjection(nn.Module):
         self.window = window
         self.beta = nn.Parameter(torch.zeros(shapes[kind]))
         roles.tag_all(self, roles.CONDITIONING)
+        if kind == "dense":  # w independent d x d matrices, one per lag
+            roles.set_conditioning_matrix(self.beta, roles.StackSplit(window, d))
 
     def forward(self, h: torch.Tensor, past: list[torch.Tensor]) -> torch.Tensor:
         """``past[j-1]`` is h_{l-j}; differences are taken w.r.t. the recurrent state ``h``."""
@@ -147,9 +167,17 @@ def timestep_features(num_loops: int, train_loops: int, grid: str,
 class LoopGating(nn.Module):
     """Loop Gating (LG), Eq. (loop_level_timestep_gating):
 
-        g_l = 1 + q^T psi_l,     h_{l+1} = h_l + g_l (y_l - h_l),
+        g_l = 1 + q^T psi_l,     h_{l+1} = x_l + g_l (y_l - x_l),
 
-    where y_l is the shared core's output for this iteration (after injection). 8 parameters.
+    where y_l is the shared core's output for this iteration and x_l its reference (the caller
+    picks it with ``model.loop_gating_reference``). 8 parameters.
+
+    With state injection the reference is ambiguous: Eq. (loop_level_timestep_gating) writes
+    h_{l+1} = h_l + g_l (F(h_l) - h_l), i.e. without injection, while Sec. 5.2 describes LG as
+    scaling "the difference between the shared stack's output and its input", and with injection
+    the stack's input is u_l = I(h_l, h0) + sum_j B_j(h_{l-j} - h_l), not h_l. ``state`` (the
+    default) mixes with the recurrent state h_l; ``injected`` mixes with u_l. Without injection
+    u_l = h_l and the two agree.
     """
 
     def __init__(self):
@@ -158,6 +186,7 @@ class LoopGating(nn.Module):
         roles.tag_all(self, roles.CONDITIONING)
 
     def forward(self, h: torch.Tensor, y: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
+        """``h``: the reference x_l (h_l or u_l); ``y``: the core output for this loop."""
         g = 1 + psi.to(self.q.dtype) @ self.q
         return h + g.to(h.dtype) * (y - h)
 

@@ -11,11 +11,12 @@ any combination:
     u_l     = I_phi(h_l, h0) + sum_j B_j(h_{l-j} - h_l)           (injection, Sec. 4.1)
     y_l     = F(u_l; psi_l)                                          (core, BG/AdaLN inside F)
     h_{l+1} = h_l + g_l (y_l - h_l)   with LG,   y_l otherwise       (Loop Gating)
+              (u_l in place of h_l with ``model.loop_gating_reference: injected``)
 
 Training runs exactly K loops with full backpropagation through all of them (App. A.2
-"Recurrent backpropagation"); nothing is detached. Activation checkpointing ``per_loop``
-wraps one loop iteration (all but the last, whose activations backward needs first),
-``per_block`` one block; gradients equal ``none``.
+"Recurrent backpropagation"); nothing is detached. Activation checkpointing (``per_loop``,
+``selective``, ``auto`` with a memory budget, ``per_block``) lives in ``checkpointing.py``;
+gradients equal ``none`` in every mode.
 
 Variable depth (issue 15), all off by default: ``backprop_loops=N`` runs the first r - N loops
 without a graph (truncated backpropagation; their states still flow forward, and as history
@@ -23,10 +24,10 @@ states they are constants), and ``exit_criterion`` / ``exit_threshold`` make r a
 per-token exit at inference (``adaptive_exit.py``). The training loop draws r per step
 (``training/loop_sampling.py``).
 
-Fast path (issue 8, ``megatron_loop/perf.py``): the loss is a chunked linear + cross-entropy
-that never materialises the full-vocabulary fp32 logits of the batch; ``model.compile=true``
-compiles each block once (the loop stays in Python, so any r reuses the compiled block);
-the forward never reads a value back to the host.
+Fast path (issues 8 and 13, ``megatron_loop/perf.py``): the loss is a chunked linear +
+cross-entropy that never materialises the full-vocabulary logits of the batch (Liger-Kernel's
+fused kernel on CUDA); ``model.compile`` (auto: on with CUDA) compiles each block once (the loop
+stays in Python, so any r reuses the compiled block); the step never reads a value back to the host.
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from transformers.utils import ModelOutput
 
 from megatron_loop.config import ModelConfig
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
+from megatron_loop.model.checkpointing import (FULL, GIB, NONE, default_budget_bytes, loop_kinds, loop_memory,
+                                               plan_loops, run_checkpointed, run_loop)
 from megatron_loop.model.compat import ensure_parallel_state, rope_freqs, rope_inv_freq, transformer_config
 from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStateInjection, LoopGating,
                                               branch_modulation, history_window, timestep_features)
@@ -104,7 +106,7 @@ class LoopLM(nn.Module):
 
         # ---- conditioning (Sec. 4); all of it starts as the identity
         self.initial_injection = (None if config.initial_injection == "none"
-                                  else InitialStateInjection(config.initial_injection, d))
+                                  else InitialStateInjection(config.initial_injection, d, config.injection_init_noise))
         self.history_injection = (None if config.history_injection == "none"
                                   else HistoryStateInjection(config.history_injection, d, config.history_window))
         self.loop_gating = LoopGating() if config.timestep == "loop_gating" else None
@@ -117,13 +119,17 @@ class LoopLM(nn.Module):
         with torch.device("cpu"):
             self._inv_freq_fp32 = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.activation_checkpointing = config.activation_checkpointing
+        self.activation_checkpointing_budget_gib = config.activation_checkpointing_budget_gib
+        self._checkpoint_plans: dict[tuple, object] = {}  # activation_checkpointing=auto, per input shape
+        self.selective_blocks = False  # set while a selective loop runs (checkpointing.run_loop)
         self.loss_chunk_tokens = DEFAULT_CHUNK_TOKENS
+        self.loss_implementation = config.loss_implementation
         # psi grids and rotary angles, built once per key on the device: later forwards copy
         # nothing host->device (a pageable copy would synchronise the CUDA stream).
         self._device_constants: dict[tuple, torch.Tensor] = {}
         for name, p in self.named_parameters():
             roles.role_of(p)  # every parameter must carry a role (raises otherwise)
-        if config.compile:
+        if config.compile_enabled:
             compile_blocks([*self.prelude, *self.core, *self.coda])
 
     # ------------------------------------------------------------------ helpers
@@ -170,8 +176,27 @@ class LoopLM(nn.Module):
     # memory per checkpointed loop beyond h_l).
     def _run_block(self, block: nn.Module, h: torch.Tensor, rope: torch.Tensor, psi: torch.Tensor | None):
         if self.activation_checkpointing == "per_block" and torch.is_grad_enabled():
-            return checkpoint(block, h, rope, psi, use_reentrant=False, preserve_rng_state=False)
-        return block(h, rope, psi)
+            return run_checkpointed(FULL, block, h, rope, psi)
+        return block(h, rope, psi, selective=self.selective_blocks)
+
+    def loop_checkpointing(self, num_loops: int, hidden: torch.Tensor) -> tuple[str, ...] | None:
+        """What each loop keeps for backward (``model/checkpointing.py``); None without autograd."""
+        if not torch.is_grad_enabled():
+            return None
+        s, b = hidden.shape[:2]  # [s, b, d]
+
+        def plan():
+            key = (num_loops, b, s, hidden.dtype, hidden.device, self.activation_checkpointing_budget_gib)
+            if key not in self._checkpoint_plans:  # planned once per shape, dtype, device and budget
+                gib = self.activation_checkpointing_budget_gib
+                budget = gib * GIB if gib is not None else default_budget_bytes(hidden.device)
+                params = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in self.parameters()
+                             if p.requires_grad)  # ZeRO-3 partitions report their full size as ds_numel
+                memory = loop_memory(self.config, b, s, hidden.element_size(), self.loss_chunk_tokens, params)
+                self._checkpoint_plans[key] = plan_loops(num_loops, memory, budget)
+            return self._checkpoint_plans[key]
+
+        return loop_kinds(self.activation_checkpointing, num_loops, plan)
 
     def loop_iteration(self, h: torch.Tensor, h0: torch.Tensor, rope: torch.Tensor, psi: torch.Tensor | None,
                        *past: torch.Tensor) -> torch.Tensor:
@@ -186,8 +211,8 @@ class LoopLM(nn.Module):
         y = u
         for block in self.core:
             y = self._run_block(block, y, rope, psi)
-        if self.loop_gating is not None:
-            y = self.loop_gating(h, y, psi)
+        if self.loop_gating is not None:  # reference h_l or u_l: conditioning.LoopGating
+            y = self.loop_gating(u if self.config.loop_gating_reference == "injected" else h, y, psi)
         return y
 
     # ------------------------------------------------------------------ forward
@@ -235,9 +260,10 @@ class LoopLM(nn.Module):
         trajectory = [h0] if return_trajectory else None
         completed: list[torch.Tensor] = []  # h_1 .. h_l (h0 excluded), for the history window
         w = cfg.history_window if self.history_injection is not None else 0
-        checkpoint_loops = self.activation_checkpointing == "per_loop" and torch.is_grad_enabled()
         # Truncated backpropagation: loops 0 .. detached-1 run without a graph; h_detached is a constant.
         detached = 0 if backprop_loops is None else max(r - int(backprop_loops), 0)
+        # none / selective / full per graphed loop (checkpointing.py); detached loops keep nothing
+        kinds = self.loop_checkpointing(r - detached, h)
         token_exit = None
         if exit_criterion != "none":
             from megatron_loop.model.adaptive_exit import TokenExit
@@ -250,14 +276,9 @@ class LoopLM(nn.Module):
                 if step < detached:
                     with torch.no_grad():
                         h_next = self.loop_iteration(h, h0, rope, psi, *past)
-                # The last loop is not checkpointed: backward would recompute it first thing, so keeping
-                # its activations saves 1/r of the recomputation; the peak rises only by the loss's
-                # transient chunk buffers, which now coexist with them (independent of r).
-                elif checkpoint_loops and step < r - 1:
-                    h_next = checkpoint(self.loop_iteration, h, h0, rope, psi, *past, use_reentrant=False,
-                                        preserve_rng_state=False)
                 else:
-                    h_next = self.loop_iteration(h, h0, rope, psi, *past)
+                    h_next = run_loop(kinds[step - detached] if kinds else NONE, self, self.loop_iteration,
+                                      h, h0, rope, psi, *past)
                 h = h_next if token_exit is None else token_exit.step(h, h_next)
                 if w:
                     completed = completed[-w:] + [h]  # keep only what later windows can reach
@@ -282,12 +303,14 @@ class LoopLM(nn.Module):
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy (App. A.2) from final hidden states ``[b, s, d]``.
 
-        Chunked over tokens (``self.loss_chunk_tokens`` at a time) with fp32 logits per chunk;
-        equal to ``F.cross_entropy`` of the full fp32 logits (``perf.chunked_linear_cross_entropy``).
+        Chunked over tokens (``self.loss_chunk_tokens`` at a time); equal to ``F.cross_entropy`` of
+        the full fp32 logits (``perf.chunked_linear_cross_entropy``). ``model.loss_implementation``
+        picks torch's fp32 chunks (CPU, the reference) or Liger-Kernel's fused kernel (CUDA).
         """
         h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
         return chunked_linear_cross_entropy(h, self.head_weight(), labels[:, 1:].reshape(-1),
-                                            chunk_size=self.loss_chunk_tokens, ignore_index=IGNORE_INDEX)
+                                            chunk_size=self.loss_chunk_tokens, ignore_index=IGNORE_INDEX,
+                                            implementation=self.loss_implementation)
 
 
 def build_model(config: ModelConfig, device: torch.device | str | None = None) -> LoopLM:

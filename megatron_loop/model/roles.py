@@ -21,11 +21,12 @@ MATRIX = "matrix"  # hidden projection matrix -> Muon
 EMBEDDING = "embedding"  # token embedding -> AdamW
 HEAD = "head"  # LM head (absent when tied) -> AdamW
 NORM = "norm"  # RMSNorm weights -> AdamW
-CONDITIONING = "conditioning"  # injection / timestep parameters -> AdamW
+CONDITIONING = "conditioning"  # injection / timestep parameters -> AdamW (see conditioning_matrix)
 ROLES = (MATRIX, EMBEDDING, HEAD, NORM, CONDITIONING)
 
 _ROLE_ATTR = "looplm_role"
 _SPLIT_ATTR = "looplm_split"
+_DENSE_ATTR = "looplm_conditioning_matrix"
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,40 @@ class GateUpSplit:
         return [torch.arange(self.ffn_size), torch.arange(self.ffn_size, 2 * self.ffn_size)]
 
 
-def set_role(param: torch.nn.Parameter, role: str, split: QKVSplit | GateUpSplit | None = None) -> None:
+@dataclass(frozen=True)
+class StackSplit:
+    """A stack of ``count`` independent ``rows x cols`` matrices stored as one ``[count, rows, cols]``
+    tensor (dense history injection: one B_j per lag). Muon treats it as its 2-D view
+    ``[count * rows, cols]`` split into ``count`` row blocks, i.e. one matrix at a time."""
+
+    count: int
+    rows: int
+
+    def row_index(self) -> list[torch.Tensor]:
+        return [torch.arange(j * self.rows, (j + 1) * self.rows) for j in range(self.count)]
+
+
+def set_role(param: torch.nn.Parameter, role: str, split: QKVSplit | GateUpSplit | StackSplit | None = None) -> None:
     if role not in ROLES:
         raise ValueError(f"unknown parameter role {role!r}; expected one of {ROLES}")
     setattr(param, _ROLE_ATTR, role)
     setattr(param, _SPLIT_ATTR, split)
+
+
+def set_conditioning_matrix(param: torch.nn.Parameter, split: StackSplit | None = None) -> None:
+    """Tag a dense injection matrix: a ``conditioning`` parameter that is also a hidden matrix.
+
+    App. C.2 gives Muon "the matrix-valued attention and feed-forward projection weights" and
+    AdamW "other vector- or scalar-valued parameters"; a dense injection matrix is neither, so
+    where it belongs is a reading: AdamW by default, Muon with ``train.muon_conditioning_matrices``
+    (see :func:`uses_muon`).
+    """
+    set_role(param, CONDITIONING, split)
+    setattr(param, _DENSE_ATTR, True)
+
+
+def is_conditioning_matrix(param: torch.nn.Parameter) -> bool:
+    return role_of(param) == CONDITIONING and getattr(param, _DENSE_ATTR, False)
 
 
 def role_of(param: torch.nn.Parameter) -> str:
@@ -71,8 +101,9 @@ def role_of(param: torch.nn.Parameter) -> str:
     return role
 
 
-def uses_muon(param: torch.nn.Parameter) -> bool:
-    return role_of(param) == MATRIX
+def uses_muon(param: torch.nn.Parameter, conditioning_matrices: bool = False) -> bool:
+    """Muon for hidden matrices; with ``conditioning_matrices`` also for the dense injection matrices."""
+    return role_of(param) == MATRIX or (conditioning_matrices and is_conditioning_matrix(param))
 
 
 def projection_rows(param: torch.nn.Parameter) -> list[torch.Tensor] | None:

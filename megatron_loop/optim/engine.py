@@ -58,6 +58,9 @@ class OptimizerSettings:
     warmup_fraction: float = WARMUP_FRACTION
     stable_fraction: float = STABLE_FRACTION
     min_lr_ratio: float = FINAL_FRACTION
+    # Grouping (optimizer.role_param_groups): "muon_adamw" | "adamw"; dense injection matrices to Muon.
+    optimizer: str = "muon_adamw"
+    muon_conditioning_matrices: bool = False
 
 
 class EngineParts(NamedTuple):
@@ -70,7 +73,7 @@ def build_optimizer(model: torch.nn.Module, settings: OptimizerSettings, *, clip
     """``MuonAdamW`` over ``model``'s role groups; it clips raw gradients itself only when
     ``clip_in_optimizer`` (whole weights: no DeepSpeed or ZeRO stage 0)."""
     return MuonAdamW(
-        role_param_groups(model),
+        role_param_groups(model, settings.optimizer, settings.muon_conditioning_matrices),
         lr=settings.lr,
         weight_decay=settings.weight_decay,
         betas=settings.betas,
@@ -168,11 +171,12 @@ def resolve_ds_config(
     return config
 
 
-def init_distributed() -> None:
+def init_distributed(timeout=None) -> None:
     """Initialise torch.distributed through DeepSpeed (nccl on GPU, gloo on CPU).
 
     A plain ``python`` launch (no ``RANK`` in the environment) becomes a world of one on a free
-    local port, so the same entry point runs on one process without a launcher.
+    local port, so the same entry point runs on one process without a launcher. ``timeout``
+    (a ``datetime.timedelta``) bounds every collective; None keeps DeepSpeed's default.
     """
     if dist.is_initialized():
         return
@@ -181,7 +185,8 @@ def init_distributed() -> None:
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend=None, auto_mpi_discovery=False)
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    deepspeed.init_distributed(dist_backend=None, auto_mpi_discovery=False, **kwargs)
 
 
 def attach_zero_layouts(zero_optimizer: Any, optimizer: MuonAdamW) -> int:

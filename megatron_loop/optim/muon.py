@@ -103,6 +103,9 @@ def orthogonalized_update(
     rows = roles.projection_rows(param)
     if rows is None:
         return newton_schulz(matrix, steps).mul_(muon_scale(matrix.shape, rule))
+    if matrix.ndim == 3:  # a stack of matrices (roles.StackSplit): its 2-D view, one row block each
+        return orthogonalized_update(matrix.reshape(-1, matrix.shape[-1]), param, steps=steps,
+                                     rule=rule).reshape(matrix.shape)
     update = torch.empty_like(matrix)
     covered = 0
     for index in rows:

@@ -21,7 +21,10 @@ checkpoints. It works on three kinds of parameters:
   orthogonalisation, unlike DeepSpeed's Muon, DeepSpeed#8439); ``clip_grad`` must then be None.
 
 Groups come from roles (:func:`megatron_loop.model.roles.uses_muon`), never from names
-(DeepSpeed's Muon tags by name and overwrites flags, DeepSpeed#8438).
+(DeepSpeed's Muon tags by name and overwrites flags, DeepSpeed#8438). Two ablation switches
+choose the grouping (:func:`role_param_groups`): ``train.optimizer: adamw`` puts every parameter
+in the AdamW group (App. D.1, Table 7: the pilot that chose Muon), and
+``train.muon_conditioning_matrices`` moves the dense injection matrices to Muon.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch.optim.adamw import adamw as adamw_functional
 
+from megatron_loop.config import OPTIMIZERS
 from megatron_loop.model import roles
 from megatron_loop.optim.layout import PartitionLayout
 from megatron_loop.optim.muon import SCALE_RULES, ScaleRule, momentum_input_, orthogonalized_update
@@ -39,19 +43,28 @@ MUON_GROUP = "muon"
 ADAMW_GROUP = "adamw"
 
 
-def role_param_groups(model: torch.nn.Module) -> list[dict]:
+def role_param_groups(model: torch.nn.Module, optimizer: str = "muon_adamw",
+                      muon_conditioning_matrices: bool = False) -> list[dict]:
     """The two param groups ``[muon, adamw]`` of ``model``'s trainable parameters, by role.
 
-    Raises if a parameter has no role (roles.role_of). A group can be empty (e.g. a model
-    without matrices); empty groups are dropped because DeepSpeed cannot flatten them.
+    ``optimizer="muon_adamw"`` (App. C.2): hidden matrices to Muon, the rest to AdamW; the dense
+    injection matrices join Muon only with ``muon_conditioning_matrices``. ``"adamw"``: every
+    parameter to AdamW (the optimizer ablation, App. D.1). Raises if a parameter has no role
+    (roles.role_of). A group can be empty (e.g. a model without matrices); empty groups are
+    dropped because DeepSpeed cannot flatten them.
     """
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {OPTIMIZERS}")
     muon, adamw = [], []
     for param in model.parameters():
         if param.requires_grad:
-            (muon if roles.uses_muon(param) else adamw).append(param)
+            to_muon = optimizer == "muon_adamw" and roles.uses_muon(param, muon_conditioning_matrices)
+            (muon if to_muon else adamw).append(param)
     for param in muon:
-        if param.ndim != 2:
-            raise ValueError(f"a {roles.MATRIX!r} parameter must be 2-D, got shape {tuple(param.shape)}")
+        stacked = param.ndim == 3 and roles.projection_rows(param) is not None  # roles.StackSplit
+        if param.ndim != 2 and not stacked:
+            raise ValueError(f"a Muon parameter must be 2-D (or a StackSplit stack of matrices), "
+                             f"got shape {tuple(param.shape)}")
     groups = [{"name": MUON_GROUP, "muon": True, "params": muon}, {"name": ADAMW_GROUP, "muon": False, "params": adamw}]
     return [group for group in groups if group["params"]]
 
@@ -147,7 +160,7 @@ class MuonAdamW(torch.optim.Optimizer):
             layout = self.layout_of(param)
             if layout is not None:
                 update = layout.map_full(direction, orthogonalize)
-            elif param.ndim == 2:
+            elif param.ndim in (2, 3):  # 3-D: a StackSplit stack, checked by role_param_groups
                 update = orthogonalize(direction, param)
             else:
                 raise RuntimeError(

@@ -1,0 +1,166 @@
+"""The registry of the paper's runs (issue 14): every run builds with the paper's parameter
+count, examples/ is generated from it and current, the issue's list is covered, studies and
+their CPU twins resolve, and ``pretrain_loop.py --list-configs`` prints every run."""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+
+import pytest
+
+from data_fixtures import REPO
+from megatron_loop import build_model, registry
+from megatron_loop.config import BACKBONES, build_model_config, load_config
+from megatron_loop.model import roles
+
+
+def _load(path):
+    """A script of the repository as a module (scripts are not on sys.path under pytest)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+generate_configs = _load(REPO / "tools" / "generate_configs.py")
+
+
+def test_examples_are_generated_from_the_registry_and_current():
+    """A stale file, a registry run without its file, or a paper-config file the registry does
+    not know all fail (``tools/generate_configs.py --check``)."""
+    assert generate_configs.problems() == []
+    assert len(generate_configs.expected_files()) == len(registry.RUNS)
+
+
+def test_check_reports_stale_missing_and_unknown(tmp_path, monkeypatch):
+    for name in ("llama_4x5", "qwen_4x7"):
+        (tmp_path / f"{name}.yaml").write_text(registry.render_run(registry.RUNS[name]))
+    (tmp_path / "qwen_4x7.yaml").write_text("model: {}\n")
+    (tmp_path / "qwen_9x9.yaml").write_text("model: {}\n")
+    (tmp_path / "tiny_2x3.yaml").write_text("model: {}\n")  # CPU configs are not the registry's
+    monkeypatch.setattr(generate_configs, "EXAMPLES", tmp_path)
+    monkeypatch.setattr(generate_configs, "ROOT", tmp_path.parent)
+    found = generate_configs.problems()
+    assert f"{tmp_path.name}/qwen_4x7.yaml: stale" in found
+    assert f"{tmp_path.name}/qwen_9x9.yaml: not in the registry" in found
+    assert f"{tmp_path.name}/llama_2x10.yaml: missing" in found
+    assert not any("llama_4x5.yaml" in p or "tiny_2x3" in p for p in found)
+    assert len(found) == len(registry.RUNS) - 2 + 2
+
+
+def test_every_run_builds_with_the_papers_parameter_count():
+    """Meta-device build of all runs: the backbone count equals the paper's (Tables 1-2 exactly,
+    App. C.1's rounded Qwen counts to their 0.01M), the conditioning count equals App. C.1's
+    formula exactly, and the depths match the family's L(K)."""
+    with_paper = 0
+    for run in registry.RUNS.values():
+        total, backbone = registry.parameter_counts(run.model_fields())
+        assert total - backbone == run.paper_conditioning_parameters(), run.name
+        if run.paper_params is not None:
+            with_paper += 1
+            assert abs(backbone - run.paper_params) * 2 <= run.paper_params_precision, (run.name, backbone)
+        if not run.train:  # the optimizer pilot has its own depths (App. D.1)
+            assert run.effective_depth == run.fam.effective_depth, run.name
+    assert with_paper == len(registry.RUNS) - 10  # all but the pilot
+    # the count is the built model's, not a formula: spot-check one run against a real build
+    model = build_model(build_model_config(registry.RUNS["qwen_4x7_hist_dense_w2+lg"].model_fields()),
+                        device="meta")
+    assert registry.parameter_counts(registry.RUNS["qwen_4x7_hist_dense_w2+lg"].model_fields()) == (
+        model.num_parameters(), model.num_parameters(backbone_only=True))
+    assert any(roles.is_conditioning_matrix(p) for p in model.parameters())
+
+
+def test_registry_covers_the_issue_list():
+    runs = list(registry.RUNS.values())
+    paper = [r for r in runs if not r.train]
+
+    def count(**want):
+        return sum(all(getattr(r.conditioning, k, None) == v if hasattr(r.conditioning, k) else getattr(r, k) == v
+                       for k, v in want.items()) for r in paper)
+
+    none = registry.Conditioning()
+    kinds = collections.Counter((r.family, r.kind) for r in paper if r.conditioning == none)
+    assert kinds == {("llama", "NonLoop"): 1, ("llama", "BaseLoop"): 4, ("llama", "CoreLoop"): 14,
+                     ("qwen", "NonLoop"): 1, ("qwen", "BaseLoop"): 4, ("qwen", "CoreLoop"): 3}
+    for fam in ("llama", "qwen"):  # initial x 4 and LG / BG / AdaLN for every BaseLoop
+        for kind in registry.INITIAL:
+            assert count(family=fam, kind="BaseLoop", initial=kind, history="none", timestep="none",
+                         init_noise=0.0) == 4
+        for kind in registry.TIMESTEP:
+            assert count(family=fam, kind="BaseLoop", timestep=kind, initial="none", history="none") == 4
+    for kind in ("scalar", "channel", "dense"):  # history x w in {1, 2, 4}
+        assert {r.conditioning.window for r in paper if r.conditioning == registry.Conditioning(
+            history=kind, window=r.conditioning.window)} == {1, 2, 4}
+    combos = {r.conditioning.label for r in paper if r.layout == "4x7" and r.family == "qwen"}
+    for label in ("I(channel)+H(channel, w=2)", "I(channel)+LG", "I(channel)+BG", "H(channel, w=2)+LG",
+                  "H(channel, w=2)+BG", "I(channel)+H(channel, w=2)+LG", "I(channel)+H(channel, w=2)+BG",
+                  "I(dense)+LG", "I(dense)+BG", "H(dense, w=1)+LG", "H(channel, w=4)+LG",
+                  "I(scalar)+H(scalar, w=4)", "I(dense)+H(dense, w=1)", "I(channel, noise 0.03)"):
+        assert label in combos, label
+    pilot = [r for r in runs if r.train]
+    assert collections.Counter(dict(r.train)["optimizer"] for r in pilot) == {"adamw": 5, "muon_adamw": 5}
+
+
+def test_studies_resolve_and_cover_every_run():
+    in_a_study = {name for s in registry.STUDY_LIST for name in s.runs}
+    assert in_a_study == set(registry.RUNS)
+    assert all(name in registry.RUNS for s in registry.STUDY_LIST for name in s.runs)
+    refs = {ref for name in registry.RUNS for ref in registry.paper_refs(name)}
+    assert {f"Fig. {i}" for i in range(1, 24)} <= refs
+    assert {f"Table {i}" for i in (1, 2, 7, 8, 9, 10, 11, 12)} <= refs
+    assert registry.paper_refs("llama_2x10_lg") == []  # not in the paper (study ext_llama_timestep)
+
+
+def test_toy_twins_load_with_the_execution_settings(tmp_path):
+    plan = generate_configs.write_toys(registry.STUDIES["toy"], str(tmp_path))
+    names = [line.split("\t")[0] for line in plan]
+    assert names == ["nonloop_6x1", "baseloop_2x3", "coreloop_0+1x5+1", "baseloop_2x3_hist_lg"]
+    hist_lg = load_config(tmp_path / "configs" / "baseloop_2x3_hist_lg.yaml")
+    m = hist_lg.model
+    assert (m.backbone, m.layout, m.history_injection, m.history_window, m.timestep) == (
+        "tiny-llama", "0+2x3+0", "channel", 2, "loop_gating")
+    assert hist_lg.train.micro_batch_size == registry.EXECUTION["toy"]["micro_batch_size"]
+    assert hist_lg.data.train_prefixes == [f"{tmp_path}/data/corpus"]
+    assert plan[-1].split("\t")[2:] == ["1,2,3,4,5,6", "-"]
+    # default twins: the run's own layout and conditioning at tiny width; probes for geometry figures
+    plan = generate_configs.write_toys(registry.STUDIES["fig3"], str(tmp_path / "fig3"))
+    for line in plan:
+        name, path, loops, probe = line.split("\t")
+        run = registry.RUNS[name.removeprefix("toy_")]
+        cfg = load_config(path)
+        assert cfg.model.backbone == "tiny-llama"
+        assert cfg.model.layout == f"{run.prelude}+{run.core}x{run.loops}+{run.coda}"
+        assert loops.split(",")[-1] == str(2 * run.loops) and probe != "-"
+
+
+def test_study_commands_and_cli_errors(capsys):
+    lines = generate_configs.study_commands(registry.STUDIES["fig7"])
+    trains = [line for line in lines if line.startswith("deepspeed pretrain_loop.py")]
+    assert trains == [f"deepspeed pretrain_loop.py --config examples/{n}.yaml" for n in registry.STUDIES["fig7"].runs]
+    evals = [line for line in lines if "eval_loops.py" in line]
+    assert "--loops 1,2,3," in evals[0] and evals[0].split("--loops ")[1].split()[0].endswith(",21")  # 3 x K
+    assert evals[-1].count("--compare") == len(trains) - 1
+    assert generate_configs.main(["--study", "nope", "--commands"]) == 2
+    assert "unknown study" in capsys.readouterr().err
+    assert generate_configs.main(["--study", "table2", "--toy-dir", "x"]) == 2
+
+
+def test_list_configs_cli_prints_every_run(monkeypatch, capsys):
+    """Counts go through registry.parameter_counts (checked above); here the CLI wiring and table."""
+    pretrain_loop = _load(REPO / "pretrain_loop.py")
+    seen = []
+    monkeypatch.setattr(registry, "parameter_counts", lambda fields: seen.append(fields) or (1234567, 1))
+    assert pretrain_loop.main(["--list-configs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(seen) == len(registry.RUNS) and len(out) == len(registry.RUNS) + 2
+    row = next(line for line in out if line.startswith("qwen_4x7_hist_channel_w2+lg "))
+    for cell in ("Qwen3-0.6B", "BaseLoop", "0+4x7+0", "H(channel, w=2)+LG", "1,234,567", "Fig. 7", "Fig. 20"):
+        assert cell in row, cell
+    assert pretrain_loop.main([]) == 2
+
+
+@pytest.mark.parametrize("name", ["llama_4x5", "qwen_4x7", "qwen_4x7_init_channel+hist_channel_w2+lg"])
+def test_existing_names_keep_working(name):
+    cfg = load_config(REPO / "examples" / f"{name}.yaml")
+    assert cfg.model.backbone in BACKBONES and cfg.train.seq_length == 2048
