@@ -67,3 +67,26 @@ def test_bad_exit_arguments_are_one_error_line(tmp_path, capsys, extra, message)
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and message in err[-1]
     assert not (tmp_path / "eval").exists()  # refused before any work
+
+
+def test_bench_backprop_and_exit_decode_modes(tmp_path):
+    """tools/bench.py --mode backprop,exit-decode on CPU, tiny: truncation keeps less for backward
+    (peak memory is exact on CPU), threshold 0 decodes exactly as fixed r = cap and a huge threshold
+    runs one loop per decoded token. No timing is asserted (docs/BENCHMARKS.md has the figures)."""
+    import subprocess
+    import sys
+
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "bench.py"), "--device", "cpu", "--mode", "backprop,exit-decode",
+         "--loops", "2", "--steps", "1", "--warmup", "0", "--seq", "16", "--micro-batch", "1",
+         "--hf-model", str(hf_assets().exports["base_llama"]), "--valid-prefix", data_assets().prefix + "_valid",
+         "--eval-loops", "1,2", "--exits", "kl:0,kl:1e9", "--json", str(out_json)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {r["case"]: r["metrics"] for r in json.loads(out_json.read_text())["rows"]}
+    assert rows["llama 4x2 N=1"]["peak_step_mib"] < rows["llama 4x2 full"]["peak_step_mib"]
+    assert rows["llama 4x2 N=2 (K)"]["peak_step_mib"] == rows["llama 4x2 full"]["peak_step_mib"]
+    never, always = rows["kl exit 0, r<=2"], rows["kl exit 1e9, r<=2"]
+    assert never["loops_per_token"] == 2 and never["same_tokens_as_cap"] == 1.0
+    assert always["loops_per_token"] == 1

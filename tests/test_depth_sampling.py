@@ -70,12 +70,12 @@ def test_draws_are_a_function_of_seed_and_step_only():
 
 
 def test_distributions_have_mean_k_and_respect_the_range():
-    n = 4000
+    n = 2000
     pln = [sample_train_loops(_cfg(loop_sampling="poisson_lognormal").train, 4, s) for s in range(n)]
-    assert min(pln) >= 1 and statistics.mean(pln) == pytest.approx(4, abs=0.15)  # E[1 + Poisson(lognormal)] = K
+    assert min(pln) >= 1 and statistics.mean(pln) == pytest.approx(4, abs=0.2)  # E[1 + Poisson(lognormal)] = K
     assert max(pln) >= 10  # Huginn's heavy right tail
     uni = [sample_train_loops(_cfg(loop_sampling="uniform").train, 4, s) for s in range(n)]
-    assert set(uni) == set(range(1, 8)) and statistics.mean(uni) == pytest.approx(4, abs=0.15)  # U{1..2K-1}
+    assert set(uni) == set(range(1, 8)) and statistics.mean(uni) == pytest.approx(4, abs=0.2)  # U{1..2K-1}
     clipped = _cfg(loop_sampling="poisson_lognormal", loop_sampling_min=2, loop_sampling_max=6).train
     assert {sample_train_loops(clipped, 4, s) for s in range(n)} == set(range(2, 7))
 

@@ -684,13 +684,17 @@ def bench_exit_decode(setup: Setup, model_dir: str, valid_prefix: str, fixed: li
                                                                   exit_threshold=float(threshold))
     outputs, loops = {}, {}
 
-    def decode(name: str, kwargs: dict) -> Callable[[], None]:
-        def run() -> None:
+    def decode(name: str, fields: dict) -> Callable[[], None]:
+        def run() -> None:  # on the config: generate sizes the KV cache from config.num_loops
+            for key, value in {**defaults, **fields}.items():
+                setattr(model.config, key, value)
             with torch.no_grad():
                 outputs[name] = [model.generate(x, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                                do_sample=False, pad_token_id=0, eos_token_id=None, **kwargs)
+                                                do_sample=False, pad_token_id=0, eos_token_id=None)
                                  for x in inputs]
         return run
+
+    defaults = dict(num_loops=None, exit_criterion="none", exit_threshold=0.0)
 
     def count(module, args, kwargs, output) -> None:  # decode steps only (one new token per forward)
         if output.exit_loops is not None and output.exit_loops.shape[1] == 1:
