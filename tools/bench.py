@@ -638,6 +638,9 @@ def bench_profile(setup: Setup, config: str, top: int) -> list[Row]:
         rows.append(Row("profile", e.key, {}, {"self_ms": getattr(e, attr) / 1e3, "share": getattr(e, attr) / total,
                                               "calls": e.count}))
     rows.append(Row("profile", "total (one step)", {"config": config}, {"self_ms": total / 1e3, "share": 1.0}))
+    return rows
+
+
 def bench_backprop(setup: Setup, family: str, loops: int) -> list[Row]:
     """Forward + backward at K loops with ``backprop_loops`` N = 1, K/2, K and full (None), one model
     (channel initial injection, checkpointing off), side by side; FLOPs count the executed backward."""

@@ -280,6 +280,7 @@ class LoopLM(nn.Module):
                     h_next = run_loop(kinds[step - detached] if kinds else NONE, self, self.loop_iteration,
                                       h, h0, rope, psi, *past)
                 h = h_next if token_exit is None else token_exit.step(h, h_next)
+                del h_next  # no second reference to the state past its loop (it would outlive the core)
                 if w:
                     completed = completed[-w:] + [h]  # keep only what later windows can reach
                 if trajectory is not None:
