@@ -2,7 +2,8 @@
 
 ``lm_eval.simple_evaluate`` with ``HFLM(pretrained=model)`` (zero-shot, log-likelihood
 multiple choice, logged samples). Returns the headline score of every task (percent; BBH =
-unweighted mean of its subtasks) and accuracy per ``depth`` of the logged samples.
+unweighted mean of its subtasks), accuracy per ``depth`` of the logged samples, and for every
+task made of subtasks both averages (:func:`~megatron_loop.eval.tasks.subtask_averages`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from megatron_loop.errors import LoopDataError
-from megatron_loop.eval.tasks import TASKS_DIR, TaskSpec, mean
+from megatron_loop.eval.tasks import TASKS_DIR, TaskSpec, mean, subtask_averages
 
 
 def task_manager(include_paths: list[str] | None = None):
@@ -37,8 +38,9 @@ def depth_accuracy(samples: list[dict], metric: str) -> dict[int, dict[str, floa
     return {d: {"accuracy": 100.0 * mean(v), "n": len(v)} for d, v in sorted(buckets.items())}
 
 
-def evaluate_tasks(lm, specs: list[TaskSpec], manager, limit: int | float | None = None) -> tuple[dict, dict]:
-    """(scores {task key: percent}, per_depth {task key: {depth: {accuracy, n}}}) at the model's current r."""
+def evaluate_tasks(lm, specs: list[TaskSpec], manager, limit: int | float | None = None) -> tuple[dict, dict, dict]:
+    """(scores {task key: percent}, per_depth {task key: {depth: {accuracy, n}}}, averages {task key
+    of several subtasks: subtask_averages}) at the model's current r."""
     import lm_eval
 
     names = sorted({t for s in specs for t in s.lm_eval_tasks})
@@ -49,7 +51,7 @@ def evaluate_tasks(lm, specs: list[TaskSpec], manager, limit: int | float | None
     out = lm_eval.simple_evaluate(model=lm, tasks=names, num_fewshot=0, limit=limit, log_samples=True,
                                   task_manager=manager, bootstrap_iters=0, verbosity="WARNING")
     results, samples = out["results"], out["samples"]
-    scores, per_depth = {}, {}
+    scores, per_depth, averages = {}, {}, {}
     for spec in specs:
         values = []
         for name in spec.lm_eval_tasks:
@@ -59,8 +61,11 @@ def evaluate_tasks(lm, specs: list[TaskSpec], manager, limit: int | float | None
                                     "task with that metric")
             values.append(100.0 * results[name][key])
         scores[spec.key] = mean(values)
+        if len(spec.lm_eval_tasks) > 1:
+            sizes = {n: len(samples[n]) for n in spec.lm_eval_tasks}  # items each subtask evaluated
+            averages[spec.key] = subtask_averages(dict(zip(spec.lm_eval_tasks, values)), sizes)
         if spec.depth_axis is not None and len(spec.lm_eval_tasks) == 1:
             strata = depth_accuracy(samples[spec.lm_eval_tasks[0]], spec.metric)
             if strata:
                 per_depth[spec.key] = strata
-    return scores, per_depth
+    return scores, per_depth, averages

@@ -7,7 +7,11 @@
      "metrics": {task: metric}, "groups_of": {task: group},
      "tasks": {task: {r: percent}}, "groups": {knowledge|reasoning|overall: {r: percent}},
      "per_depth": {task: {r: {depth: {"accuracy", "n"}}}},
-     "heldout": {r: {"loss", "perplexity", "sequences"}}, "limit", "lm_eval_tasks": {task: [...]} }
+     "heldout": {r: {"loss", "perplexity", "sequences"}}, "limit", "lm_eval_tasks": {task: [...]},
+     "subtask_averages": {task: {r: {"mean", "size_weighted", "subtasks": {name: {"accuracy", "n"}}}}} }
+
+``tasks`` holds BBH's ``mean`` (the paper's unweighted mean of the 14 subtasks); ``size_weighted``
+is lm-eval's group number (subtasks weighted by their item counts).
 
 ``results.csv``: one row per task / group / loss / perplexity, one column per r (header
 ``r=R (L=...)``), plus a first row with the effective depths. ``per_depth.csv``: long format

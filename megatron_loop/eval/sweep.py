@@ -80,7 +80,7 @@ def run_sweep(model_dir: str | Path, settings: SweepSettings, label: str | None 
         "metrics": {t.key: t.metric for t in settings.tasks}, "groups_of": {t.key: t.group for t in settings.tasks},
         "lm_eval_tasks": {t.key: list(t.lm_eval_tasks) for t in settings.tasks}, "limit": settings.limit,
         "tasks": {t.key: {} for t in settings.tasks}, "groups": {g: {} for g in (*GROUPS, "overall")},
-        "per_depth": {}, "heldout": {},
+        "per_depth": {}, "heldout": {}, "subtask_averages": {},
     }
     lm = manager = None
     if settings.tasks:
@@ -92,7 +92,9 @@ def run_sweep(model_dir: str | Path, settings: SweepSettings, label: str | None 
         if settings.tasks:
             from megatron_loop.eval.harness import evaluate_tasks
 
-            scores, per_depth = evaluate_tasks(lm, settings.tasks, manager, settings.limit)
+            scores, per_depth, averages = evaluate_tasks(lm, settings.tasks, manager, settings.limit)
+            for key, avg in averages.items():  # BBH: the paper's mean and lm-eval's size-weighted number
+                results["subtask_averages"].setdefault(key, {})[r] = avg
             for key, value in scores.items():
                 results["tasks"][key][r] = value
             for group, value in aggregate(scores, settings.tasks).items():
