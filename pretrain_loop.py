@@ -2,7 +2,7 @@
 """Train a LoopLM.
 
     deepspeed pretrain_loop.py --config examples/llama_4x5.yaml [--set key.path=value ...]
-    python pretrain_loop.py --config FILE --dry-run      # one JSON line, meta device
+    python pretrain_loop.py --config FILE --dry-run [--data-parallel-size 8]   # checks + one JSON line
     python pretrain_loop.py --list-configs               # the paper's runs (megatron_loop/registry.py)
     torchrun --nproc_per_node 2 pretrain_loop.py --config FILE        # also: plain python, srun
 
@@ -27,12 +27,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="print every paper run of the registry (examples/NAME.yaml): layout, parameters, figure/table")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a config value, e.g. --set model.train_loops=3 (repeatable)")
-    p.add_argument("--dry-run", action="store_true", help="print parameter counts and the training plan as JSON")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the config and the files it names, print parameter counts, batch arithmetic and "
+                        "the training plan as one JSON line (fast: builds nothing)")
+    p.add_argument("--data-parallel-size", type=int, default=None, metavar="N",
+                   help="with --dry-run: plan for N data-parallel ranks (default: $WORLD_SIZE, $SLURM_NTASKS or 1)")
     p.add_argument("--resume", default=None, metavar="PATH",
                    help="resume from this checkpoint folder (a run's checkpoints/ or one global_step* in it); "
                         "default: the newest complete checkpoint of train.output_dir when train.resume is true")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.data_parallel_size is not None and not args.dry_run:
+        p.error("--data-parallel-size: only with --dry-run (training takes the launcher's world size)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             from megatron_loop.dryrun import dry_run_report
 
-            print(json.dumps(dry_run_report(cfg)))
+            print(json.dumps(dry_run_report(cfg, args.data_parallel_size)))
             return 0
         from megatron_loop.training import main as train_main
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import types
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -244,6 +245,9 @@ class TrainConfig:
     # Exit (after saving a checkpoint) once the step number is a multiple of this, as
     # Megatron-LM's --exit-interval: a planned stop that keeps the full run's schedule.
     exit_interval: int | None = None
+    # Longest wait of any collective before the run stops with an error: a rank that stopped or
+    # hung would otherwise block the others for DeepSpeed's default 30 minutes.
+    collective_timeout_s: float = 600.0
 
     def validate(self, prefix: str = "train") -> None:
         def need(cond: bool, key: str, expected: str) -> None:
@@ -281,6 +285,7 @@ class TrainConfig:
         need(self.wall_time_limit_s is None or self.wall_time_limit_s > 0, "wall_time_limit_s",
              "null or a positive number of seconds")
         need(self.exit_interval is None or self.exit_interval >= 1, "exit_interval", "null or a positive integer")
+        need(self.collective_timeout_s > 0, "collective_timeout_s", "a positive number of seconds")
 
 
 @dataclass
@@ -289,12 +294,21 @@ class DataConfig:
 
     train_prefixes: list[str] = field(default_factory=list)
     train_weights: list[float] | None = None
-    valid_prefixes: list[str] = field(default_factory=list)
+    # null: ``<first train prefix>_valid`` when it exists (tools/preprocess_data.py
+    # --validation-documents writes it); []: no validation; else these prefixes.
+    valid_prefixes: list[str] | None = None
     tokenizer: str | None = None
     num_workers: int = 1
     # ``shuffled``: documents packed in a seed-determined permutation (per epoch); ``stream``: in
     # the order preprocessing wrote them (the paper shuffles once, at streaming time, App. C.1).
     order: str = "shuffled"
+
+    def validation_prefixes(self) -> list[str]:
+        """The prefixes validation reads: ``valid_prefixes``, or by default the train prefix's sibling."""
+        if self.valid_prefixes is not None:
+            return list(self.valid_prefixes)
+        sibling = sibling_valid_prefix(self.train_prefixes[0]) if self.train_prefixes else None
+        return [sibling] if sibling else []
 
     def validate(self, prefix: str = "data") -> None:
         if self.order not in DATA_ORDERS:
@@ -315,6 +329,8 @@ class LoggingConfig:
     wandb_run_name: str | None = None
     wandb_mode: str = "auto"  # auto: online with an API key, offline without one
     progress_bar: bool = True
+    # TensorBoard event files in OUTPUT_DIR/tensorboard (the same scalars as metrics.jsonl).
+    tensorboard: bool = False
     # Per-device peak FLOP/s (in TFLOP/s) for the MFU estimate; null: 989 (H100/H200 dense
     # bf16) on GPU, a measured fp32 matmul throughput on CPU.
     peak_tflops: float | None = None
@@ -449,6 +465,13 @@ def build_model_config(values: dict, section: str = "model") -> ModelConfig:
     return cfg
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's message on one line: the problem and where (its own text spans several lines)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
 def _parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise LoopConfigError(f"--set {text!r}: expected key.path=value")
@@ -459,7 +482,7 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
-        raise LoopConfigError(f"--set {text!r}: value is not valid YAML ({e})") from None
+        raise LoopConfigError(f"--set {text!r}: value is not valid YAML ({_yaml_problem(e)})") from None
     return path, value
 
 
@@ -499,12 +522,68 @@ def config_from_dict(raw: dict, source: str = "<dict>", overrides: list[str] | N
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Load a YAML config (SPEC.md "Config vocabulary"), apply ``key.path=value`` overrides, validate."""
+    """Load a YAML config (SPEC.md "Config vocabulary"), apply ``key.path=value`` overrides, validate,
+    and make its file paths absolute (:func:`resolve_paths`, relative to the working directory)."""
     path = Path(path)
     if not path.is_file():
         raise LoopConfigError(f"{path}: config file not found")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise LoopConfigError(f"{path}: not a text file; expected a YAML config (UTF-8)") from None
     except yaml.YAMLError as e:
-        raise LoopConfigError(f"{path}: not valid YAML ({e})") from None
-    return config_from_dict(raw, source=str(path), overrides=overrides)
+        raise LoopConfigError(f"{path}: not valid YAML ({_yaml_problem(e)})") from None
+    return resolve_paths(config_from_dict(raw, source=str(path), overrides=overrides))
+
+
+# --------------------------------------------------------------------------------------
+# File paths
+# --------------------------------------------------------------------------------------
+
+REPOSITORY = Path(__file__).resolve().parents[1]  # holds the shipped deepspeed_configs/
+
+
+def prefix_exists(prefix: str | os.PathLike) -> bool:
+    """An indexed dataset prefix P names P.bin / P.idx, not a file of its own."""
+    return any(os.path.isfile(f"{prefix}{ext}") for ext in (".bin", ".idx"))
+
+
+def sibling_valid_prefix(train_prefix: str | os.PathLike) -> str | None:
+    """``P_valid`` next to train prefix ``P`` when it exists (``tools/preprocess_data.py
+    --validation-documents`` writes it), else None."""
+    from megatron_loop.data.preprocess import VALID_SUFFIX
+
+    sibling = f"{train_prefix}{VALID_SUFFIX}"
+    return sibling if prefix_exists(sibling) else None
+
+
+def resolve_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
+    """Make the existing relative paths of ``cfg`` absolute (in place; returns ``cfg``).
+
+    The run config is saved next to every checkpoint and read back by the tools
+    (``tools/convert_to_hf.py`` takes ``data.tokenizer`` from it), which may run from another
+    directory. Relative paths are taken from ``base`` (default: the working directory);
+    ``train.deepspeed_config`` falls back to the repository's ``deepspeed_configs/``. A path that
+    does not exist stays as written, so the check that reports it names what the user wrote; a
+    tokenizer that is not a local path is a hub name and stays too.
+    """
+    base = Path(os.getcwd() if base is None else base)
+
+    def absolute(path: str, exists) -> str:
+        p = Path(path).expanduser()
+        if p.is_absolute():
+            return str(p)
+        candidate = os.path.normpath(base / p)
+        return candidate if exists(candidate) else path
+
+    d, t = cfg.data, cfg.train
+    d.train_prefixes = [absolute(p, prefix_exists) for p in d.train_prefixes]
+    if d.valid_prefixes is not None:
+        d.valid_prefixes = [absolute(p, prefix_exists) for p in d.valid_prefixes]
+    if d.tokenizer:
+        d.tokenizer = absolute(d.tokenizer, os.path.exists)
+    ds = absolute(t.deepspeed_config, os.path.isfile)
+    if not os.path.isabs(ds) and (REPOSITORY / ds).is_file():
+        ds = str(REPOSITORY / ds)
+    t.deepspeed_config = ds
+    return cfg

@@ -1,16 +1,35 @@
-"""``pretrain_loop.py --dry-run``: what a config would train, computed on the meta device.
+"""``pretrain_loop.py --dry-run``: what a config would train, checked and counted in well under a second.
 
 The default token budget is the paper's Chinchilla rule (Sec. 2.2, App. A.1): 20 tokens per
 parameter of the NonLoop model with L(K) layers (same backbone, no conditioning).
 steps = tokens // (global_batch * seq_length); WSD split 5% / 85% / rest (App. A.2).
+
+Parameters are counted analytically (:func:`count_parameters`, tested equal to
+``build_model(cfg, device="meta").num_parameters()``), so a dry run imports neither torch nor
+megatron-core: it reads the YAML, checks the files the run would open (DeepSpeed JSON, data
+prefixes, tokenizer) and the batch arithmetic with the same preflight checks as training, and
+prints one JSON line.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from typing import NamedTuple
 
 from megatron_loop.config import Config, ModelConfig
+from megatron_loop.errors import LoopConfigError
+from megatron_loop.flops import block_matmul_params
 from megatron_loop.optim.schedule import wsd_split
+
+# psi(t, dt) of Eq. (timestep_features), as in model.conditioning (which imports torch);
+# tests/test_dry_run.py checks the counts against the built model.
+NUM_TIMESTEP_FEATURES = 8
+
+
+class ParameterCount(NamedTuple):
+    total: int  # every trainable parameter, conditioning included
+    backbone: int  # without injection / timestep parameters
 
 
 def nonloop_reference(model: ModelConfig) -> ModelConfig:
@@ -19,12 +38,27 @@ def nonloop_reference(model: ModelConfig) -> ModelConfig:
                                train_loops=1, initial_injection="none", history_injection="none", timestep="none")
 
 
-def count_parameters(model_cfg: ModelConfig) -> tuple[int, int]:
-    """(all trainable parameters, backbone parameters without conditioning), built on the meta device."""
-    from megatron_loop.model import build_model
+def count_parameters(cfg: ModelConfig) -> ParameterCount:
+    """Trainable parameters of ``LoopLM(cfg)`` from the config alone (no model is built).
 
-    model = build_model(model_cfg, device="meta")
-    return model.num_parameters(), model.num_parameters(backbone_only=True)
+    Backbone: embedding V*d, per block the attention and SwiGLU matrices
+    (:func:`megatron_loop.flops.block_matmul_params`), two RMSNorms of d and, for Qwen3, the
+    q/k norms of head_dim; the final norm d; the LM head V*d unless tied. Conditioning (Sec. 4):
+    initial-state injection 1 | 2d | 2d | 2d^2 (scalar | channel | residual_channel | dense),
+    history injection w * (1 | d | d^2), Loop Gating 8, and per core layer two branches of
+    Branch Gating 8 or AdaLN 2d x 8 each.
+    """
+    d, w = cfg.hidden_size, cfg.history_window
+    block = block_matmul_params(cfg) + 2 * d + (2 * cfg.head_dim if cfg.qk_norm else 0)
+    backbone = (cfg.vocab_size * d * (1 if cfg.tie_word_embeddings else 2) + cfg.physical_depth * block + d)
+    initial = {"none": 0, "scalar": 1, "channel": 2 * d, "residual_channel": 2 * d, "dense": 2 * d * d}
+    history = {"none": 0, "scalar": w, "channel": w * d, "dense": w * d * d}
+    per_branch = {"none": 0, "loop_gating": 0, "branch_gating": NUM_TIMESTEP_FEATURES,
+                  "adaln": 2 * d * NUM_TIMESTEP_FEATURES}
+    conditioning = (initial[cfg.initial_injection] + history[cfg.history_injection]
+                    + (NUM_TIMESTEP_FEATURES if cfg.timestep == "loop_gating" else 0)
+                    + cfg.core_layers * 2 * per_branch[cfg.timestep])
+    return ParameterCount(backbone + conditioning, backbone)
 
 
 def training_plan(cfg: Config) -> dict:
@@ -38,13 +72,35 @@ def training_plan(cfg: Config) -> dict:
         if t.train_tokens is not None:
             tokens = t.train_tokens
         else:
-            tokens = int(t.tokens_per_parameter * count_parameters(nonloop_reference(cfg.model))[1])
+            tokens = int(t.tokens_per_parameter * count_parameters(nonloop_reference(cfg.model)).backbone)
         steps = tokens // tokens_per_step
     warmup, stable, decay = wsd_split(steps, t.warmup_fraction, t.stable_fraction) if steps else (0, 0, 0)
     return dict(train_tokens=tokens, train_steps=steps, warmup_steps=warmup, stable_steps=stable, decay_steps=decay)
 
 
-def dry_run_report(cfg: Config) -> dict:
+def default_data_parallel_size() -> int:
+    """The world size a launcher exported (torchrun/deepspeed ``WORLD_SIZE``, SLURM ``SLURM_NTASKS``), else 1."""
+    return int(os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or 1)
+
+
+def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
+    """The JSON line of ``--dry-run`` after the checks training runs before it writes anything.
+
+    Raises :class:`~megatron_loop.errors.LoopConfigError` / ``LoopDataError`` (one ``error:``
+    line, exit 2) for a batch that does not divide, a missing DeepSpeed JSON, data prefix or
+    tokenizer, a tokenizer larger than the model's vocabulary, or a budget below one step.
+    """
+    from megatron_loop.training import preflight
+
+    dp = default_data_parallel_size() if data_parallel_size is None else data_parallel_size
+    if dp < 1:
+        raise LoopConfigError(f"--data-parallel-size={dp}: expected a positive number of data-parallel ranks")
+    accumulation = preflight.accumulation_steps(cfg, dp)
+    preflight.check_eval_loops(cfg)
+    files = preflight.check_input_files(cfg)
+    preflight.check_vocabulary(cfg)
+    plan = training_plan(cfg)
+    preflight.check_train_steps(cfg, plan["train_steps"])
     params, backbone = count_parameters(cfg.model)
     return dict(
         layout=cfg.model.layout,
@@ -52,8 +108,11 @@ def dry_run_report(cfg: Config) -> dict:
         params_backbone=backbone,
         physical_depth=cfg.model.physical_depth,
         effective_depth=cfg.model.effective_depth(),
-        **training_plan(cfg),
+        **plan,
         global_batch=cfg.train.global_batch_size,
         micro_batch=cfg.train.micro_batch_size,
+        data_parallel_size=dp,
+        accumulation=accumulation,
         seq_length=cfg.train.seq_length,
+        **files,
     )

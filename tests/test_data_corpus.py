@@ -163,6 +163,8 @@ def test_corpus_files_deterministic_and_held_out(tmp_path):
     facts = [json.loads(line) for line in (tmp_path / "a" / "eval" / "facts.jsonl").open()]
     assert len(facts) == 6 * 3 == m1["eval_items"]["looplm_facts_local"]  # the 6 people without Q&A in train
     assert [d["attribute"] for d in facts[:3]] == sorted(KNOWLEDGE_ATTRIBUTES)  # interleaved for --limit
+    assert "trained_depths: [1, 2]" in (tmp_path / "a" / "eval" / "tracking.yaml").read_text()
+    assert "trained_depths" not in (tmp_path / "a" / "eval" / "facts.yaml").read_text()  # facts have no depth
 
 
 def test_default_corpus_is_a_few_megabytes(tmp_path):
@@ -197,9 +199,11 @@ def test_lm_eval_loads_local_tasks(monkeypatch, tmp_path):
 
 def test_make_corpus_and_train_tokenizer_clis(tmp_path):
     r = run_tool("make_corpus.py", "--output-dir", str(tmp_path / "c"), "--prose-docs", "40",
-                 "--reasoning-docs-per-task", "20", "--valid-docs", "10", "--eval-items-per-depth", "2")
+                 "--reasoning-docs-per-task", "20", "--valid-docs", "10", "--eval-items-per-depth", "2",
+                 "--knowledge-people", "10", "--knowledge-mentions", "2", "--knowledge-qa-fraction", "0.3")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["train_documents"] == 100
+    assert json.loads(r.stdout)["train_documents"] == 40 + 3 * 20 + 10 * 2 + 3  # prose, reasoning, biographies, Q&A
+    assert json.loads(r.stdout)["eval_items"]["looplm_facts_local"] == 7 * 3
     r = run_tool("train_tokenizer.py", "--input", str(tmp_path / "c" / "train.jsonl"),
                  "--output", str(tmp_path / "tok"), "--vocab-size", "400")
     assert r.returncode == 0, r.stderr

@@ -209,3 +209,26 @@ def test_large_vocabulary_uses_int32(tmp_path, monkeypatch):
     seqs = _read_back(str(tmp_path / "p"))
     assert stats["dtype"] == "int32" and seqs[0].dtype == np.int32
     assert stats["tokens"] == sum(map(len, seqs))
+
+
+@pytest.mark.parametrize("name,message", [
+    ("{tmp}/no/tokenizer", "error: --tokenizer {tmp}/no/tokenizer: no such folder; expected a tokenizer folder "
+                           "saved with save_pretrained (or a hub name such as meta-llama/Llama-3.1-8B)"),
+    # a name the hub could hold: tried there, offline here, and still one line
+    ("runs/tokenizer", "error: --tokenizer runs/tokenizer: no such folder, and cannot load a tokenizer (We couldn't "
+                       "connect to 'https://huggingface.co' to load the files, and couldn't find them in the cached "
+                       "files); expected a folder saved with save_pretrained or a Hugging Face hub name"),
+])
+def test_cli_tokenizer_path_missing(tmp_path, capsys, monkeypatch, name, message):
+    import huggingface_hub
+
+    from megatron_loop.data.cli import run_cli
+    from megatron_loop.data.preprocess import main
+
+    monkeypatch.chdir(tmp_path)  # "runs/tokenizer" is looked up relative to here
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # what `make test` sets
+    src = write_jsonl(tmp_path / "in.jsonl", DOCS)
+    args = ["--input", str(src), "--tokenizer", name.format(tmp=tmp_path), "--output-prefix", str(tmp_path / "p")]
+    assert run_cli(main, args) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [message.format(tmp=tmp_path)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]

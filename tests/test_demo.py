@@ -33,10 +33,15 @@ def test_demo_pipeline_end_to_end(tmp_path):
         assert set(summary["groups"][group]) == loops and None not in summary["groups"][group].values()
     assert set(summary["tasks"]) == {"facts", "clutrr", "proofwriter", "bbh"}
     assert summary["chance"] == {"facts": 25.0, "clutrr": 25.0, "proofwriter": 50.0, "bbh": pytest.approx(100 / 3)}
+    assert summary["groups_chance"] == {"knowledge": 25.0, "reasoning": pytest.approx((25 + 50 + 100 / 3) / 3),
+                                        "overall": pytest.approx((25 + 25 + 50 + 100 / 3) / 4)}
+    assert all(0 < se < 50 for se in summary["groups_stderr"]["overall"].values())
     # the held-out loss curve: validation loss at the eval steps of training, at r = 1, K, 2K
     curve = summary["validation_loss_curve"]
     assert len(curve) >= 2 and all(set(row) == {"1", "3", "6"} for row in curve.values())
-    assert "Held-out loss (validation split" in out.stdout and "Task accuracy (%) by r" in out.stdout
+    assert "Held-out loss (validation split" in out.stdout
+    table = out.stdout[out.stdout.index("Knowledge (facts), Reasoning"):]
+    assert all(f"| {group} " in table for group in ("knowledge", "reasoning", "overall"))
     names = {Path(p).name for p in summary["plots"]}
     assert {"groups_vs_depth.png", "loss_vs_loops.png", "geometry_trajectory.png"} <= names
     # the checkpoint was written through DeepSpeed and exported

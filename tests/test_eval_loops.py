@@ -5,11 +5,15 @@ and the stock ``lm_eval`` command line with ``num_loops=R``."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
+import io
 import json
 import math
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,22 +35,31 @@ def _eval_loops_main():
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("sweep")
+def local_tasks(tmp_path_factory) -> tuple[dict, list[str]]:
+    """({paper key: local lm-eval task}, the --include-path arguments)."""
+    tmp = tmp_path_factory.mktemp("tasks")
     local = write_local_tasks(tmp / "tasks")
+    return local, ["--include-path", str(tmp / "tasks"), "--include-path", str(data_assets().corpus / "eval")]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, local_tasks):
+    tmp = tmp_path_factory.mktemp("sweep")
+    local, include = local_tasks
     out = tmp / "eval"
     args = ["--model", str(hf_assets().exports[MODEL]), "--loops", ",".join(map(str, LOOPS)),
             "--tasks", f"proofwriter={local['proofwriter']},clutrr={local['clutrr']},bbh={local['bbh']},"
-                       "piqa=looplm_tracking_local",
-            "--include-path", str(tmp / "tasks"), "--include-path", str(data_assets().corpus / "eval"),
+                       "piqa=looplm_tracking_local", *include,
             "--limit", "12", "--valid-prefix", data_assets().prefix + "_valid", "--seq-length", str(SEQ),
             "--valid-sequences", "6", "--batch-size", "4", "--output", str(out), "--label", "tiny", "--no-progress"]
-    assert _eval_loops_main()(args) == 0
-    return out, json.loads((out / "results.json").read_text())
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert _eval_loops_main()(args) == 0
+    return out, json.loads((out / "results.json").read_text()), printed.getvalue()
 
 
 def test_results_record_scores_per_r_and_effective_depth(sweep):
-    _, res = sweep
+    _, res, _ = sweep
     assert res["loops"] == list(LOOPS) and res["layout"] == "1+1x3+1" and res["training_depth"] == 5
     assert res["effective_depth"] == {str(r): 1 + r + 1 for r in LOOPS}
     assert res["metrics"] == {"proofwriter": "acc", "clutrr": "acc_norm", "bbh": "acc", "piqa": "acc_norm"}
@@ -60,7 +73,7 @@ def test_results_record_scores_per_r_and_effective_depth(sweep):
 
 
 def test_accuracy_is_stratified_by_depth(sweep):
-    _, res = sweep
+    _, res, _ = sweep
     for task, depths in (("proofwriter", PROOFWRITER_DEPTHS), ("clutrr", CLUTRR_LENGTHS)):
         for r in map(str, LOOPS):
             strata = res["per_depth"][task][r]
@@ -68,14 +81,59 @@ def test_accuracy_is_stratified_by_depth(sweep):
             assert all(cell["n"] == PER_DEPTH for cell in strata.values())
             pooled = sum(c["accuracy"] * c["n"] for c in strata.values()) / sum(c["n"] for c in strata.values())
             assert pooled == pytest.approx(res["tasks"][task][r])  # strata partition the task's items
-    assert "bbh" not in res["per_depth"] and "piqa" not in res["per_depth"]
+    # every task whose items carry a depth is stratified, whatever its slot: here the generated
+    # tracking task (in the piqa slot), whose YAML also declares the depths seen in training
+    tracking = res["per_depth"]["piqa"]
+    assert all(sorted(map(int, tracking[r])) == [1, 2, 3, 4] for r in map(str, LOOPS))
+    assert res["trained_depths"] == {"piqa": [1, 2, 3]}  # data_fixtures: train_max_depth=3, eval_max_depth=4
+    assert res["depth_axes"]["proofwriter"] == "proof depth" and res["depth_axes"]["piqa"] == "depth"
+    assert "bbh" not in res["per_depth"]  # its items have no depth
+
+
+def test_standard_errors_and_chance_levels(sweep):
+    """lm-eval's standard error of a mean accuracy over n items is sqrt(p (1 - p) / (n - 1)); groups
+    combine them as sqrt(sum se^2) / n; chance is the mean over items of 1 / number of choices."""
+    _, res, _ = sweep
+    items = {"proofwriter": 12, "clutrr": 9, "bbh": 4, "piqa": 12}  # --limit 12 of the fixture files
+    for r in map(str, LOOPS):
+        for task, n in items.items():
+            p = res["tasks"][task][r] / 100
+            assert res["tasks_stderr"][task][r] == pytest.approx(100 * math.sqrt(p * (1 - p) / (n - 1)))
+        reasoning = [res["tasks_stderr"][t][r] for t in ("proofwriter", "clutrr", "bbh")]
+        assert res["groups_stderr"]["reasoning"][r] == pytest.approx(math.sqrt(sum(e * e for e in reasoning)) / 3)
+        for depth, cell in res["per_depth"]["proofwriter"][r].items():
+            q, m = cell["accuracy"] / 100, cell["n"]
+            assert cell["stderr"] == pytest.approx(100 * math.sqrt(q * (1 - q) / (m - 1)))
+            assert cell["chance"] == pytest.approx(100 / 3)
+        assert res["heldout"][r]["stderr"] > 0
+    # ProofWriter: True/False/Unknown; CLUTRR: its 21 relation labels; BBH file: three 2-option items and one
+    # 3-option item; the generated tracking items: 3 objects
+    assert res["chance"] == pytest.approx({"proofwriter": 100 / 3, "clutrr": 100 / 21,
+                                           "bbh": 100 * (3 / 2 + 1 / 3) / 4, "piqa": 100 / 3})
+    assert res["groups_chance"]["reasoning"] == pytest.approx((100 / 3 + 100 / 21 + 100 * (3 / 2 + 1 / 3) / 4) / 3)
+    assert res["groups_chance"]["overall"] == pytest.approx(sum(res["chance"].values()) / 4)
+
+
+def test_console_table_lists_every_task_and_r(sweep):
+    _, res, printed = sweep
+    lines = printed.splitlines()
+    header = next(line for line in lines if line.startswith("|") and "Task" in line)
+    assert [c.strip() for c in header.strip("|").split("|")][4:] == [f"r={r} (L={r + 2})" for r in LOOPS]
+    row = next(line for line in lines if line.startswith("| proofwriter"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    r3 = str(LOOPS[1])
+    assert cells[5] == f"{res['tasks']['proofwriter'][r3]:.2f} ± {res['tasks_stderr']['proofwriter'][r3]:.2f}"
+    assert cells[3] == f"{res['chance']['proofwriter']:.2f}"
+    assert any(line.startswith("| overall") for line in lines)
+    assert any(line.startswith("| heldout_loss") for line in lines)
+    assert "Overwriting default num_fewshot" not in printed  # zero-shot is set once, not warned per r
 
 
 def test_heldout_loss_matches_the_training_model(sweep):
     from megatron_loop.data.packed import PackedDataset
     from megatron_loop.model.io import load_model_from_checkpoint
 
-    _, res = sweep
+    _, res, _ = sweep
     model, _ = load_model_from_checkpoint(hf_assets().checkpoints[MODEL])
     data = PackedDataset(data_assets().prefix + "_valid", seq_length=SEQ, seed=1234)
     tokens = torch.stack([data[i]["tokens"] for i in range(6)])
@@ -93,23 +151,83 @@ def test_csv_and_plots_are_written(sweep, tmp_path):
     from megatron_loop.eval.plots import plot_groups
     from megatron_loop.eval.report import read_results
 
-    out, res = sweep
+    out, res, _ = sweep
     rows = list(csv.reader((out / "results.csv").open()))
-    assert rows[0][3:] == [f"r={r} (L={r + 2})" for r in LOOPS]
-    names = [row[0] for row in rows]
-    assert {"proofwriter", "clutrr", "bbh", "piqa", "knowledge", "reasoning", "overall",
-            "heldout_loss", "heldout_perplexity"} <= set(names)
-    overall = rows[names.index("overall")][3:]
-    assert [float(v) for v in overall] == pytest.approx([res["groups"]["overall"][str(r)] for r in LOOPS], abs=1e-4)
+    assert rows[0][3:] == [f"r={r} (L={r + 2})" for r in LOOPS] + ["chance"]
+    names = [(row[0], row[2]) for row in rows]
+    assert {("proofwriter", "acc"), ("proofwriter", "acc_stderr"), ("clutrr", "acc_norm_stderr"), ("bbh", "acc"),
+            ("piqa", "acc_norm"), ("knowledge", "mean"), ("reasoning", "mean_stderr"), ("overall", "mean"),
+            ("heldout_loss", "loss"), ("heldout_loss", "loss_stderr"),
+            ("heldout_perplexity", "perplexity")} <= set(names)
+    overall = rows[names.index(("overall", "mean"))][3:]
+    assert [float(v) for v in overall] == pytest.approx(
+        [res["groups"]["overall"][str(r)] for r in LOOPS] + [res["groups_chance"]["overall"]], abs=1e-4)
+    stderr = rows[names.index(("proofwriter", "acc_stderr"))][3:-1]
+    assert [float(v) for v in stderr] == pytest.approx([res["tasks_stderr"]["proofwriter"][str(r)] for r in LOOPS],
+                                                       abs=1e-4)
     depth_rows = list(csv.DictReader((out / "per_depth.csv").open()))
-    assert len(depth_rows) == len(LOOPS) * (len(PROOFWRITER_DEPTHS) + len(CLUTRR_LENGTHS))
-    for png in ("groups_vs_depth.png", "per_depth_proofwriter.png", "per_depth_clutrr.png", "loss_vs_loops.png"):
+    assert len(depth_rows) == len(LOOPS) * (len(PROOFWRITER_DEPTHS) + len(CLUTRR_LENGTHS) + 4)  # + tracking 1-4
+    assert {"stderr", "chance"} <= set(depth_rows[0])
+    for png in ("groups_vs_depth.png", "per_depth_proofwriter.png", "per_depth_clutrr.png", "per_depth_piqa.png",
+                "loss_vs_loops.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
     # several models on one Fig. 2 style figure
     other = read_results(out)
     other["label"], other["groups"]["overall"] = "shifted", {r: v + 5 for r, v in other["groups"]["overall"].items()}
     assert plot_groups([read_results(out), other], tmp_path / "two.png").stat().st_size > 5000
+
+
+def _errorbars(ax) -> list[tuple[str, list, list, list]]:
+    """(label, x, y, half error bar) of every error-bar series drawn on ``ax``."""
+    out = []
+    for container in ax.containers:
+        line, _, (bars,) = container.lines
+        half = [(seg[1][1] - seg[0][1]) / 2 for seg in bars.get_segments()]
+        out.append((container.get_label(), list(line.get_xdata()), list(line.get_ydata()), half))
+    return out
+
+
+def test_plots_draw_the_json_numbers(sweep):
+    """The figures plot exactly the numbers of results.json: scores, standard errors as error bars,
+    the chance level, the training depth L(K) and the extrapolation region (legend entries), integer ticks."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    from megatron_loop.eval.plots import groups_figure, loss_figure, per_depth_figure
+    from megatron_loop.eval.report import read_results
+
+    out, _, _ = sweep
+    res = read_results(out)
+    other = dict(res, label="copy")  # an identical second model: dodged, not hidden behind the first
+    fig = groups_figure([res, other])
+    for ax, key in zip(fig.axes, ("overall", "knowledge", "reasoning")):
+        (label_a, xa, ya, ea), (label_b, xb, *_) = _errorbars(ax)
+        assert label_a == "tiny" and label_b == "copy"
+        assert ya == pytest.approx([res["groups"][key][r] for r in LOOPS])
+        assert ea == pytest.approx([res["groups_stderr"][key][r] for r in LOOPS])
+        assert [round(x) for x in xa] == [r + 2 for r in LOOPS] and all(b > a for a, b in zip(xa, xb))
+        chance = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+        assert chance[0].get_ydata()[0] == pytest.approx(res["groups_chance"][key])
+        assert isinstance(ax.xaxis.get_major_locator(), MaxNLocator)
+    legend = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
+    assert {"chance level", "training effective depth L(K) = 5", "extrapolation (r > K)"} <= set(legend)
+    plt.close(fig)
+
+    fig = per_depth_figure(res, "piqa")  # the tracking items: depths 1-3 trained, 4 not
+    series = {label: (y, e) for label, _, y, e in _errorbars(fig.axes[0])}
+    assert set(series) == {"depth 1 (trained)", "depth 2 (trained)", "depth 3 (trained)", "depth 4 (not in training)"}
+    y, e = series["depth 4 (not in training)"]
+    assert y == pytest.approx([res["per_depth"]["piqa"][r][4]["accuracy"] for r in LOOPS])
+    assert e == pytest.approx([res["per_depth"]["piqa"][r][4]["stderr"] for r in LOOPS])
+    plt.close(fig)
+
+    fig = loss_figure([res])
+    ((_, x, y, e),) = _errorbars(fig.axes[0])
+    assert x == list(LOOPS) and y == pytest.approx([res["heldout"][r]["loss"] for r in LOOPS])
+    assert e == pytest.approx([res["heldout"][r]["stderr"] for r in LOOPS])
+    assert "nats" in fig.axes[0].get_ylabel() and fig.axes[0].get_xlabel() == "loop count r"
+    plt.close(fig)
 
 
 def _loglikelihood(model, tokenizer, context: str, continuation: str) -> float:
@@ -164,3 +282,78 @@ def test_native_nonloop_export_sweeps_only_r1(tmp_path, capsys):
     assert main([*common, "--loops", "1,2", "--output", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: --loops 2") and "NonLoop" in err
+
+
+def test_default_output_is_next_to_the_model_folder(tmp_path):
+    folder = tmp_path / "exports" / "nonloop"
+    shutil.copytree(hf_assets().exports["nonloop_llama"], folder)
+    assert _eval_loops_main()(["--model", str(folder), "--loops", "1", "--tasks", "none", "--valid-prefix",
+                               data_assets().prefix + "_valid", "--seq-length", str(SEQ), "--valid-sequences", "2",
+                               "--no-progress"]) == 0
+    assert (tmp_path / "exports" / "nonloop_eval" / "results.json").is_file()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        p.name for p in hf_assets().exports["nonloop_llama"].iterdir())  # nothing written into the export
+
+
+def _bad_arguments(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (arguments after --model, the exact error line). Message catalogue: docs/ERRORS.md."""
+    valid = data_assets().prefix + "_valid"
+    held_out = ["--tasks", "none", "--valid-prefix", valid]
+    return {
+        "repeated_loops": (["--loops", "1,3,3", *held_out],
+                           "error: --loops '1,3,3': r=3 listed twice; expected distinct loop counts"),
+        "unsorted_loops": (["--loops", "6,1,3", *held_out],
+                           "error: --loops '6,1,3': expected loop counts in increasing order, e.g. 1,3,6"),
+        "loops_below_one": (["--loops", "0,1", *held_out],
+                            "error: --loops '0,1': expected loop counts r >= 1, e.g. 1,2,4,8"),
+        "negative_limit": (["--loops", "1", "--limit", "-5", *held_out],
+                           "error: --limit -5: expected a number of items per task (an integer >= 1) or a fraction "
+                           "of each task in (0, 1)"),
+        "fractional_limit": (["--loops", "1", "--limit", "2.5", *held_out],
+                             "error: --limit 2.5: expected a number of items per task (an integer >= 1) or a "
+                             "fraction of each task in (0, 1)"),
+        "compare_missing": (["--loops", "1", "--compare", str(tmp_path / "none.json"), *held_out],
+                            f"error: --compare {tmp_path / 'none.json'}: not found; expected a results.json written "
+                            "by tools/eval_loops.py (or its folder)"),
+        "nothing_to_evaluate": (["--loops", "1", "--tasks", "none"],
+                                "error: --tasks none: nothing to evaluate; pass --valid-prefix P (an indexed prefix, "
+                                "P.bin/P.idx) for the held-out loss, or name tasks to run"),
+        "valid_prefix_missing": (["--loops", "1", "--tasks", "none", "--valid-prefix", str(tmp_path / "v")],
+                                 f"error: --valid-prefix {tmp_path / 'v'}: missing {tmp_path / 'v'}.bin and "
+                                 f"{tmp_path / 'v'}.idx; expected P.bin and P.idx written by tools/preprocess_data.py"),
+    }
+
+
+@pytest.mark.parametrize("name", list(_bad_arguments(Path("/x"))))
+def test_bad_arguments_give_one_error_line_and_write_nothing(name, tmp_path, capsys):
+    args, message = _bad_arguments(tmp_path)[name]
+    out = tmp_path / "out"
+    assert _eval_loops_main()(["--model", str(hf_assets().exports[MODEL]), "--output", str(out), *args]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [message]
+    assert not out.exists()
+
+
+def test_default_hub_tasks_offline_name_the_tasks_and_the_local_alternative(local_tasks, tmp_path, capsys,
+                                                                           monkeypatch):
+    """The default (paper) tasks read hub datasets; offline and uncached they stop the sweep before the
+    model is loaded, with one line naming them and how to run local tasks instead."""
+    import datasets
+    import huggingface_hub
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # what `make test` sets; read at import time
+        monkeypatch.setenv(name, "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    out = tmp_path / "out"
+    _, include = local_tasks  # the sweep's folders: lm-eval's task index is reused, not rebuilt
+    assert _eval_loops_main()(["--model", str(tmp_path / "not_loaded"), "--loops", "1", *include,
+                               "--output", str(out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: --tasks: sciq, arc_easy, piqa, arc_challenge, winogrande, openbookqa, hellaswag, "
+                           "commonsense_qa, proofwriter, clutrr, bbh need datasets from the Hugging Face hub that are "
+                           "not in the local cache, and offline mode is on (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1)")
+    assert line.endswith("; run once with network access to cache them, or evaluate local tasks (--tasks facts,"
+                         "clutrr=looplm_clutrr_local,proofwriter=looplm_proofwriter_local,bbh=looplm_tracking_local "
+                         "--include-path CORPUS/eval (written by tools/make_corpus.py)), or --tasks none for "
+                         "held-out loss only")
+    assert not out.exists()

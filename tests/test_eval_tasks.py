@@ -84,19 +84,21 @@ def test_bad_task_arguments_name_the_problem(bad):
 
 
 def test_bbh_is_the_mean_of_its_subtasks_and_depths_are_stratified(monkeypatch):
-    """evaluate_tasks: BBH = unweighted mean of the 14 subtask accuracies, and beside it lm-eval's
-    size-weighted group number (its own aggregate_subtask_metrics, weight_by_size as in lm-eval's
-    bbh group); per-depth accuracy from the logged samples' ``depth`` field."""
+    """evaluate_tasks: BBH = unweighted mean of the 14 subtask accuracies, its standard error
+    sqrt(sum se_i^2) / 14, and beside it lm-eval's size-weighted group number (its own
+    aggregate_subtask_metrics, weight_by_size as in lm-eval's bbh group); per-depth accuracy,
+    standard error and chance from the logged samples."""
     import lm_eval
     from lm_eval.api.metrics import aggregate_subtask_metrics
 
     sub_acc = {f"looplm_bbh_{s}": (i + 1) / 20 for i, s in enumerate(BBH_SUBTASKS)}
     sizes = {k: 3 + 5 * i for i, k in enumerate(sub_acc)}  # subtasks of unequal size, as in BBH
-    samples = [{"doc": {"depth": d}, "acc": float(ok)} for d, ok in
+    samples = [{"doc": {"depth": d}, "acc": float(ok), "arguments": [0] * 3} for d, ok in
                [(0, 1), (0, 1), (0, 0), (1, 0), (1, 0), (2, 1)]]
-    fake = {"results": {**{k: {"acc,none": v} for k, v in sub_acc.items()},
-                        "looplm_proofwriter": {"acc,none": 0.5}},
-            "samples": {"looplm_proofwriter": samples, **{k: [{"doc": {}}] * sizes[k] for k in sub_acc}}}
+    fake = {"results": {**{k: {"acc,none": v, "acc_stderr,none": v / 10} for k, v in sub_acc.items()},
+                        "looplm_proofwriter": {"acc,none": 0.5, "acc_stderr,none": "N/A"}},
+            "samples": {"looplm_proofwriter": samples, **{k: [{"doc": {}, "acc": 1.0, "arguments": [0, 0]}] * sizes[k]
+                                                          for k in sub_acc}}}
     seen = {}
 
     def simple_evaluate(**kwargs):
@@ -104,19 +106,23 @@ def test_bbh_is_the_mean_of_its_subtasks_and_depths_are_stratified(monkeypatch):
         return fake
 
     monkeypatch.setattr(lm_eval, "simple_evaluate", simple_evaluate)
-
-    class Manager:
-        all_tasks = list(sub_acc) + ["looplm_proofwriter"]
-
     specs = resolve_tasks(["bbh", "proofwriter"])
-    scores, per_depth, averages = harness.evaluate_tasks("LM", specs, Manager(), limit=5)
-    assert scores["bbh"] == pytest.approx(100 * sum(sub_acc.values()) / 14)
-    assert scores["proofwriter"] == 50.0
-    assert per_depth == {"proofwriter": {0: {"accuracy": pytest.approx(200 / 3), "n": 3},
-                                         1: {"accuracy": 0.0, "n": 2}, 2: {"accuracy": 100.0, "n": 1}}}
-    assert seen["num_fewshot"] == 0 and seen["log_samples"] and seen["limit"] == 5
-    bbh = averages["bbh"]
-    assert set(averages) == {"bbh"} and bbh["mean"] == scores["bbh"]
+    tasks = {name: f"task object {name}" for name in [*sub_acc, "looplm_proofwriter"]}  # built by load_tasks
+    out = harness.evaluate_tasks("LM", specs, "manager", limit=5, tasks=tasks)
+    assert out.scores["bbh"] == pytest.approx(100 * sum(sub_acc.values()) / 14)
+    assert out.stderr["bbh"] == pytest.approx(100 * math.sqrt(sum((v / 10) ** 2 for v in sub_acc.values())) / 14)
+    assert out.scores["proofwriter"] == 50.0 and out.stderr["proofwriter"] is None  # lm-eval: one item, "N/A"
+    assert out.chance == {"bbh": pytest.approx(50.0), "proofwriter": pytest.approx(100 / 3)}
+    se = lambda p, n: 100 * math.sqrt(p * (1 - p) / (n - 1))  # noqa: E731  lm-eval's mean_stderr of 0/1 items
+    assert out.per_depth == {"proofwriter": {
+        0: {"accuracy": pytest.approx(200 / 3), "stderr": pytest.approx(se(2 / 3, 3)), "chance": pytest.approx(100 / 3),
+            "n": 3},
+        1: {"accuracy": 0.0, "stderr": 0.0, "chance": pytest.approx(100 / 3), "n": 2},
+        2: {"accuracy": 100.0, "stderr": None, "chance": pytest.approx(100 / 3), "n": 1}}}
+    assert seen["tasks"] == [tasks[n] for n in sorted(tasks)] and seen["log_samples"] and seen["limit"] == 5
+    assert "num_fewshot" not in seen  # zero-shot is set on the task objects once, by load_tasks
+    bbh = out.subtask_averages["bbh"]
+    assert set(out.subtask_averages) == {"bbh"} and bbh["mean"] == out.scores["bbh"]
     acc, n = [100 * v for v in sub_acc.values()], list(sizes.values())
     assert bbh["size_weighted"] == pytest.approx(aggregate_subtask_metrics(acc, n, weight_by_size=True))
     assert bbh["mean"] == pytest.approx(aggregate_subtask_metrics(acc, n, weight_by_size=False))

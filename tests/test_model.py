@@ -217,13 +217,19 @@ def test_examples_cover_the_paper_and_load():
 
 @pytest.mark.parametrize("config,expected", [
     ("examples/llama_4x5.yaml", dict(params=516_699_648, physical_depth=4, effective_depth=20, train_steps=5394,
-                                     warmup_steps=270, stable_steps=4585, decay_steps=539, global_batch=1824)),
+                                     warmup_steps=270, stable_steps=4585, decay_steps=539, global_batch=1824,
+                                     accumulation=6, data_parallel_size=8)),  # 38 x 6 x 8 = 1824
     ("examples/qwen_4x7.yaml", dict(params=218_507_264, physical_depth=4, effective_depth=28, train_steps=2860,
-                                    warmup_steps=143, stable_steps=2431, decay_steps=286, global_batch=2048)),
+                                    warmup_steps=143, stable_steps=2431, decay_steps=286, global_batch=2048,
+                                    accumulation=8, data_parallel_size=8)),  # 32 x 8 x 8 = 2048
 ])
 def test_dry_run_cli(config, expected):
-    out = subprocess.run([sys.executable, "pretrain_loop.py", "--config", config, "--dry-run"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    from data_fixtures import data_assets
+
+    prefix = data_assets().prefix  # the dry run checks that the data exists; the paper's is not here
+    out = subprocess.run([sys.executable, "pretrain_loop.py", "--config", config, "--dry-run",
+                          "--set", f"data.train_prefixes=[{prefix}]", "--set", f"data.valid_prefixes=[{prefix}_valid]",
+                          "--data-parallel-size", "8"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if line.strip()]
     assert len(lines) == 1

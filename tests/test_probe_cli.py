@@ -57,11 +57,17 @@ def test_cli_on_hf_export_writes_json_and_plots(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra,needle", [
     (["--num-positions", "999"], "--num-positions 999"),
+    (["--num-positions", "100000"], "--num-positions 100000: 3 sequences of 12 predictions hold 36; expected 1..36 "
+                                    "or 'all' (the default, 100000 as in the paper, needs e.g. 49 sequences of 2048 "
+                                    "tokens)"),
     (["--loops", "2,x"], "--loops"),
+    (["--loops", "5,2"], "--loops '5,2': expected loop counts in increasing order, e.g. 2,5"),
+    (["--loops", "2,2,5"], "--loops '2,2,5': r=2 listed twice; expected distinct loop counts"),
     (["--lag-sets", "3-1"], "lag set"),
 ])
 def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys, extra, needle):
     prefix = write_prefix(tmp_path)
+    monkeypatch.setattr(cli, "check_source", lambda checkpoint, hf_dir: None)
     monkeypatch.setattr(cli, "load_model", lambda checkpoint, hf_dir: tiny_model())
     assert run_cli(cli.main, args(prefix, tmp_path / "o") + extra) == 2
     err = capsys.readouterr().err.strip().splitlines()

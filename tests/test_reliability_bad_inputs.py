@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from data_fixtures import data_assets
-from train_fixtures import command, copy_run, env, reference_run, tiny_config
+from megatron_loop.training.lock import RunLock
+from train_fixtures import FAULTS, command, copy_run, env, reference_run, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,11 +47,12 @@ def _copy_prefix(src: str, dst: Path, with_stats: bool = False) -> str:
 def _cases(root: Path) -> dict[str, Case]:
     assets = data_assets()
     config = tiny_config(root, "base.yaml")
-    out = root / "out"
-    base = ["--config", str(config), "--set", f"train.output_dir={out}"]
+
+    fresh = (root / f"out{n}" for n in range(1000))
 
     def c(overrides: list[str], pattern: str, **kw) -> Case:
-        args = list(base)
+        out = next(fresh)  # one folder per case: they run concurrently, and a folder holds one run
+        args = ["--config", str(config), "--set", f"train.output_dir={out}"]
         for o in overrides:
             args += ["--set", o]
         return Case(args, pattern, absent=[out], **kw)
@@ -75,6 +77,21 @@ def _cases(root: Path) -> dict[str, Case]:
     (not_empty / "notes.txt").write_text("mine")
     bad_yaml = root / "bad.yaml"
     bad_yaml.write_text("model: [unclosed\n")
+    runs = {name: copy_run(reference_run().run_dir, root / name)
+            for name in ("in_use", "seq_changed", "zero_changed", "read_only", "metrics_locked", "corrupt")}
+    ref_config = str(reference_run().config)
+    corrupt_tag = runs["corrupt"] / "checkpoints" / "global_step10"
+    shard = corrupt_tag / "mp_rank_00_model_states.pt"
+    garbled = bytearray(shard.read_bytes())
+    garbled[len(garbled) // 2] ^= 0xFF
+    shard.write_bytes(bytes(garbled))
+
+    def resume(name: str, *overrides: str, fault: str | None = None) -> Case:
+        args = [fault] if fault else []
+        args += ["--config", ref_config, "--set", f"train.output_dir={runs[name]}"]
+        for o in overrides:
+            args += ["--set", o]
+        return Case(args, "", script=str(FAULTS) if fault else "pretrain_loop.py", untouched=[runs[name]])
 
     return {
         "unknown_key": c(["train.learning_rate=1"], r"train\.learning_rate: unknown key; expected one of"),
@@ -131,7 +148,34 @@ def _cases(root: Path) -> dict[str, Case]:
             ["--checkpoint", str(root / "no_ckpt"), "--output", str(root / "hf_out")],
             r"no_ckpt: checkpoint folder not found",
             script=str(REPO / "tools" / "convert_to_hf.py"), absent=[root / "hf_out"]),
+        # issue 17: one run per folder, resume that checks what changed, unwritable folders
+        "collective_timeout_not_positive": c(["train.collective_timeout_s=0"],
+                                             r"train\.collective_timeout_s=0(\.0)?: expected a positive number"),
+        "output_dir_in_use": _with(resume("in_use"), rf"{re.escape(str(runs['in_use']))}/run\.lock: train\."
+                                   r"output_dir is in use by another run \(host .+, pid \d+, started .+\): wait"),
+        "resume_seq_length_changed": _with(resume("seq_changed", "train.seq_length=16"),
+                                           r"global_step10/manifest\.json: train\.seq_length=32 in the checkpoint, "
+                                           r"16 in the config: the data position counts sequences"),
+        "resume_zero_stage_changed": _with(resume("zero_changed", "train.deepspeed_config=deepspeed_configs/zero3.json"),
+                                           r"global_step10/manifest\.json: written with ZeRO stage 1, resumed with "
+                                           r"stage 3 .* resume with a stage-1 DeepSpeed config"),
+        "output_dir_read_only": _with(resume("read_only", fault=f"oserror@EROFS:{runs['read_only']}"),
+                                      rf"train\.output_dir='{re.escape(str(runs['read_only']))}': not writable "
+                                      r"\(read-only file system \(EROFS\): .*run\.lock\)"),
+        "metrics_not_writable_on_resume": _with(
+            resume("metrics_locked", fault=f"oserror@EACCES:{runs['metrics_locked'] / 'metrics.jsonl'}"),
+            r"metrics\.jsonl: cannot be written \(permission denied \(EACCES\)\); the run appends"),
+        "convert_corrupt_named_checkpoint": Case(
+            ["--checkpoint", str(corrupt_tag), "--output", str(root / "hf_corrupt")],
+            rf"{re.escape(str(shard))}: sha256 differs from .*manifest\.json \(corrupt file\)",
+            script=str(REPO / "tools" / "convert_to_hf.py"), absent=[root / "hf_corrupt"],
+            untouched=[runs["corrupt"]]),
     }
+
+
+def _with(case: Case, pattern: str) -> Case:
+    case.pattern = pattern
+    return case
 
 
 def _run(case: Case) -> subprocess.CompletedProcess:
@@ -145,8 +189,12 @@ def outcomes(tmp_path_factory):
     cases = _cases(root)
     cases["resume_path_missing"].args += ["--resume", str(root / "nothing_here")]
     before = {name: [_snapshot(p) for p in case.untouched] for name, case in cases.items()}
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        results = dict(zip(cases, pool.map(_run, cases.values())))
+    holder = RunLock(root / "in_use").acquire()  # a live run on that folder
+    try:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            results = dict(zip(cases, pool.map(_run, cases.values())))
+    finally:
+        holder.release()
     return {name: (cases[name], results[name], before[name]) for name in cases}
 
 
@@ -156,7 +204,9 @@ CASE_NAMES = [
     "missing_ds_config", "no_train_data", "missing_data", "wrong_magic", "truncated_idx", "short_bin",
     "token_ids_beyond_vocab", "tokenizer_vocab_mismatch", "data_vocab_mismatch", "output_not_empty",
     "previous_run_without_resume", "checkpoint_other_architecture", "resume_path_missing", "config_missing",
-    "config_not_yaml", "convert_missing_checkpoint",
+    "config_not_yaml", "convert_missing_checkpoint", "collective_timeout_not_positive", "output_dir_in_use",
+    "resume_seq_length_changed", "resume_zero_stage_changed", "output_dir_read_only",
+    "metrics_not_writable_on_resume", "convert_corrupt_named_checkpoint",
 ]
 
 

@@ -70,6 +70,8 @@ def test_truncated_shard_is_named_and_automatic_resume_falls_back(tmp_path):
     check_ok(automatic)
     assert f"skipping checkpoint global_step10: {shard}" in automatic.stderr
     assert f"resuming from {ckpt / 'global_step9'} (step 9" in automatic.stderr
+    (aside,) = (ckpt / "set_aside").iterdir()  # the corrupt one is moved aside, never pruned in its place
+    assert (aside / "global_step10" / shard.name).stat().st_size == size // 2
     verify_checkpoint(ckpt / "global_step10")  # re-saved whole
     assert losses(run_dir) == losses(ref.run_dir)
     assert_same_weights(final_weights(run_dir), final_weights(ref.run_dir))
@@ -82,7 +84,7 @@ def test_disk_full_during_save_publishes_nothing(tmp_path):
     assert failed.returncode == 2
     (line,) = _error_lines(failed)
     assert str(ckpt / "global_step6.partial") in line
-    assert "No space left on device" in line and "the latest checkpoint is still global_step3" in line
+    assert "no space left on device (ENOSPC)" in line and "the latest checkpoint is still global_step3" in line
     assert (ckpt / "latest").read_text() == "global_step3"
     assert sorted(p.name for p in ckpt.iterdir() if p.is_dir()) == ["global_step3"]
 

@@ -49,7 +49,11 @@ def test_launcher_variables_win_over_slurm(clean_env):
 def test_srun_without_master_addr_says_what_to_export(clean_env):
     clean_env.setenv("SLURM_NTASKS", "2")
     clean_env.setenv("SLURM_PROCID", "0")
-    with pytest.raises(RuntimeError, match="export MASTER_ADDR"):
+    from megatron_loop.errors import LoopConfigError
+
+    # one clear error: line (exit 2) from pretrain_loop.py, not a traceback per rank
+    with pytest.raises(LoopConfigError, match=r"^srun without a launcher: MASTER_ADDR is not set; expected it "
+                                              r"exported as the first node of the allocation"):
         _adopt_slurm_env()
 
 

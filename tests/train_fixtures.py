@@ -74,10 +74,13 @@ def run_cli(*args: str, nproc: int = 1, launcher: str = "python", script: str = 
                           capture_output=True, text=True, timeout=timeout)
 
 
-def start_cli(*args: str, nproc: int = 1, launcher: str = "python",
-              script: str = "pretrain_loop.py") -> subprocess.Popen:
+def start_cli(*args: str, nproc: int = 1, launcher: str = "python", script: str = "pretrain_loop.py",
+              new_session: bool = False) -> subprocess.Popen:
+    """``new_session``: the launch leads its own process group (``setsid``), so a test can signal
+    the whole group as ``scancel`` or ``kill -- -PGID`` does."""
     return subprocess.Popen(command(*args, nproc=nproc, launcher=launcher, script=script), cwd=REPO, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=new_session)
 
 
 def kill_all_ranks(proc: subprocess.Popen) -> None:

@@ -79,7 +79,7 @@ DESCRIPTIONS: dict[str, str] = {
     "train.output_dir": "Run folder: metrics.jsonl, checkpoints/, resolved config.",
     "train.save_interval": "Checkpoint every N updates (and at the end).",
     "train.keep_last": "Keep the newest N checkpoints.",
-    "train.log_interval": "Log every N updates.",
+    "train.log_interval": "Log every N updates (a metrics.jsonl record and a console line).",
     "train.eval_interval": "Validation every N updates (0: never).",
     "train.eval_loops": "Loop counts r for validation loss; `null`: K/2, K, 2K.",
     "train.eval_batches": "Validation batches per evaluation.",
@@ -88,10 +88,12 @@ DESCRIPTIONS: dict[str, str] = {
     "train.max_consecutive_nonfinite": "Consecutive skipped updates before the run stops.",
     "train.wall_time_limit_s": "Save and exit cleanly after this many seconds (`null`: no limit).",
     "train.exit_interval": "Save and exit once the step is a multiple of N (Megatron-LM's --exit-interval; the schedule stays that of the full run).",
+    "train.collective_timeout_s": "Longest wait of any collective (seconds); a rank that stopped or hung makes the others stop with one error instead of blocking for DeepSpeed's 30 minutes.",
     # ---- data (App. A.1)
     "data.train_prefixes": "Indexed dataset prefixes (P for P.bin/P.idx) to train on.",
     "data.train_weights": "Blending weights, one per train prefix (`null`: equal).",
-    "data.valid_prefixes": "Held-out prefixes for validation loss.",
+    "data.valid_prefixes": "Held-out prefixes for validation loss; null: the `_valid` prefix next to the first "
+                           "train prefix when it exists; `[]`: no validation.",
     "data.tokenizer": "Tokenizer folder or hub name (vocabulary check, HF export).",
     "data.num_workers": "DataLoader worker processes.",
     "data.order": "`shuffled`: documents packed in a seeded permutation per epoch; `stream`: in the order preprocessing wrote them, as the paper (App. C.1: streamed and shuffled once with a 10,000-document buffer, seed 42, by `tools/preprocess_data.py --streaming`).",
@@ -99,7 +101,8 @@ DESCRIPTIONS: dict[str, str] = {
     "logging.wandb_project": "Weights & Biases project (`null`: no wandb).",
     "logging.wandb_run_name": "Weights & Biases run name.",
     "logging.wandb_mode": "`auto` (online with WANDB_API_KEY, else offline), `online`, `offline`, `disabled`.",
-    "logging.progress_bar": "tqdm progress bar on rank 0.",
+    "logging.progress_bar": "tqdm progress bar on rank 0 (the step lines are printed either way).",
+    "logging.tensorboard": "TensorBoard event files in OUTPUT_DIR/tensorboard (the scalars of metrics.jsonl).",
     "logging.peak_tflops": "Per-device peak TFLOP/s for MFU (`null`: 989 on GPU, a measured fp32 matmul rate on CPU).",
 }
 

@@ -22,9 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", required=True, help="DeepSpeed save dir with 'latest' and looplm_config.json")
+    ap.add_argument("--checkpoint", required=True,
+                    help="a run's checkpoints/ folder (the checkpoint 'latest' names, verified against its "
+                         "manifest; the newest complete one if it is damaged) or one global_step* folder in it")
     ap.add_argument("--output", required=True, help="HF folder to create (must be empty or new)")
-    ap.add_argument("--tag", help="checkpoint tag (default: the one in 'latest')")
+    ap.add_argument("--tag", help="checkpoint tag (default: the one in 'latest'); a named checkpoint must verify")
     ap.add_argument("--tokenizer", help="tokenizer folder or hub name (default: data.tokenizer of the run)")
     ap.add_argument("--max-shard-size", default="2GB", help="safetensors shard size, e.g. 500MB")
     ap.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
@@ -36,17 +38,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{ckpt}: checkpoint folder not found; expected a DeepSpeed save dir")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         return _fail(f"{out}: output folder is not empty; pass --overwrite to replace it")
+    shard_size = _shard_size(args.max_shard_size)
+    if shard_size is None:
+        return _fail(f"--max-shard-size {args.max_shard_size!r}: expected a positive size such as 500MB, 2GB, "
+                     "1GiB or a number of bytes")
 
+    from megatron_loop.data.tokenizer import check_tokenizer_location
     from megatron_loop.errors import LoopConfigError, LoopDataError
-    from megatron_loop.hf.convert import convert_checkpoint
 
     try:
+        if args.tokenizer:
+            check_tokenizer_location(args.tokenizer)
+        from megatron_loop.hf.convert import convert_checkpoint
+
         path = convert_checkpoint(ckpt, out, tag=args.tag, tokenizer=args.tokenizer, overwrite=args.overwrite,
-                                  max_shard_size=args.max_shard_size)
+                                  max_shard_size=shard_size)
     except (LoopConfigError, LoopDataError) as e:
         return _fail(str(e))
     print(f"exported {ckpt} -> {path}")
     return 0
+
+
+def _shard_size(text: str) -> int | None:
+    """Bytes of ``--max-shard-size`` as transformers reads it (500MB, 2GB, 1GiB, or plain bytes); None if invalid."""
+    from transformers.utils.hub import convert_file_size_to_int
+
+    try:
+        size = int(text) if text.isdigit() else convert_file_size_to_int(text)
+    except ValueError:
+        return None
+    return size if size > 0 else None
 
 
 def _fail(message: str) -> int:

@@ -2,7 +2,7 @@
 # `make demo`: the whole LoopLM pipeline on the bundled corpus, on CPU in a few minutes
 # (the GPU when there is one): corpus -> tokenizer -> indexed data -> DeepSpeed training of a
 # tiny LoopLM with history injection + Loop Gating -> HF export -> loop sweep r = 1..2K
-# (lm-eval on the bundled reasoning items by depth + held-out loss) -> geometry probes ->
+# (lm-eval on the bundled knowledge and reasoning items, by depth, + held-out loss) -> geometry probes ->
 # plots and a results JSON.
 #
 # Knobs (environment): DEMO_RUN (output folder, default runs/demo), DEMO_STEPS (training
@@ -30,32 +30,24 @@ python tools/probe_geometry.py --checkpoint "$RUN/model/train/checkpoints" --val
     --loops "1,$K,$(( 2 * K ))" --num-sequences 8 --num-positions 800 --seq-length 128 \
     --interaction-sources beyond_training --output "$RUN/model/probe" --no-progress
 
-python - "$RUN" "$LIMIT" <<'PY'
+python - "$RUN" <<'PY'
 import json, sys
 from pathlib import Path
-run, limit = Path(sys.argv[1]), int(sys.argv[2])
+from megatron_loop.eval.report import format_table
+run = Path(sys.argv[1])
 results = json.loads((run / "model" / "eval" / "results.json").read_text())
 metrics = [json.loads(line) for line in (run / "model" / "train" / "metrics.jsonl").open()]
 # Validation loss during training (held-out split, nats/token) at each eval step, per loop count r.
 curve = {m["step"]: {k[len("val_loss_r"):]: v for k, v in m.items() if k.startswith("val_loss_r")}
          for m in metrics if m.get("event") == "eval"}
-# Chance level of the items each task scored: mean over them of 1 / number of choices.
-tasks_dir = run / "corpus" / "eval"
-chance = {}
-for key, lm_tasks in results["lm_eval_tasks"].items():
-    docs = [json.loads(line) for t in lm_tasks
-            for line in list((tasks_dir / f"{t.removeprefix('looplm_').removesuffix('_local')}.jsonl").open())[:limit]]
-    chance[key] = 100.0 * sum(1 / len(d["choices"]) for d in docs) / len(docs)
 summary = {
     "run": str(run.resolve()),
     "checkpoint": str(run / "model" / "train" / "checkpoints"),
     "hf_export": str(run / "model" / "hf"),
     "layout": results["layout"],
     "effective_depth": results["effective_depth"],
-    "groups": results["groups"],
-    "tasks": results["tasks"],
-    "chance": chance,
-    "per_depth": results["per_depth"],
+    **{key: results[key] for key in ("groups", "groups_stderr", "groups_chance", "tasks", "tasks_stderr",
+                                     "chance", "per_depth")},
     "heldout_loss": {r: v["loss"] for r, v in results.get("heldout", {}).items()},
     "validation_loss_curve": curve,
     "probe": str(run / "model" / "probe" / "geometry.json"),
@@ -63,23 +55,16 @@ summary = {
 }
 (run / "demo_results.json").write_text(json.dumps(summary, indent=2))
 
-loops = [str(r) for r in results["loops"]]
 print(f"\nDemo finished: {results['layout']} LoopLM, trained at K = {results['train_loops']}. Outputs in", run.resolve())
 print("\nHeld-out loss (validation split, nats/token) during training, by loop count r:")
 rs = sorted({r for row in curve.values() for r in row}, key=int)
 print("  step " + "".join(f"{'r=' + r:>9}" for r in rs))
 for step, row in sorted(curve.items()):
     print(f"  {step:>4} " + "".join(f"{row[r]:>9.3f}" if r in row else " " * 9 for r in rs))
-print("Held-out loss after training, by r:  " + "  ".join(f"r={r}: {summary['heldout_loss'][r]:.3f}" for r in loops))
-print(f"\nTask accuracy (%) by r; chance = mean 1/#choices of the {limit} items per task:")
-print(f"  {'task':<24}{'chance':>7}" + "".join(f"{'r=' + r:>7}" for r in loops))
-for key, by_r in results["tasks"].items():
-    name = f"{key} ({results['groups_of'][key]})"
-    print(f"  {name:<24}{chance[key]:>7.1f}" + "".join(f"{by_r[r]:>7.1f}" for r in loops))
-for group, by_r in results["groups"].items():
-    if any(v is not None for v in by_r.values()):
-        print(f"  {group.capitalize():<24}{'':>7}" + "".join(f"{by_r[r]:>7.1f}" for r in loops))
-print("\n  results JSON:", run / "demo_results.json")
+print(f"\nKnowledge (facts), Reasoning (clutrr, proofwriter, bbh = tracking) and Overall vs L(r): accuracy (%) "
+      f"± standard error on {results['limit']} items per task; chance = mean 1/#choices of those items")
+print(format_table(results))
+print("  results JSON:", run / "demo_results.json")
 for p in summary["plots"]:
     print("  plot:", p)
 PY

@@ -10,29 +10,50 @@ groups (Knowledge: sciq, arc_easy, piqa; Reasoning: arc_challenge, winogrande, o
 hellaswag, commonsense_qa, proofwriter, clutrr, bbh) and, with --valid-prefix, the held-out
 loss. ``--tasks`` takes paper task keys, ``KEY=LM_EVAL_TASK`` (another task in that slot,
 e.g. a local file-backed one) or extra lm-eval task names (``NAME[:acc|acc_norm]``);
-``--tasks none`` skips lm-eval. Writes results.json, results.csv, per_depth.csv and PNG
-plots into --output; --compare adds other runs' results.json to the shared figures.
+``--tasks none`` skips lm-eval. The paper tasks read their datasets from the Hugging Face hub
+(cached after the first run); offline, pass local tasks as in the second example. Prints a
+task x r table (score ± standard error) and writes results.json, results.csv, per_depth.csv
+and PNG plots into --output (default: <model>_eval next to the model folder); --compare adds
+other runs' results.json to the shared figures.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
+import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_loop.data.cli import run_cli  # noqa: E402
+# megatron-core warns on import when Transformer Engine / Apex are absent (the held-out loss imports it).
+warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+
+from megatron_loop.data.cli import parse_loop_counts, run_cli  # noqa: E402
 from megatron_loop.errors import LoopConfigError  # noqa: E402
 
 
-def _int_list(text: str) -> list[int]:
+def _limit(text: str | None) -> int | float | None:
+    """``--limit``: items per task (integer >= 1) or a fraction of each task (0 < x < 1)."""
+    if text is None:
+        return None
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        value = float(text)
     except ValueError:
-        raise LoopConfigError(f"--loops {text!r}: expected comma-separated integers, e.g. 1,2,4") from None
+        value = math.nan
+    if not (0 < value < 1 or (value >= 1 and value == int(value))):
+        raise LoopConfigError(f"--limit {text}: expected a number of items per task (an integer >= 1) or a "
+                              "fraction of each task in (0, 1)")
+    return int(value) if value >= 1 else value
+
+
+def default_output(model: str) -> Path:
+    """``<model>_eval`` next to the model folder, so results never mix with the export's files."""
+    folder = Path(model).resolve()
+    return folder.parent / f"{folder.name}_eval"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,7 +66,7 @@ def _run(argv: Sequence[str] | None) -> int:
     ap.add_argument("--model", required=True, help="HF folder written by tools/convert_to_hf.py")
     ap.add_argument("--loops", required=True, help="comma-separated loop counts r, e.g. 1,2,4")
     ap.add_argument("--tasks", default=None, help="comma-separated; default: the eleven paper tasks; 'none': skip")
-    ap.add_argument("--limit", type=float, default=None, help="items per lm-eval task (int) or fraction (<1)")
+    ap.add_argument("--limit", default=None, help="items per lm-eval task (int) or fraction (<1)")
     ap.add_argument("--include-path", action="append", default=[], help="extra lm-eval task folder (repeatable)")
     ap.add_argument("--valid-prefix", help="indexed validation prefix (P.bin/P.idx) for held-out loss")
     ap.add_argument("--seq-length", type=int, default=2048, help="packed sequence length for held-out loss")
@@ -53,31 +74,34 @@ def _run(argv: Sequence[str] | None) -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
     ap.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
-    ap.add_argument("--output", default=None, help="results folder (default: <model>/eval)")
+    ap.add_argument("--output", default=None, help="results folder (default: <model>_eval next to the model)")
     ap.add_argument("--label", default=None, help="legend label of this model")
     ap.add_argument("--compare", action="append", default=[], help="another run's results.json for the figures")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    if args.no_progress:  # lm-eval's and datasets' bars too (tqdm reads this when it is first imported)
+        os.environ.setdefault("TQDM_DISABLE", "1")
 
     from megatron_loop.eval.plots import write_all_plots
-    from megatron_loop.eval.report import read_results, write_results
+    from megatron_loop.eval.report import format_table, read_results, write_results
     from megatron_loop.eval.sweep import SweepSettings, run_sweep
     from megatron_loop.eval.tasks import resolve_tasks
 
     tasks = [] if args.tasks == "none" else resolve_tasks(args.tasks.split(",") if args.tasks else None)
-    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-    settings = SweepSettings(loops=_int_list(args.loops), tasks=tasks, limit=limit, include_paths=args.include_path,
-                             valid_prefix=args.valid_prefix, seq_length=args.seq_length,
-                             valid_sequences=args.valid_sequences, batch_size=args.batch_size,
-                             progress=not args.no_progress, device=args.device, dtype=args.dtype)
+    settings = SweepSettings(loops=parse_loop_counts(args.loops), tasks=tasks, limit=_limit(args.limit),
+                             include_paths=args.include_path, valid_prefix=args.valid_prefix,
+                             seq_length=args.seq_length, valid_sequences=args.valid_sequences,
+                             batch_size=args.batch_size, progress=not args.no_progress, device=args.device,
+                             dtype=args.dtype)
     others = [read_results(p) for p in args.compare]
     results = run_sweep(args.model, settings, label=args.label)
-    output = Path(args.output or Path(args.model) / "eval")
+    output = Path(args.output) if args.output else default_output(args.model)
     paths = write_results(results, output)
     plots = write_all_plots(results, output, others)
-    print(json.dumps({"output": str(output), "overall": results["groups"]["overall"],
-                      "heldout_loss": {r: v["loss"] for r, v in results["heldout"].items()},
-                      "files": [str(p) for p in [*paths.values(), *plots]]}))
+    print(f"\n{results['layout']} (K={results['train_loops']}, L(r) = effective depth), "
+          f"scores in % ± standard error, limit {results['limit']}")
+    print(format_table(results))
+    print(f"wrote {', '.join(p.name for p in [*paths.values(), *plots])} to {output}")
     return 0
 
 

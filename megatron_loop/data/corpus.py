@@ -17,7 +17,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from megatron_loop.errors import LoopConfigError
 
@@ -401,9 +401,11 @@ def _interleave(rows: list[dict], key: str = "depth") -> list[dict]:
     return [col[i] for i in range(max(map(len, columns), default=0)) for col in columns if i < len(col)]
 
 
-def lm_eval_task_yaml(task: str, jsonl_path: Path) -> str:
+def lm_eval_task_yaml(task: str, jsonl_path: Path, trained_depths: Iterable[int] = ()) -> str:
     """A local lm-eval multiple-choice task reading ``jsonl_path`` (absolute: lm-eval resolves
-    ``data_files`` against the working directory, not the YAML's folder)."""
+    ``data_files`` against the working directory, not the YAML's folder). ``trained_depths`` go into
+    the task's metadata, where the loop sweep reads which depths the training documents covered."""
+    depths = list(trained_depths)
     return (
         f"task: {TASK_NAMES[task]}\n"
         "dataset_path: json\n"
@@ -420,6 +422,7 @@ def lm_eval_task_yaml(task: str, jsonl_path: Path) -> str:
         "  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
         "  - metric: acc_norm\n    aggregation: mean\n    higher_is_better: true\n"
         "metadata:\n  version: 1.0\n"
+        + (f"  trained_depths: {json.dumps(depths)}\n" if depths else "")
     )
 
 
@@ -481,7 +484,10 @@ def generate_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> 
     for task, rows in eval_rows.items():
         path = out / "eval" / f"{task}.jsonl"
         _write_jsonl(path, rows)
-        (out / "eval" / f"{task}.yaml").write_text(lm_eval_task_yaml(task, path), encoding="utf-8")
+        # the reasoning tasks' training documents cover depths 1..train_max_depth; facts have no depth
+        depths = range(1, spec.train_max_depth + 1) if task in TASKS else ()
+        yaml = lm_eval_task_yaml(task, path, trained_depths=depths)
+        (out / "eval" / f"{task}.yaml").write_text(yaml, encoding="utf-8")
         eval_counts[TASK_NAMES[task]] = len(rows)
     manifest = {
         "seed": spec.seed, "spec": spec.__dict__, "train_documents": len(train),

@@ -5,7 +5,8 @@
 ``train``      one prefix, a list of prefixes (equal weights), a list of ``{prefix, weight}``
                mappings, or Megatron's flat ``[w1, P1, w2, P2, ...]``.
 ``valid``      the same forms; optional. When absent, ``<first train prefix>_valid`` is used if
-               its files exist (what ``tools/preprocess_data.py --validation-documents`` writes).
+               its files exist (what ``tools/preprocess_data.py --validation-documents`` writes);
+               an empty list turns validation off.
 ``cache_dir``  where packing indexes are cached (default: next to each prefix).
 ``num_workers`` DataLoader worker processes (default 0).
 ``valid_samples`` cap on validation sequences per evaluation (default: all).
@@ -30,8 +31,8 @@ from torch.utils.data import DataLoader
 from megatron_loop.data.blend import BlendedDataset, max_blend_samples, samples_needed
 from megatron_loop.data.indexed import check_token_ids, count_tokens, open_indexed
 from megatron_loop.data.packed import PackedDataset, epochs_for
-from megatron_loop.data.preprocess import VALID_SUFFIX
 from megatron_loop.data.sampler import GlobalBatchSampler
+from megatron_loop.config import sibling_valid_prefix
 from megatron_loop.errors import LoopConfigError, LoopDataError
 
 
@@ -65,10 +66,13 @@ def parse_blend(spec: Any, where: str) -> list[tuple[str, float]]:
 
 
 def _packed(prefixes: list[tuple[str, float]], seq_length: int, seed: int, num_samples: int | None,
-            cache_dir: str | None, vocab_size: int | None, order: str = "shuffled") -> torch.utils.data.Dataset:
+            cache_dir: str | None, vocab_size: int | None, order: str = "shuffled",
+            usage: list[dict] | None = None) -> torch.utils.data.Dataset:
     """One PackedDataset per prefix (enough epochs for ``num_samples``), blended if several.
 
     Component ``k`` gets seed ``seed + k`` so two prefixes never share a document order.
+    ``usage`` (when given) receives, per prefix, the samples the run reads from it and how many
+    epochs of its tokens that is (data reuse).
     """
     for prefix, _ in prefixes:
         if vocab_size is not None:
@@ -84,10 +88,13 @@ def _packed(prefixes: list[tuple[str, float]], seq_length: int, seed: int, num_s
         return BlendedDataset(one_pass, weights, max_blend_samples([len(d) for d in one_pass], weights))
     needs = samples_needed(weights, num_samples) if len(prefixes) > 1 else [num_samples]
     datasets = []
-    for k, ((prefix, _), need) in enumerate(zip(prefixes, needs)):
+    for k, ((prefix, weight), need) in enumerate(zip(prefixes, needs)):
         tokens = count_tokens(prefix)
         datasets.append(PackedDataset(prefix, seq_length, seed + k,
                                       epochs_for(tokens, seq_length, max(need, 1)), cache_dir, order))
+        if usage is not None:
+            usage.append({"prefix": prefix, "weight": weight, "tokens": tokens, "samples": need,
+                          "epochs": need * seq_length / max(tokens, 1)})
     if len(datasets) == 1:
         return datasets[0]
     return BlendedDataset(datasets, weights, num_samples)
@@ -107,6 +114,9 @@ class TrainValidLoaders:
     train_dataset: torch.utils.data.Dataset
     valid_dataset: torch.utils.data.Dataset | None
     train_sampler: GlobalBatchSampler
+    # per train prefix: samples this run reads from it and the epochs of its tokens that makes
+    # (filled when ``train_samples`` is given; see ``_packed``)
+    train_usage: list[dict] | None = None
 
 
 def _loader(dataset, sampler: GlobalBatchSampler, num_workers: int) -> DataLoader:
@@ -136,7 +146,8 @@ def build_train_valid_loaders(data_cfg: Any, *, seq_length: int, global_batch_si
     cache_dir = _get(data_cfg, "cache_dir")
     num_workers = int(_get(data_cfg, "num_workers", 0) or 0)
     order = _get(data_cfg, "order", "shuffled") or "shuffled"
-    train_ds = _packed(train_prefixes, seq_length, seed, train_samples, cache_dir, vocab_size, order)
+    usage: list[dict] = []
+    train_ds = _packed(train_prefixes, seq_length, seed, train_samples, cache_dir, vocab_size, order, usage)
     total = len(train_ds) if train_samples is None else train_samples
     if len(train_ds) < global_batch_size:
         raise LoopDataError(f"data.train {[p for p, _ in train_prefixes]}: {len(train_ds)} sequences "
@@ -146,22 +157,28 @@ def build_train_valid_loaders(data_cfg: Any, *, seq_length: int, global_batch_si
                                  consumed_samples)
 
     valid_spec = _get(data_cfg, "valid")
-    default_valid = train_prefixes[0][0] + VALID_SUFFIX
-    if valid_spec is None and os.path.isfile(default_valid + ".idx"):
-        valid_spec = default_valid
+    if valid_spec is None:
+        valid_spec = sibling_valid_prefix(train_prefixes[0][0])
     valid_ds = valid = None
-    if valid_spec is not None:
-        valid_ds = _packed(parse_blend(valid_spec, "data.valid"), seq_length, seed, None,
-                           cache_dir, vocab_size, order)
+    if valid_spec is not None and not _is_empty_list(valid_spec):
+        valid_prefixes = parse_blend(valid_spec, "data.valid")
+        valid_ds = _packed(valid_prefixes, seq_length, seed, None, cache_dir, vocab_size, order)
         cap = _get(data_cfg, "valid_samples")
         n_valid = len(valid_ds) if cap is None else min(len(valid_ds), int(cap))
         step = micro_batch_size * dp_size
         if n_valid < step:
-            raise LoopDataError(f"data.valid: {len(valid_ds)} sequences of seq_length {seq_length}; "
-                                f"expected at least micro_batch_size x data-parallel size = {step}")
+            raise LoopDataError(f"data.valid_prefixes {[p for p, _ in valid_prefixes]}: {len(valid_ds)} sequences "
+                                f"of seq_length {seq_length}; expected at least micro_batch_size x data-parallel "
+                                f"size = {step} for validation (or train without it: train.eval_interval=0 or "
+                                "data.valid_prefixes=[])")
         valid = _loader(valid_ds, GlobalBatchSampler(n_valid, step, micro_batch_size, dp_rank,
                                                      dp_size), num_workers)
-    return TrainValidLoaders(_loader(train_ds, sampler, num_workers), valid, train_ds, valid_ds, sampler)
+    return TrainValidLoaders(_loader(train_ds, sampler, num_workers), valid, train_ds, valid_ds, sampler,
+                             usage if train_samples is not None else None)
+
+
+def _is_empty_list(spec: Any) -> bool:
+    return isinstance(spec, Sequence) and not isinstance(spec, (str, bytes)) and len(spec) == 0
 
 
 def measure_loader_throughput(prefix: str, seq_length: int = 2048, micro_batch_size: int = 8,

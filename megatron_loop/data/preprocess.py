@@ -30,7 +30,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from megatron_loop.data.sources import HFSource, iter_documents
-from megatron_loop.data.tokenizer import load_tokenizer
+from megatron_loop.data.tokenizer import check_tokenizer_location, load_tokenizer
 from megatron_loop.errors import LoopDataError
 
 VALID_SUFFIX = "_valid"
@@ -137,6 +137,7 @@ def preprocess(input_spec: str, tokenizer: str, output_prefix: str,
     """Tokenise ``input_spec`` into ``output_prefix`` (+ ``_valid``); returns the stats dict."""
     from tqdm import tqdm
 
+    check_tokenizer_location(tokenizer)  # a mistyped folder must not wait for the input to be read
     # transformers and megatron-core take seconds to import: input errors are reported first.
     docs_iter = iter_documents(input_spec, options.json_key, options.text_unit, options.hf)
     docs = (d for d in docs_iter if d)  # an empty document would be a lone EOS; skip it

@@ -15,18 +15,53 @@ from megatron_loop.errors import LoopDataError
 EOS_TOKEN = "<|endoftext|>"
 
 
-def load_tokenizer(name_or_dir: str, eos_token: str | None = None):
+def check_tokenizer_location(name_or_dir: str, source: str | None = None) -> None:
+    """Refuses, before any slow work, a tokenizer that is neither an existing path nor a possible
+    hub id (``huggingface_hub``'s own repo-id rule decides): a mistyped folder gets "no such
+    folder" rather than the hub client's "Repo id must be in the form ...". ``source`` is how the
+    error names the value (default ``--tokenizer NAME``; a config file and key for a run config)."""
+    source = source or f"--tokenizer {name_or_dir}"
+    if Path(name_or_dir).expanduser().exists():
+        return
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(str(name_or_dir))
+    except HFValidationError:
+        raise LoopDataError(f"{source}: no such folder; expected a tokenizer folder saved with save_pretrained "
+                            "(or a hub name such as meta-llama/Llama-3.1-8B)") from None
+
+
+def open_tokenizer(name_or_dir: str, source: str | None = None):
+    """``AutoTokenizer.from_pretrained(name_or_dir)`` with one-line errors naming ``source`` (see
+    :func:`check_tokenizer_location`), ready to be saved into an export."""
+    from transformers import AutoTokenizer
+
+    source = source or f"--tokenizer {name_or_dir}"
+    check_tokenizer_location(name_or_dir, source)
+    try:
+        # trust_remote_code=False: the tokenizers used here are plain fast tokenizers, and a folder
+        # that is also a LoopLM export (config.json with auto_map) would otherwise make transformers
+        # ask on stdin whether to run the model's code.
+        tok = AutoTokenizer.from_pretrained(name_or_dir, trust_remote_code=False)
+    except Exception as e:  # hub/offline/missing-file errors come in many types
+        reason = " ".join(str(e).split()).split(". ")[0]
+        where = "" if Path(name_or_dir).expanduser().exists() else "no such folder, and "
+        raise LoopDataError(f"{source}: {where}cannot load a tokenizer ({reason}); expected a "
+                            "folder saved with save_pretrained or a Hugging Face hub name") from None
+    # transformers records how it found the files (is_local, local_files_only) in init_kwargs, and
+    # save_pretrained would write them into tokenizer_config.json, pinning every copy to local files.
+    for key in ("is_local", "local_files_only"):
+        tok.init_kwargs.pop(key, None)
+    return tok
+
+
+def load_tokenizer(name_or_dir: str, eos_token: str | None = None, source: str | None = None):
     """A transformers fast tokenizer with an EOS token (every document ends with EOS).
 
     ``eos_token`` overrides the tokenizer's own EOS (it must already be in the vocabulary).
     """
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(name_or_dir, use_fast=True)
-    except Exception as e:  # hub/offline/missing-folder errors come in many types
-        raise LoopDataError(f"cannot load tokenizer '{name_or_dir}': {e}; expected a Hugging Face "
-                            "hub name or a folder saved with save_pretrained") from None
+    tok = open_tokenizer(name_or_dir, source)
     if not getattr(tok, "is_fast", False):
         raise LoopDataError(f"tokenizer '{name_or_dir}' is not a fast tokenizer; expected one "
                             "backed by the tokenizers library")

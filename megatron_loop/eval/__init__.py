@@ -4,7 +4,7 @@
 * ``harness`` -- one lm-evaluation-harness pass at one r (+ accuracy per depth);
 * ``heldout`` -- held-out loss / perplexity on an indexed validation prefix;
 * ``sweep``   -- load once, run every r;
-* ``report``  -- results.json, results.csv, per_depth.csv;
+* ``report``  -- results.json, results.csv, per_depth.csv and the task x r console table;
 * ``plots``   -- Fig. 2 / Fig. 1 b,c style PNGs and loss vs r.
 The shipped lm-eval YAMLs (ProofWriter, CLUTRR, 14 BBH subtasks) live in ``eval/tasks/``.
 """

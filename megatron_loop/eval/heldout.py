@@ -3,7 +3,8 @@
 The prefix is packed exactly as in training (``data.packed.PackedDataset``: seed-shuffled
 documents, non-overlapping ``seq_length`` windows, App. A.1); the loss of a window is the
 mean next-token cross-entropy over its ``seq_length - 1`` predictions; the reported loss is
-the mean over windows and perplexity = exp(loss).
+the mean over windows and perplexity = exp(loss); ``stderr`` is the standard error of that mean
+over windows (sample standard deviation / sqrt(windows)).
 """
 
 from __future__ import annotations
@@ -15,19 +16,21 @@ import torch
 
 def heldout_loss(model, prefix: str, seq_length: int, max_sequences: int | None = None,
                  batch_size: int = 4, seed: int = 1234) -> dict[str, float]:
-    """``{"loss", "perplexity", "sequences"}`` of an HF causal LM at its configured loop count."""
+    """``{"loss", "stderr", "perplexity", "sequences"}`` of an HF causal LM at its configured loop count
+    (loss in nats per predicted token)."""
     from megatron_loop.data.packed import PackedDataset
 
     dataset = PackedDataset(prefix, seq_length=seq_length, seed=seed)
     n = len(dataset) if max_sequences is None else min(len(dataset), max_sequences)
     device = next(model.parameters()).device
-    total, count = 0.0, 0
+    windows: list[float] = []
     with torch.no_grad():
         for start in range(0, n, batch_size):
             tokens = torch.stack([dataset[i]["tokens"] for i in range(start, min(n, start + batch_size))]).to(device)
             logits = model(tokens, use_cache=False).logits[:, :-1].float()
             losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
-            total += losses.mean(dim=1).sum().item()
-            count += tokens.shape[0]
-    loss = total / count
-    return {"loss": loss, "perplexity": math.exp(loss), "sequences": count}
+            windows += losses.mean(dim=1).tolist()
+    count = len(windows)
+    loss = sum(windows) / count
+    stderr = (math.sqrt(sum((w - loss) ** 2 for w in windows) / (count - 1) / count) if count > 1 else None)
+    return {"loss": loss, "stderr": stderr, "perplexity": math.exp(loss), "sequences": count}

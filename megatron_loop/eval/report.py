@@ -1,21 +1,28 @@
-"""Loop-sweep results: one JSON document and two CSV tables.
+"""Loop-sweep results: one JSON document, two CSV tables and the console table.
 
 ``results.json``::
 
     {"model", "layout", "prelude_layers", "core_layers", "coda_layers", "train_loops",
      "training_depth", "loops": [r...], "effective_depth": {r: L(r)},
      "metrics": {task: metric}, "groups_of": {task: group},
-     "tasks": {task: {r: percent}}, "groups": {knowledge|reasoning|overall: {r: percent}},
-     "per_depth": {task: {r: {depth: {"accuracy", "n"}}}},
-     "heldout": {r: {"loss", "perplexity", "sequences"}}, "limit", "lm_eval_tasks": {task: [...]},
+     "tasks": {task: {r: percent}}, "tasks_stderr": {task: {r: percent}},
+     "groups": {knowledge|reasoning|overall: {r: percent}}, "groups_stderr": {...},
+     "chance": {task: percent}, "groups_chance": {group: percent},
+     "per_depth": {task: {r: {depth: {"accuracy", "stderr", "chance", "n"}}}},
+     "depth_axes": {task: what its depth counts}, "trained_depths": {task: [depths seen in training]},
+     "heldout": {r: {"loss", "stderr", "perplexity", "sequences"}}, "limit", "lm_eval_tasks": {task: [...]},
      "subtask_averages": {task: {r: {"mean", "size_weighted", "subtasks": {name: {"accuracy", "n"}}}}} }
 
 ``tasks`` holds BBH's ``mean`` (the paper's unweighted mean of the 14 subtasks); ``size_weighted``
 is lm-eval's group number (subtasks weighted by their item counts).
 
-``results.csv``: one row per task / group / loss / perplexity, one column per r (header
-``r=R (L=...)``), plus a first row with the effective depths. ``per_depth.csv``: long format
-``task, depth, r, effective_depth, accuracy, n``.
+Standard errors are lm-eval's (closed form for the mean accuracy), propagated through unweighted
+means as sqrt(sum se^2) / n; ``null`` where lm-eval has none (a single item).
+
+``results.csv``: one row per task / group / loss / perplexity, each followed by its standard-error
+row (metric ``<metric>_stderr``), one column per r (header ``r=R (L=...)``), a last ``chance``
+column, plus a first row with the effective depths. ``per_depth.csv``: long format
+``task, depth, r, effective_depth, accuracy, stderr, chance, n``.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+
 
 
 def _num_keys(d: dict) -> dict:
@@ -34,6 +42,21 @@ def _num_keys(d: dict) -> dict:
     return out
 
 
+def _rows(results: dict):
+    """(name, kind, metric, {r: value}, {r: stderr}, chance) for every task, group and held-out row."""
+    for task, by_r in results["tasks"].items():
+        yield (task, results["groups_of"][task], results["metrics"][task], by_r,
+               results.get("tasks_stderr", {}).get(task, {}), results.get("chance", {}).get(task))
+    for group, by_r in results["groups"].items():
+        yield (group, "group", "mean", by_r, results.get("groups_stderr", {}).get(group, {}),
+               results.get("groups_chance", {}).get(group))
+    if results.get("heldout"):
+        held = results["heldout"]
+        yield ("heldout_loss", "heldout", "loss", {r: v["loss"] for r, v in held.items()},
+               {r: v.get("stderr") for r, v in held.items()}, None)
+        yield ("heldout_perplexity", "heldout", "perplexity", {r: v["perplexity"] for r, v in held.items()}, {}, None)
+
+
 def write_results(results: dict, output: str | Path) -> dict[str, Path]:
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
@@ -42,31 +65,54 @@ def write_results(results: dict, output: str | Path) -> dict[str, Path]:
     loops = results["loops"]
     with paths["csv"].open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["name", "kind", "metric"] + [f"r={r} (L={results['effective_depth'][r]})" for r in loops])
-        w.writerow(["effective_depth", "depth", ""] + [results["effective_depth"][r] for r in loops])
-        for task, by_r in results["tasks"].items():
-            w.writerow([task, results["groups_of"][task], results["metrics"][task]] + [_fmt(by_r.get(r)) for r in loops])
-        for group, by_r in results["groups"].items():
-            w.writerow([group, "group", "mean"] + [_fmt(by_r.get(r)) for r in loops])
-        if results.get("heldout"):
-            for key in ("loss", "perplexity"):
-                w.writerow([f"heldout_{key}", "heldout", key] + [_fmt(results["heldout"][r][key]) for r in loops])
+        w.writerow(["name", "kind", "metric"] + [f"r={r} (L={results['effective_depth'][r]})" for r in loops]
+                   + ["chance"])
+        w.writerow(["effective_depth", "depth", ""] + [results["effective_depth"][r] for r in loops] + [""])
+        for name, kind, metric, by_r, stderr, chance in _rows(results):
+            w.writerow([name, kind, metric] + [_fmt(by_r.get(r)) for r in loops] + [_fmt(chance)])
+            if stderr:
+                w.writerow([name, kind, f"{metric}_stderr"] + [_fmt(stderr.get(r)) for r in loops] + [""])
     with paths["per_depth_csv"].open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["task", "depth", "r", "effective_depth", "accuracy", "n"])
+        w.writerow(["task", "depth", "r", "effective_depth", "accuracy", "stderr", "chance", "n"])
         for task, by_r in results.get("per_depth", {}).items():
             for r, strata in by_r.items():
                 for depth, cell in strata.items():
-                    w.writerow([task, depth, r, results["effective_depth"][r], _fmt(cell["accuracy"]), cell["n"]])
+                    w.writerow([task, depth, r, results["effective_depth"][r], _fmt(cell["accuracy"]),
+                                _fmt(cell.get("stderr")), _fmt(cell.get("chance")), cell["n"]])
     return paths
 
 
+def format_table(results: dict) -> str:
+    """The task x r table printed at the end of a sweep: Markdown, as lm-eval prints its results
+    (same writer, pytablewriter), one ``score ± stderr`` cell per task / group and loop count r."""
+    from pytablewriter import MarkdownTableWriter
+
+    loops = results["loops"]
+    writer = MarkdownTableWriter()
+    writer.headers = ["Task", "Group", "Metric", "Chance"] + [f"r={r} (L={results['effective_depth'][r]})"
+                                                             for r in loops]
+    writer.value_matrix = [
+        [name, kind, metric, _cell(chance, None)] + [_cell(by_r.get(r), stderr.get(r)) for r in loops]
+        for name, kind, metric, by_r, stderr, chance in _rows(results)
+        if any(v is not None for v in by_r.values())]  # not e.g. a group none of the tasks is in
+    writer.margin = 1
+    return writer.dumps()
+
+
 def read_results(path: str | Path) -> dict:
-    path = Path(path)
-    if path.is_dir():
-        path = path / "results.json"
-    return _num_keys(json.loads(path.read_text()))
+    """A results.json (or its folder) given to ``--compare``, with one-line errors for a path that is not one."""
+    from megatron_loop.data.cli import read_tool_json
+
+    return _num_keys(read_tool_json(path, "--compare", "results.json", "tools/eval_loops.py",
+                                    ("loops", "effective_depth", "groups", "training_depth")))
 
 
 def _fmt(value) -> str:
     return "" if value is None else f"{value:.4f}"
+
+
+def _cell(value, stderr) -> str:
+    if value is None:
+        return ""
+    return f"{value:.2f}" if stderr is None else f"{value:.2f} ± {stderr:.2f}"

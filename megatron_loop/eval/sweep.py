@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron_loop.errors import LoopConfigError, LoopDataError
-from megatron_loop.eval.tasks import GROUPS, TaskSpec, aggregate
+from megatron_loop.eval.tasks import GROUPS, TaskSpec, aggregate, aggregate_stderr
 
 
 @dataclass
@@ -24,6 +24,28 @@ class SweepSettings:
     progress: bool = True
     device: str | None = None  # default: cuda when available, else cpu
     dtype: str = "float32"     # float32 | bfloat16 | float16
+
+    def __post_init__(self) -> None:
+        """Bad settings stop here, before the model or any dataset is loaded (messages name the CLI flags)."""
+        if not self.loops or any(r < 1 for r in self.loops) or sorted(set(self.loops)) != list(self.loops):
+            raise LoopConfigError(f"--loops {self.loops}: expected distinct loop counts >= 1 in increasing order")
+        if self.limit is not None and not (0 < self.limit < 1 or (self.limit >= 1 and self.limit == int(self.limit))):
+            raise LoopConfigError(f"--limit {self.limit}: expected a number of items per task (an integer >= 1) "
+                                  "or a fraction of each task in (0, 1)")
+        if not self.tasks and not self.valid_prefix:
+            raise LoopConfigError("--tasks none: nothing to evaluate; pass --valid-prefix P (an indexed prefix, "
+                                  "P.bin/P.idx) for the held-out loss, or name tasks to run")
+        if self.valid_prefix:
+            missing = [f"{self.valid_prefix}{ext}" for ext in (".bin", ".idx")
+                       if not Path(f"{self.valid_prefix}{ext}").is_file()]
+            if missing:
+                raise LoopDataError(f"--valid-prefix {self.valid_prefix}: missing {' and '.join(missing)}; expected "
+                                    "P.bin and P.idx written by tools/preprocess_data.py")
+        # a held-out window of L tokens makes L - 1 predictions, so it needs two
+        for name, value, least in (("--seq-length", self.seq_length, 2), ("--batch-size", self.batch_size, 1),
+                                   ("--valid-sequences", self.valid_sequences, 1)):
+            if value is not None and value < least:
+                raise LoopConfigError(f"{name} {value}: expected an integer >= {least}")
 
 
 def load_hf_model(model_dir: str | Path, device: str | None = None, dtype: str = "float32"):
@@ -43,7 +65,8 @@ def load_hf_model(model_dir: str | Path, device: str | None = None, dtype: str =
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True)  # reads our config.json (auto_map)
     except Exception as e:  # no tokenizer files in the folder
-        raise LoopDataError(f"{model_dir}: cannot load the tokenizer ({e}); expected tokenizer files next to "
+        reason = " ".join(str(e).split())
+        raise LoopDataError(f"{model_dir}: cannot load the tokenizer ({reason}); expected tokenizer files next to "
                             "the model (convert_to_hf.py --tokenizer)") from None
     return model, tokenizer
 
@@ -66,8 +89,18 @@ def set_loops(model, r: int) -> None:
 def run_sweep(model_dir: str | Path, settings: SweepSettings, label: str | None = None) -> dict:
     from tqdm.auto import tqdm
 
-    if not settings.loops or any(r < 1 for r in settings.loops):
-        raise LoopConfigError(f"--loops {settings.loops}: expected loop counts >= 1")
+    if not settings.progress:  # no download / weight-loading bars either (one readable log per sweep)
+        import datasets
+        import transformers
+
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+    manager = tasks = None
+    if settings.tasks:  # before the model: a task that cannot be loaded (offline hub) fails fast
+        from megatron_loop.eval.harness import load_tasks, task_manager
+
+        manager = task_manager(settings.include_paths)
+        tasks = load_tasks(settings.tasks, manager)  # once: datasets read once for every r
     model, tokenizer = load_hf_model(model_dir, settings.device, settings.dtype)
     for r in settings.loops:  # refuse before spending any time
         set_loops(model, r)
@@ -80,27 +113,36 @@ def run_sweep(model_dir: str | Path, settings: SweepSettings, label: str | None 
         "metrics": {t.key: t.metric for t in settings.tasks}, "groups_of": {t.key: t.group for t in settings.tasks},
         "lm_eval_tasks": {t.key: list(t.lm_eval_tasks) for t in settings.tasks}, "limit": settings.limit,
         "tasks": {t.key: {} for t in settings.tasks}, "groups": {g: {} for g in (*GROUPS, "overall")},
-        "per_depth": {}, "heldout": {}, "subtask_averages": {},
+        "tasks_stderr": {t.key: {} for t in settings.tasks}, "groups_stderr": {g: {} for g in (*GROUPS, "overall")},
+        "chance": {}, "groups_chance": {}, "per_depth": {}, "depth_axes": {}, "trained_depths": {}, "heldout": {},
+        "subtask_averages": {},
     }
-    lm = manager = None
+    lm = None
     if settings.tasks:
-        from megatron_loop.eval.harness import make_lm, task_manager
+        from megatron_loop.eval.harness import make_lm, trained_depths
 
-        lm, manager = make_lm(model, tokenizer, settings.batch_size), task_manager(settings.include_paths)
+        results["trained_depths"] = trained_depths(settings.tasks, tasks)
+        lm = make_lm(model, tokenizer, settings.batch_size, settings.progress)
     for r in tqdm(settings.loops, desc="loop sweep", unit="r", disable=not settings.progress):
         set_loops(model, r)
         if settings.tasks:
             from megatron_loop.eval.harness import evaluate_tasks
 
-            scores, per_depth, averages = evaluate_tasks(lm, settings.tasks, manager, settings.limit)
-            for key, avg in averages.items():  # BBH: the paper's mean and lm-eval's size-weighted number
+            out = evaluate_tasks(lm, settings.tasks, manager, settings.limit, tasks)
+            for key, avg in out.subtask_averages.items():  # BBH: the paper's mean and lm-eval's size-weighted one
                 results["subtask_averages"].setdefault(key, {})[r] = avg
-            for key, value in scores.items():
+            for key, value in out.scores.items():
                 results["tasks"][key][r] = value
-            for group, value in aggregate(scores, settings.tasks).items():
+                results["tasks_stderr"][key][r] = out.stderr[key]
+            for group, value in aggregate(out.scores, settings.tasks).items():
                 results["groups"][group][r] = value
-            for key, strata in per_depth.items():
+            for group, value in aggregate_stderr(out.stderr, settings.tasks).items():
+                results["groups_stderr"][group][r] = value
+            results["chance"] = out.chance  # the same items at every r
+            results["groups_chance"] = aggregate(out.chance, settings.tasks)
+            for key, strata in out.per_depth.items():
                 results["per_depth"].setdefault(key, {})[r] = strata
+                results["depth_axes"][key] = next(t.depth_axis for t in settings.tasks if t.key == key) or "depth"
         if settings.valid_prefix:
             from megatron_loop.eval.heldout import heldout_loss
 

@@ -23,6 +23,7 @@ BBH             looplm_bbh_<subtask> x 14 (shipped YAMLs)  acc       (A), (B), .
 Scores are percentages. BBH's score is the unweighted mean of its 14 subtasks (Table 10: every
 subtask counts once, whatever its size); lm-eval's own ``bbh`` group weights subtasks by their
 item counts instead. The sweep reports both (results JSON ``subtask_averages``).
+Standard errors are lm-eval's per task, combined through every unweighted mean as sqrt(sum se^2) / n.
 The bundled corpus adds ``facts`` (``looplm_facts_local``, acc_norm) to the Knowledge group.
 Group score = unweighted mean of its tasks; Overall = unweighted mean of all eleven tasks,
 Eq. (S_Know, S_Reas): (3 * 62.80 + 8 * 28.52) / 11 = 37.87.
@@ -30,6 +31,7 @@ Eq. (S_Know, S_Reas): (3 * 62.80 + 8 * 28.52) / 11 = 37.87.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -121,6 +123,14 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def stderr_of_mean(errors: list[float | None]) -> float | None:
+    """Standard error of an unweighted mean of independent estimates: sqrt(sum se_i^2) / n
+    (None when any is unknown). Used for BBH over its subtasks and for the group scores."""
+    if not errors or any(e is None for e in errors):
+        return None
+    return math.sqrt(sum(e * e for e in errors)) / len(errors)
+
+
 def subtask_averages(accuracy: dict[str, float], size: dict[str, int]) -> dict:
     """The two averages of a task made of subtasks (BBH): ``mean``, the paper's score (each
     subtask once), and ``size_weighted``, lm-eval's group aggregate (``weight_by_size: true``):
@@ -139,4 +149,14 @@ def aggregate(scores: dict[str, float], specs: list[TaskSpec]) -> dict[str, floa
         out[group] = mean(members) if members else None
     grouped = [scores[s.key] for s in specs if s.group in GROUPS and s.key in scores]
     out["overall"] = mean(grouped) if grouped else None
+    return out
+
+
+def aggregate_stderr(stderr: dict[str, float | None], specs: list[TaskSpec]) -> dict[str, float | None]:
+    """Standard errors of :func:`aggregate`'s group and Overall means (same members, :func:`stderr_of_mean`)."""
+    out: dict[str, float | None] = {}
+    for group in GROUPS:
+        members = [stderr[s.key] for s in specs if s.group == group and s.key in stderr]
+        out[group] = stderr_of_mean(members)
+    out["overall"] = stderr_of_mean([stderr[s.key] for s in specs if s.group in GROUPS and s.key in stderr])
     return out

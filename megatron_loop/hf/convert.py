@@ -1,9 +1,12 @@
 """Training checkpoint <-> Hugging Face folder (SPEC.md "HF export contract").
 
-Export: consolidate the DeepSpeed checkpoint (any ZeRO stage, ``model.io``), rename every
-tensor to the export names, split megatron-core's fused matrices, and write ``config.json``
-(with ``auto_map``), ``modeling_looplm.py``, sharded safetensors, the tokenizer and a
-generation config into a temporary folder that is renamed into place at the end.
+Export: pick and verify the checkpoint as training does (``model.io.select_checkpoint``: the
+one ``latest`` names, checked against its manifest, else the newest complete one), consolidate
+it (any ZeRO stage), rename every tensor to the export names, split megatron-core's fused
+matrices, and write ``config.json`` (with ``auto_map``), ``modeling_looplm.py``, sharded
+safetensors, the tokenizer and a generation config into a hidden temporary folder next to the
+output, readable as the user's umask says (:func:`publish_folder`): it replaces the output only
+when complete, and an old export is swapped out, not deleted first.
 
 * fused QKV ``[groups, (heads/groups + 2) * head_dim]`` rows -> ``q_proj``, ``k_proj``,
   ``v_proj`` (grouped-query layout de-interleaved with ``roles.QKVSplit``);
@@ -18,8 +21,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
-import tempfile
+import sys
 from pathlib import Path
 
 import torch
@@ -217,33 +221,32 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], cfg: ModelConfig) -> d
 
 
 def _prepare_output(output: Path, overwrite: bool) -> None:
+    for note in clean_leftovers(output):  # first: a previous export killed mid-swap is put back
+        print(f"note: {note}", file=sys.stderr)
     if output.exists() and not output.is_dir():
         raise LoopDataError(f"{output}: exists and is not a folder; expected an empty or new output folder")
     if output.is_dir() and any(output.iterdir()) and not overwrite:
         raise LoopDataError(f"{output}: output folder is not empty; pass --overwrite to replace it")
 
 
-def _load_tokenizer(tokenizer: str | None):
+def _load_tokenizer(tokenizer: str | None, source: str | None = None):
     if tokenizer is None:
         return None
-    from transformers import AutoTokenizer
+    from megatron_loop.data.tokenizer import open_tokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(tokenizer)
-    except Exception as e:  # missing folder, offline hub, unknown format
-        raise LoopDataError(f"cannot load tokenizer '{tokenizer}': {e}; expected a tokenizer folder "
-                            "saved with save_pretrained or a cached hub name") from None
+    return open_tokenizer(tokenizer, source)
 
 
 def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: str | os.PathLike,
                       tokenizer: str | None = None, overwrite: bool = False,
-                      max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE) -> Path:
-    """Write the HF folder for a training state dict; returns the folder."""
+                      max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE, tokenizer_source: str | None = None) -> Path:
+    """Write the HF folder for a training state dict; returns the folder. ``tokenizer_source`` names
+    where ``tokenizer`` came from in error messages (default: the ``--tokenizer`` flag)."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     output = Path(output)
     _prepare_output(output, overwrite)
-    tok = _load_tokenizer(tokenizer)
+    tok = _load_tokenizer(tokenizer, tokenizer_source)
     token_ids = {}
     if tok is not None:
         token_ids = {k: getattr(tok, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -269,45 +272,132 @@ def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: 
         model.tie_weights()
     model.generation_config = GenerationConfig(**token_ids)
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    tmp = staging_folder(output)
     try:
         model.save_pretrained(tmp, max_shard_size=max_shard_size)
         if tok is not None:
             tok.save_pretrained(tmp)
-        _write_readme(tmp, cfg)
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(tmp, output)
+        _write_readme(tmp, cfg, with_tokenizer=tok is not None)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return publish_folder(tmp, output)
+
+
+# --------------------------------------------------------------------------------------
+# Publishing a folder: write new, then swap; leftovers of a killed export are cleaned
+# --------------------------------------------------------------------------------------
+
+_STAGING, _RETIRED = ".tmp-", ".old-"
+
+
+def _leftovers(output: Path, kind: str) -> list[Path]:
+    return sorted(output.parent.glob(f".{output.name}{kind}*")) if output.parent.is_dir() else []
+
+
+def _pid_of(leftover: Path) -> int | None:
+    try:
+        return int(leftover.name.rsplit("-", 2)[-2])
+    except (ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    import psutil
+
+    return pid is not None and pid != os.getpid() and psutil.pid_exists(pid)
+
+
+def clean_leftovers(output: Path) -> list[str]:
+    """After an export killed half-way: an old export swapped out but not yet replaced is put
+    back, staging folders of dead exports are removed. Returns what was done (for the log)."""
+    done = []
+    for retired in _leftovers(output, _RETIRED):
+        if _alive(_pid_of(retired)):
+            continue
+        if not output.exists():
+            os.replace(retired, output)
+            done.append(f"restored the previous export {output} from {retired.name}")
+        else:
+            shutil.rmtree(retired, ignore_errors=True)
+            done.append(f"removed {retired}")
+    for staging in _leftovers(output, _STAGING):
+        if not _alive(_pid_of(staging)):
+            shutil.rmtree(staging, ignore_errors=True)
+            done.append(f"removed the unfinished export {staging}")
+    return done
+
+
+def staging_folder(output: Path) -> Path:
+    """A new hidden folder next to ``output`` (same file system, so the final rename is atomic),
+    created with the user's umask (``tempfile.mkdtemp`` would make it 0700)."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.parent / f".{output.name}{_STAGING}{os.getpid()}-{secrets.token_hex(3)}"
+    tmp.mkdir()
+    return tmp
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def publish_folder(tmp: Path, output: Path) -> Path:
+    """Give ``tmp`` the modes the user's umask asks for (libraries write some files 0600), then
+    put it at ``output``: an existing output is renamed aside first and removed only after the
+    new one is in place, so a kill at any moment leaves the old or the new export (or both, the
+    old one restored by the next export)."""
+    mask = _umask()
+    for path in [tmp, *tmp.rglob("*")]:
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+    retired = None
+    if output.exists():
+        retired = output.parent / f".{output.name}{_RETIRED}{os.getpid()}-{secrets.token_hex(3)}"
+        os.replace(output, retired)
+    os.replace(tmp, output)
+    if retired is not None:
+        shutil.rmtree(retired, ignore_errors=True)
     return output
 
 
-def _write_readme(folder: Path, cfg: ModelConfig) -> None:
-    kind = "native" if is_native(cfg) else "looplm (trust_remote_code=True)"
+def _write_readme(folder: Path, cfg: ModelConfig, with_tokenizer: bool = True) -> None:
+    native = is_native(cfg)
+    kind = "native" if native else "looplm (trust_remote_code=True)"
+    model_line = "model = AutoModelForCausalLM.from_pretrained(PATH" + (
+        ")" if native else f", trust_remote_code=True, num_loops={cfg.train_loops})")
+    # The tokenizer is a plain fast tokenizer; trust_remote_code=False keeps transformers from asking
+    # whether to run the model code it sees in config.json's auto_map (it is not needed for the tokenizer).
+    tok_line = ("tokenizer = AutoTokenizer.from_pretrained(PATH)" if native else
+                "tokenizer = AutoTokenizer.from_pretrained(PATH, trust_remote_code=False)")
+    imports = "AutoModelForCausalLM, AutoTokenizer" if with_tokenizer else "AutoModelForCausalLM"
     (folder / "README.md").write_text(
         f"# LoopLM {cfg.layout}\n\nExported by megatron_loop ({kind}). Effective depth at r loops: "
         f"L(r) = {cfg.prelude_layers} + r*{cfg.core_layers} + {cfg.coda_layers}; trained with r = K = "
-        f"{cfg.train_loops}.\n\n```python\nfrom transformers import AutoModelForCausalLM\n"
-        f"model = AutoModelForCausalLM.from_pretrained(PATH, trust_remote_code=True, num_loops={cfg.train_loops})\n```\n")
+        f"{cfg.train_loops}.\n\n```python\nfrom transformers import {imports}\n{model_line}\n"
+        + (f"{tok_line}\n" if with_tokenizer else "") + "```\n")
 
 
 def convert_checkpoint(ckpt_dir: str | os.PathLike, output: str | os.PathLike, tag: str | None = None,
                        tokenizer: str | None = None, overwrite: bool = False,
                        max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE) -> Path:
-    """DeepSpeed checkpoint folder (any ZeRO stage) -> HF folder. The tokenizer defaults to the
-    run config's ``data.tokenizer``."""
-    from megatron_loop.model.io import consolidated_state_dict, load_run_config
+    """DeepSpeed checkpoint folder (a run's ``checkpoints/`` or one ``global_step*`` in it; any
+    ZeRO stage) -> HF folder. The checkpoint is chosen and verified as training resumes: ``tag``
+    (or a tag folder) must verify, otherwise ``latest`` with fallback to the newest complete
+    checkpoint. The tokenizer defaults to the run config's ``data.tokenizer``."""
+    from megatron_loop.model.io import CONFIG_NAME, load_run_config, read_weights, report_selection, select_checkpoint
 
-    ckpt_dir = Path(ckpt_dir)
     output = Path(output)
     _prepare_output(output, overwrite)  # fail before the (slow) consolidation
-    cfg = load_run_config(ckpt_dir)
-    state = consolidated_state_dict(ckpt_dir, tag)
-    return export_state_dict(state, cfg.model, output, tokenizer=tokenizer or cfg.data.tokenizer,
-                             overwrite=overwrite, max_shard_size=max_shard_size)
+    chosen = select_checkpoint(ckpt_dir, tag)
+    cfg = load_run_config(chosen.root)
+    source = None if tokenizer else f"{chosen.root / CONFIG_NAME}: data.tokenizer={cfg.data.tokenizer!r}"
+    tokenizer = tokenizer or cfg.data.tokenizer
+    _load_tokenizer(tokenizer, source)  # a bad tokenizer fails here, before the (slow) consolidation
+    report_selection(chosen)
+    state = read_weights(chosen)
+    return export_state_dict(state, cfg.model, output, tokenizer=tokenizer, overwrite=overwrite,
+                             max_shard_size=max_shard_size, tokenizer_source=source)
 
 
 def read_hf_state_dict(hf_dir: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -40,6 +40,7 @@ Coda. ``config.num_hidden_layers`` is this count, L(r); decoding is exact at any
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +60,26 @@ NUM_TIMESTEP_FEATURES = 8
 # ======================================================================================
 # Configuration
 # ======================================================================================
+
+
+def _checked_num_loops(value):
+    """``num_loops`` as an int >= 1, or None (= K). Floats, strings and bools are refused rather than
+    truncated or parsed: r = 2.5 or "abc" is a typo, not a loop count."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"LoopLMConfig.num_loops={value!r}: expected an integer >= 1 (the inference loop "
+                         "count r), or None for the training loop count K")
+    return int(value)
+
+
+def _check_prefix_grid(num_loops, train_loops, timestep, grid) -> None:
+    """The ``prefix`` grid is the training grid T = K, so it has no timestep for r > K (App. A.1)."""
+    if (grid == "prefix" and timestep not in (None, "none") and num_loops is not None and train_loops is not None
+            and num_loops > train_loops):
+        raise ValueError(f"LoopLMConfig.timestep_grid='prefix' with num_loops={num_loops}: the prefix grid is the "
+                         f"training grid of train_loops={train_loops} steps, so r must be <= {train_loops}; use "
+                         "timestep_grid='rescaled' to extrapolate")
 
 
 class LoopLMConfig(PretrainedConfig):
@@ -132,6 +153,20 @@ class LoopLMConfig(PretrainedConfig):
         self._check()
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
 
+    def __setattr__(self, key, value):
+        # Checked on every assignment, not only in __init__: ``from_pretrained(..., num_loops=R)``,
+        # lm-eval's ``--model_args num_loops=R`` and ``model.config.num_loops = R`` all set the
+        # attribute on a built config, where a bad value would otherwise surface as a wrong model.
+        if key == "num_loops":
+            value = _checked_num_loops(value)
+        elif key == "timestep_grid" and value not in TIMESTEP_GRIDS:
+            raise ValueError(f"LoopLMConfig.timestep_grid={value!r}: expected one of {TIMESTEP_GRIDS}")
+        if key in ("num_loops", "timestep_grid", "timestep"):
+            fields = {**self.__dict__, key: value}
+            _check_prefix_grid(fields.get("num_loops"), fields.get("train_loops"), fields.get("timestep"),
+                               fields.get("timestep_grid"))
+        super().__setattr__(key, value)
+
     def _check(self) -> None:
         choices = {"initial_injection": INITIAL_INJECTIONS, "history_injection": HISTORY_INJECTIONS,
                    "timestep": TIMESTEPS, "timestep_grid": TIMESTEP_GRIDS,
@@ -139,8 +174,6 @@ class LoopLMConfig(PretrainedConfig):
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"LoopLMConfig.{key}={getattr(self, key)!r}: expected one of {allowed}")
-        if self.num_loops is not None and int(self.num_loops) < 1:
-            raise ValueError(f"LoopLMConfig.num_loops={self.num_loops!r}: expected an integer >= 1 (or None = K)")
         if self.hidden_act != "silu":
             raise ValueError(f"LoopLMConfig.hidden_act={self.hidden_act!r}: only 'silu' (SwiGLU) is supported")
 

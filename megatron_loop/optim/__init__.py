@@ -1,39 +1,29 @@
 """Optimizer, WSD schedule and DeepSpeed engine (App. A.2 "Optimizer", "Learning-rate
-scheduler", "Gradient accumulation and clipping"; issue 5 items 2-4)."""
+scheduler", "Gradient accumulation and clipping"; issue 5 items 2-4).
 
-from megatron_loop.optim.engine import (
-    EngineParts,
-    OptimizerSettings,
-    attach_zero_layouts,
-    build_engine,
-    build_optimizer,
-    init_distributed,
-    load_ds_config,
-    resolve_ds_config,
-)
-from megatron_loop.optim.muon import muon_scale, newton_schulz, orthogonalized_update
-from megatron_loop.optim.optimizer import ADAMW_GROUP, MUON_GROUP, MuonAdamW, role_param_groups
-from megatron_loop.optim.schedule import WSDMultiplier, WSDSplit, wsd_lambda, wsd_scheduler, wsd_split
+Names are resolved lazily (as in ``megatron_loop.data``): ``megatron_loop.optim.schedule`` is
+imported by ``pretrain_loop.py --dry-run``, which must not pay for torch and DeepSpeed.
+"""
 
-__all__ = [
-    "ADAMW_GROUP",
-    "MUON_GROUP",
-    "EngineParts",
-    "MuonAdamW",
-    "OptimizerSettings",
-    "WSDMultiplier",
-    "WSDSplit",
-    "attach_zero_layouts",
-    "build_engine",
-    "build_optimizer",
-    "init_distributed",
-    "load_ds_config",
-    "muon_scale",
-    "newton_schulz",
-    "orthogonalized_update",
-    "resolve_ds_config",
-    "role_param_groups",
-    "wsd_lambda",
-    "wsd_scheduler",
-    "wsd_split",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "EngineParts": "engine", "OptimizerSettings": "engine", "attach_zero_layouts": "engine",
+    "build_engine": "engine", "build_optimizer": "engine", "init_distributed": "engine",
+    "load_ds_config": "engine", "resolve_ds_config": "engine",
+    "muon_scale": "muon", "newton_schulz": "muon", "orthogonalized_update": "muon",
+    "ADAMW_GROUP": "optimizer", "MUON_GROUP": "optimizer", "MuonAdamW": "optimizer",
+    "role_param_groups": "optimizer",
+    "WSDMultiplier": "schedule", "WSDSplit": "schedule", "wsd_lambda": "schedule", "wsd_scheduler": "schedule",
+    "wsd_split": "schedule",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

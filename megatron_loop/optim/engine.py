@@ -171,11 +171,12 @@ def resolve_ds_config(
     return config
 
 
-def init_distributed() -> None:
+def init_distributed(timeout=None) -> None:
     """Initialise torch.distributed through DeepSpeed (nccl on GPU, gloo on CPU).
 
     A plain ``python`` launch (no ``RANK`` in the environment) becomes a world of one on a free
-    local port, so the same entry point runs on one process without a launcher.
+    local port, so the same entry point runs on one process without a launcher. ``timeout``
+    (a ``datetime.timedelta``) bounds every collective; None keeps DeepSpeed's default.
     """
     if dist.is_initialized():
         return
@@ -184,7 +185,8 @@ def init_distributed() -> None:
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend=None, auto_mpi_discovery=False)
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    deepspeed.init_distributed(dist_backend=None, auto_mpi_discovery=False, **kwargs)
 
 
 def attach_zero_layouts(zero_optimizer: Any, optimizer: MuonAdamW) -> int:

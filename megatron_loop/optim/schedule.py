@@ -18,9 +18,10 @@ per-group learning rates); the engine steps it once per optimizer update and che
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import torch
+if TYPE_CHECKING:  # torch only where a scheduler is built: the dry run imports this module
+    import torch
 
 WARMUP_FRACTION = 0.05
 STABLE_FRACTION = 0.85
@@ -80,4 +81,6 @@ def wsd_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_fra
                   final: float = FINAL_FRACTION) -> torch.optim.lr_scheduler.LambdaLR:
     """``LambdaLR`` applying the WSD multiplier to every group of ``optimizer`` (one peak lr)."""
     split = wsd_split(total_steps, warmup_fraction, stable_fraction)
+    import torch
+
     return torch.optim.lr_scheduler.LambdaLR(optimizer, WSDMultiplier(*split, final=final))

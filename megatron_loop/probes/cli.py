@@ -2,27 +2,33 @@
 
     python tools/probe_geometry.py --checkpoint runs/qwen_4x7/checkpoints --valid-prefix data/val \
         --loops 7,14,21 --num-sequences 49 --num-positions 100000 --seq-length 2048 --output probe/
+    python tools/probe_geometry.py --replot probe/geometry.json --reference-json other/geometry.json \
+        --output probe_vs_other/
 
-Writes ``geometry.json`` (every metric, per loop count) and the PNG figures. Project errors
-print one ``error: ...`` line and exit 2 (``megatron_loop.data.cli.run_cli``).
+Writes ``geometry.json`` (every metric, per loop count) and the PNG figures; ``--replot`` redraws
+them (and recomputes the summaries and the comparison) from an existing ``geometry.json``.
+The sample defaults to the paper's: 49 sequences of 2,048 tokens, exactly 100,000 selected
+positions. Project errors print one ``error: ...`` line and exit 2
+(``megatron_loop.data.cli.run_cli``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from megatron_loop.data.cli import parse_loop_counts
 from megatron_loop.errors import LoopConfigError, LoopDataError
-from megatron_loop.probes.report import JSON_NAME, probe_geometry
+from megatron_loop.probes.report import JSON_NAME, probe_geometry, read_report, replot
 from megatron_loop.probes.runner import ProbeSettings
 from megatron_loop.probes.sampling import load_probe_sample
 from megatron_loop.probes.summaries import parse_lag_sets
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PAPER_NUM_POSITIONS = 100_000  # App. A.4: "exactly 100,000 selected next-token prediction positions"
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -35,6 +41,16 @@ def _int_list(text: str, flag: str) -> list[int]:
     return values
 
 
+def _num_positions(text: str) -> int | None:
+    """``--num-positions``: an integer, or ``all`` for every position of the N sequences."""
+    if text == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise LoopConfigError(f"--num-positions {text!r}: expected an integer or 'all'") from None
+
+
 def _sources(text: str) -> str | list[int]:
     if text in ("all", "beyond_training", "none"):
         return text
@@ -44,13 +60,18 @@ def _sources(text: str) -> str | list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="DeepSpeed checkpoint folder (with looplm_config.json)")
+    src.add_argument("--checkpoint", help="a run's checkpoints/ folder (with looplm_config.json; the checkpoint "
+                                          "'latest' names, verified, else the newest complete one) or one "
+                                          "global_step* folder in it")
     src.add_argument("--model", help="HF export folder (megatron_loop.hf.convert.load_looplm_from_hf)")
-    p.add_argument("--valid-prefix", required=True, help="indexed validation prefix (P.bin / P.idx)")
-    p.add_argument("--loops", default="1,2,4,8", help="inference loop counts, comma-separated")
+    src.add_argument("--replot", metavar="GEOMETRY_JSON",
+                     help="redraw the figures (and recompute summaries) of an existing geometry.json; no model")
+    p.add_argument("--valid-prefix", help="indexed validation prefix (P.bin / P.idx); required unless --replot")
+    p.add_argument("--loops", default="1,2,4,8", help="inference loop counts r, comma-separated, increasing")
     p.add_argument("--num-sequences", type=int, default=49, help="packed sequences read (N)")
-    p.add_argument("--num-positions", type=int, default=None,
-                   help="selected next-token positions M (default: every position of the N sequences)")
+    p.add_argument("--num-positions", default=str(PAPER_NUM_POSITIONS),
+                   help="selected next-token positions |T| (default: the paper's 100000; 'all': every "
+                        "position of the N sequences)")
     p.add_argument("--seq-length", type=int, default=2048, help="packed window length in tokens")
     p.add_argument("--seed", type=int, default=0, help="document-order seed of the packing")
     p.add_argument("--output", required=True, help="output folder for geometry.json and the figures")
@@ -58,13 +79,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skipped occurrences: all | beyond_training | none | comma-separated positions")
     p.add_argument("--lag-sets", default=None, help="lag sets for C_D, e.g. '1-6,2-6' (default: common range)")
     p.add_argument("--reference-json", default=None,
-                   help="another configuration's geometry.json: adds percent differences and R(d)")
+                   help="another configuration's geometry.json (or its folder): adds percent differences, "
+                        "ratios, R(d) and per-block-pair ratios, and the comparison figure")
     p.add_argument("--batch-size", type=int, default=1, help="sequences per forward")
     p.add_argument("--skip-batch", type=int, default=4, help="skip configurations per forward")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="model weights dtype")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
+
+
+def check_source(checkpoint: str | None, hf_dir: str | None) -> None:
+    """The model folder exists: checked before the sample is read (cheap errors first)."""
+    if checkpoint is not None and not Path(checkpoint).is_dir():
+        raise LoopDataError(f"{checkpoint}: checkpoint folder not found")
+    if hf_dir is not None and not Path(hf_dir).is_dir():
+        raise LoopDataError(f"--model {hf_dir}: folder not found")
 
 
 def load_model(checkpoint: str | None, hf_dir: str | None) -> torch.nn.Module:
@@ -84,22 +114,25 @@ def load_model(checkpoint: str | None, hf_dir: str | None) -> torch.nn.Module:
 
 
 def _reference(path: str | None) -> dict | None:
-    if path is None:
-        return None
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise LoopDataError(f"--reference-json {path}: cannot read a probe report ({e})") from None
+    return None if path is None else read_report(path, "--reference-json")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    loops = _int_list(args.loops, "--loops")
-    settings = ProbeSettings(loops=loops, sources=_sources(args.interaction_sources), batch_size=args.batch_size,
-                             skip_batch=args.skip_batch, progress=not args.no_progress)
     lag_sets = parse_lag_sets(args.lag_sets) if args.lag_sets else None
     reference = _reference(args.reference_json)
-    sample = load_probe_sample(args.valid_prefix, args.seq_length, args.num_sequences, args.num_positions, args.seed)
+    if args.replot:
+        report = replot(args.replot, args.output, lag_sets, reference)
+        print(f"redrew {', '.join(report['files'])} in {args.output} from {args.replot}")
+        return 0
+    if not args.valid_prefix:
+        raise LoopConfigError("--valid-prefix: required with --checkpoint or --model (the probe sample)")
+    loops = parse_loop_counts(args.loops)
+    num_positions = _num_positions(args.num_positions)
+    settings = ProbeSettings(loops=loops, sources=_sources(args.interaction_sources), batch_size=args.batch_size,
+                             skip_batch=args.skip_batch, progress=not args.no_progress)
+    check_source(args.checkpoint, args.model)
+    sample = load_probe_sample(args.valid_prefix, args.seq_length, args.num_sequences, num_positions, args.seed)
     model = load_model(args.checkpoint, args.model)
     from megatron_loop.data.indexed import check_token_ids
 

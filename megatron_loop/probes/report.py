@@ -1,4 +1,5 @@
-"""The probe entry point taking a model: run, summarise, write ``geometry.json`` and the figures."""
+"""The probe entry points: run, summarise, write ``geometry.json`` and the figures; or redraw the
+summaries and figures of an existing ``geometry.json`` without the model."""
 
 from __future__ import annotations
 
@@ -8,14 +9,35 @@ from pathlib import Path
 
 import torch
 
+from megatron_loop.data.cli import read_tool_json
 from megatron_loop.probes import plots
 from megatron_loop.probes.runner import GeometryProbe, ProbeSettings
 from megatron_loop.probes.sampling import ProbeSample
 from megatron_loop.probes.summaries import LagSet, add_summaries, compare_reports
 
 JSON_NAME = "geometry.json"
-TRAJECTORY_PNG = "geometry_trajectory.png"
-INTERACTION_PNG = "geometry_interaction.png"
+TRAJECTORY_PNG = plots.TRAJECTORY_PNG
+INTERACTION_PNG = plots.INTERACTION_PNG
+
+
+def summarise(report: dict, lag_sets: Sequence[LagSet] | None = None, reference: dict | None = None) -> dict:
+    """Adds the lag-set, block-pair and terminal-response summaries and, with ``reference`` (another
+    configuration's report, e.g. the double H+T when probing the triple I+H+T), the comparison:
+    percent differences, ratios, R(d) and per-block-pair ratios. The reference is summarised over
+    the same lag sets first, so an older report without some summary still compares."""
+    used = add_summaries(report, lag_sets)
+    if reference is not None:
+        add_summaries(reference, used)
+        report["comparison"] = compare_reports(report, reference)
+    return report
+
+
+def write_report(report: dict, output_dir: str | Path) -> dict:
+    """``geometry.json`` next to the PNG figures it lists under ``files``."""
+    out = Path(output_dir)
+    report["files"] = [p.name for p in plots.write_figures(report, out)]
+    (out / JSON_NAME).write_text(json.dumps(report, indent=1))
+    return report
 
 
 def probe_geometry(model: torch.nn.Module, sample: ProbeSample, settings: ProbeSettings,
@@ -24,19 +46,22 @@ def probe_geometry(model: torch.nn.Module, sample: ProbeSample, settings: ProbeS
     """All App. A.4 metrics of ``model`` on ``sample`` at ``settings.loops``.
 
     ``lag_sets`` default to the common cross-loop ranges (see ``summaries.default_lag_sets``);
-    ``reference`` is another configuration's report (e.g. the double H+T when probing the triple
-    I+H+T): percent differences and R(d) are added under ``comparison``. With ``output_dir`` the
-    report is written as ``geometry.json`` next to the PNG figures it lists under ``files``.
+    ``reference`` is another configuration's report (see :func:`summarise`). With ``output_dir``
+    the report is written as ``geometry.json`` next to the PNG figures.
     """
-    report = GeometryProbe(model, sample, settings).run()
-    add_summaries(report, lag_sets)
-    if reference is not None:
-        report["comparison"] = compare_reports(report, reference)
-    if output_dir is not None:
-        out = Path(output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        files = [plots.plot_trajectory(report, out / TRAJECTORY_PNG),
-                 plots.plot_interaction(report, out / INTERACTION_PNG)]
-        report["files"] = [p.name for p in files if p is not None]
-        (out / JSON_NAME).write_text(json.dumps(report, indent=1))
-    return report
+    report = summarise(GeometryProbe(model, sample, settings).run(), lag_sets, reference)
+    return write_report(report, output_dir) if output_dir is not None else report
+
+
+def read_report(path: str | Path, flag: str) -> dict:
+    """A ``geometry.json`` (or its folder) given as ``flag``, with one-line errors for a path that is not one."""
+    return read_tool_json(path, flag, JSON_NAME, "tools/probe_geometry.py",
+                          ("loops", "train_loops", "layout", "sampling"))
+
+
+def replot(path: str | Path, output_dir: str | Path, lag_sets: Sequence[LagSet] | None = None,
+           reference: dict | None = None) -> dict:
+    """Recompute the summaries of an existing report (and its comparison, given ``reference``; else
+    the stored one is kept) and redraw every figure into ``output_dir``, without the model or data."""
+    report = read_report(path, "--replot")
+    return write_report(summarise(report, lag_sets, reference), output_dir)

@@ -5,9 +5,11 @@
     main(load_config("examples/tiny_2x3.yaml"), argparse.Namespace(resume=None))
 
 Modules: ``loop`` (train steps, validation, NaN policy), ``checkpoint`` (atomic save with a
-manifest, verified resume, keep-last-N, RNG state), ``metrics`` (JSONL, wandb, tqdm),
-``signals`` (SIGTERM/SIGUSR1/wall time), ``distributed`` (launcher-agnostic init),
-``preflight`` (checks before anything is written).
+manifest, verified resume, branches, keep-last-N, RNG state), ``resume`` (what changed since the
+checkpoint: applied or refused), ``universal`` (another data-parallel size), ``lock`` (one run per
+output folder), ``metrics`` (JSONL, wandb, tqdm), ``signals`` (SIGTERM/SIGUSR1, a vanished
+launcher or output folder, wall time), ``distributed`` (launcher-agnostic init, collective
+timeout), ``preflight`` (checks before anything is written). docs/RELIABILITY.md has the faults.
 """
 
 from __future__ import annotations
@@ -19,15 +21,24 @@ def main(cfg, args) -> int:
     """Entry point behind ``pretrain_loop.py``; returns the exit code.
 
     Config/data errors propagate as ``LoopConfigError``/``LoopDataError`` (the CLI prints one
-    ``error:`` line, exit 2); a stop on non-finite values prints one and returns 3.
+    ``error:`` line, exit 2); a stop on non-finite values prints one and returns 3; a collective
+    that timed out or lost a peer prints one and returns 1; Ctrl-C (SIGINT) stops at once
+    without saving (the last checkpoint stays published) and returns 130.
     """
-    from megatron_loop.training.loop import EXIT_NONFINITE, NonFiniteStop, train
+    from megatron_loop.training.loop import EXIT_FAILED, EXIT_NONFINITE, CollectiveFailure, NonFiniteStop, train
 
     try:
         return train(cfg, resume=getattr(args, "resume", None))
     except NonFiniteStop as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NONFINITE
+    except CollectiveFailure as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("error: interrupted (SIGINT): stopped without saving; the latest published checkpoint is "
+              "unchanged (SIGTERM or SIGUSR1 stop after the step with a checkpoint)", file=sys.stderr)
+        return 130
     finally:
         _shutdown()
 

@@ -5,15 +5,25 @@ SLURM ``srun`` without a launcher, and plain ``python`` (a world of one). Every 
 SLURM exports ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``; under bare ``srun`` we translate SLURM's
 variables so DeepSpeed's env:// rendezvous finds them. The backend is DeepSpeed's choice for the
 accelerator: nccl on GPU, gloo on CPU.
+
+Every collective waits at most ``train.collective_timeout_s`` (default 600 s, as Megatron-LM's
+10 minutes; DeepSpeed's default is 30 minutes): a rank that stopped or hung makes the others
+fail with one clear error instead of blocking the allocation. Ranks also watch the launcher
+processes above them (:func:`launcher_processes`) so that a launcher that dies does not leave
+them training unattended.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from megatron_loop.errors import LoopConfigError
 
 
 @dataclass(frozen=True)
@@ -36,8 +46,8 @@ def _adopt_slurm_env() -> None:
     os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
     os.environ.setdefault("MASTER_PORT", "29500")
     if "MASTER_ADDR" not in os.environ:
-        raise RuntimeError("srun without a launcher: export MASTER_ADDR (first node of the allocation), "
-                           "see examples/slurm_pretrain.sbatch")
+        raise LoopConfigError("srun without a launcher: MASTER_ADDR is not set; expected it exported as the first "
+                              "node of the allocation (see examples/slurm_pretrain.sbatch)")
 
 
 def _skip_cpu_shm_extension() -> None:
@@ -53,8 +63,9 @@ def _skip_cpu_shm_extension() -> None:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
-def setup_distributed() -> DistInfo:
-    """Initialise torch.distributed (idempotent) and return this process's place in the world."""
+def setup_distributed(timeout_s: float | None = None) -> DistInfo:
+    """Initialise torch.distributed (idempotent) and return this process's place in the world;
+    ``timeout_s`` bounds every collective (``train.collective_timeout_s``)."""
     _adopt_slurm_env()
     _skip_cpu_shm_extension()
     if torch.cuda.is_available():
@@ -63,8 +74,22 @@ def setup_distributed() -> DistInfo:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     from megatron_loop.optim import init_distributed  # plain python -> world of one on a free port
 
-    init_distributed()
+    timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
+    init_distributed(timeout=timeout)
+    if timeout is not None:
+        _bound_deepspeed_world_group(timeout)
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def _bound_deepspeed_world_group(timeout: timedelta) -> None:
+    """ZeRO reduces gradients over DeepSpeed's clone of the world group, which torch's
+    ``new_group`` creates with the backend's default timeout (30 minutes for gloo), whatever
+    ``init_process_group`` was given. Create that clone here, with our timeout, before DeepSpeed
+    does (every rank calls this at the same point, as ``new_group`` requires)."""
+    from deepspeed.utils import groups
+
+    if groups._WORLD_GROUP is None:
+        groups._WORLD_GROUP = dist.new_group(ranks=list(range(dist.get_world_size())), timeout=timeout)
 
 
 def _comm_device() -> torch.device:
@@ -97,3 +122,96 @@ def broadcast_object(obj, src: int = 0):
 
 def barrier() -> None:
     dist.barrier()
+
+
+def on_main(info: DistInfo, fn, share: bool = False):
+    """Run ``fn`` on rank 0 only; every rank raises its config/data error, or gets its result
+    (``share``; else rank 0 gets it and the others None). Rank 0 decides, everyone follows."""
+    from megatron_loop.errors import LoopConfigError, LoopDataError
+
+    kinds = {"LoopConfigError": LoopConfigError, "LoopDataError": LoopDataError}
+    result, error, unexpected = None, None, None
+    if info.is_main:
+        try:
+            result = fn()
+        except (LoopConfigError, LoopDataError) as e:
+            error = (type(e).__name__, str(e))
+        except Exception as e:  # the others must not wait for rank 0 until the collective timeout
+            unexpected, error = e, ("RuntimeError", f"rank 0 failed: {type(e).__name__}: {e}")
+    error, shared = broadcast_object((error, result if share else None))
+    if unexpected is not None:
+        raise unexpected
+    if error is not None:
+        raise kinds.get(error[0], RuntimeError)(error[1])
+    return shared if share else result
+
+
+# ----------------------------------------------------------------------------- launchers
+
+# How a launcher process shows in its command line: torchrun's agent, DeepSpeed's per-node
+# launch.py and the ``deepspeed`` runner above it.
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher.launch",
+                     "deepspeed.launcher.runner")
+_LAUNCHER_SCRIPTS = ("torchrun", "deepspeed")
+
+
+def _is_launcher(cmdline: list[str]) -> bool:
+    for i, arg in enumerate(cmdline[:4]):
+        if os.path.basename(arg) in _LAUNCHER_SCRIPTS:
+            return True
+        if arg == "-m" and i + 1 < len(cmdline) and cmdline[i + 1] in _LAUNCHER_MODULES:
+            return True
+    return False
+
+
+def launcher_processes() -> list:
+    """The launcher processes above this rank (psutil handles, nearest first): the chain of
+    ancestors whose command line is torchrun, DeepSpeed's launch.py or the ``deepspeed`` runner.
+    Empty under plain ``python`` and bare ``srun`` (the parent is a shell or slurmstepd).
+
+    A launcher that dies without taking its ranks along (torchrun on SIGUSR1 or ``kill -9``, the
+    ``deepspeed`` runner on SIGTERM, which does not forward it to launch.py) is noticed through
+    ``psutil.Process.is_running``, which also guards against a reused pid."""
+    try:
+        import psutil
+
+        chain = []
+        proc = psutil.Process().parent()
+        while proc is not None and _is_launcher(proc.cmdline()):
+            chain.append(proc)
+            proc = proc.parent()
+        return chain
+    except Exception as e:  # psutil missing, or /proc unreadable: the watch is a safety net only
+        print(f"warning: cannot watch the launcher processes ({type(e).__name__}: {e})", file=sys.stderr)
+        return []
+
+
+def launcher_gone(launchers: list) -> bool:
+    """A launcher that exited (a zombie its parent has not reaped yet counts as exited)."""
+    import psutil
+
+    for proc in launchers:
+        try:
+            if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+    return False
+
+
+# ----------------------------------------------------------------------------- collective failures
+
+
+def collective_failure(error: BaseException, timeout_s: float | None, started: bool = True) -> str | None:
+    """A one-line explanation when ``error`` is a collective that timed out or lost a peer
+    (``started``: after the ranks had met; before, it is the start-up rendezvous)."""
+    text = str(error)
+    if "Timed out" in text or "timed out" in text or "Timeout" in text or "wait timeout" in text:
+        if not started:
+            return (f"the ranks did not all start within train.collective_timeout_s={timeout_s:g} s (a rank "
+                    "failed, or started much later than the others)")
+        return (f"a collective operation did not complete within train.collective_timeout_s={timeout_s:g} s: "
+                "another rank stopped, hung or died")
+    if "Connection closed by peer" in text or "Connection reset by peer" in text or "Broken pipe" in text:
+        return "another rank exited in the middle of a collective operation (connection closed by peer)"
+    return None

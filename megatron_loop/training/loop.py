@@ -16,9 +16,11 @@ good state: the weights before the bad batch, with the data position before it.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from itertools import islice
@@ -28,18 +30,27 @@ import numpy as np
 import torch
 
 from megatron_loop.config import Config
-from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
+from megatron_loop.model.io import SelectedCheckpoint, read_latest
 from megatron_loop.training import checkpoint as C
 from megatron_loop.training import distributed as D
 from megatron_loop.training import preflight
-from megatron_loop.training.metrics import MetricsLogger, memory_stats
+from megatron_loop.training import resume as R
+from megatron_loop.training import signals as S
+from megatron_loop.training.lock import RunLock
+from megatron_loop.training.metrics import METRICS_NAME, MetricsLogger, memory_stats
 from megatron_loop.training.signals import StopController
 
 EXIT_NONFINITE = 3
+EXIT_FAILED = 1
 
 
 class NonFiniteStop(RuntimeError):
     """Training stopped on non-finite values (the last good state is checkpointed)."""
+
+
+class CollectiveFailure(RuntimeError):
+    """A collective timed out or lost a peer (train.collective_timeout_s); nothing more to save."""
 
 
 @dataclass
@@ -58,6 +69,8 @@ class Run:
     flops_per_token: float
     peak_flops: float
     root: Path
+    settings: dict | None = None  # what each checkpoint's manifest records (resume.run_settings)
+    lock: RunLock | None = None  # rank 0's hold on train.output_dir
 
 
 def seed_everything(seed: int) -> None:
@@ -70,20 +83,6 @@ def seed_everything(seed: int) -> None:
 def resolve_precision(precision: str) -> bool:
     """True for bf16: ``auto`` is bf16 on GPU (as the paper) and fp32 on CPU."""
     return torch.cuda.is_available() if precision == "auto" else precision == "bf16"
-
-
-def resolve_ds_config(path: str) -> Path:
-    """``train.deepspeed_config`` relative to the working directory or to the repository."""
-    p = Path(path)
-    if p.is_file():
-        return p
-    from megatron_loop.optim.engine import CONFIG_DIR
-
-    q = CONFIG_DIR.parent / path
-    if not p.is_absolute() and q.is_file():
-        return q
-    raise LoopConfigError(f"train.deepspeed_config={path!r}: file not found; "
-                          "expected e.g. deepspeed_configs/zero1.json")
 
 
 def peak_flops_per_device(cfg: Config) -> float:
@@ -108,12 +107,7 @@ def peak_flops_per_device(cfg: Config) -> float:
 def total_train_steps(cfg: Config) -> int:
     from megatron_loop.dryrun import training_plan
 
-    steps = training_plan(cfg)["train_steps"]
-    if steps < 1:
-        raise LoopConfigError(
-            f"train.train_tokens={cfg.train.train_tokens}: less than one global batch of "
-            f"{cfg.train.global_batch_size} x {cfg.train.seq_length} tokens; expected at least one step")
-    return steps
+    return preflight.check_train_steps(cfg, training_plan(cfg)["train_steps"])
 
 
 def _as_float(x) -> float:
@@ -123,30 +117,60 @@ def _as_float(x) -> float:
 # ----------------------------------------------------------------------------- building
 
 
-def choose_resume_point(root: Path, resume: str | None, auto: bool, info: D.DistInfo) -> C.ResumePoint | None:
-    """``--resume PATH`` (strict) or the newest verified checkpoint under ``root`` (with fallback).
+def choose_resume_point(root: Path, resume: str | None, auto: bool, info: D.DistInfo) -> SelectedCheckpoint | None:
+    """``--resume PATH`` (strict) or the checkpoint ``latest`` names under ``root`` (with fallback).
 
     Rank 0 reads and verifies the manifests, every rank follows its decision (or its error).
     """
-    decision: tuple[str, object] = ("point", None)
-    if info.is_main:
+    def choose() -> SelectedCheckpoint | None:
+        if resume is not None:
+            return C.select_explicit(Path(resume))
+        C.remove_partials(root)
+        return C.select_automatic(root) if auto else None
+
+    return D.on_main(info, choose, share=True)
+
+
+def take_output_dir(out: Path, info: D.DistInfo) -> RunLock | None:
+    """Rank 0 locks ``train.output_dir`` (one run per folder) and checks that it can write there,
+    before the model is built; every rank follows its error."""
+    def take() -> RunLock:
+        lock = RunLock(out).acquire()
         try:
-            if resume is not None:
-                decision = ("point", C.select_explicit(Path(resume)))
-            else:
-                C.remove_partials(root)
-                decision = ("point", C.select_automatic(root) if auto else None)
-        except (LoopConfigError, LoopDataError) as e:
-            decision = (type(e).__name__, str(e))
-    kind, payload = D.broadcast_object(decision)
-    if kind == "LoopConfigError":
-        raise LoopConfigError(payload)
-    if kind == "LoopDataError":
-        raise LoopDataError(payload)
-    return payload
+            preflight.check_writable(out)
+        except BaseException:
+            lock.release()
+            raise
+        return lock
+
+    return D.on_main(info, take)
 
 
-def build_engine(cfg: Config, ds_config: Path, accumulation: int, total_steps: int):
+def start_branch(root: Path, point: SelectedCheckpoint, out: Path, info: D.DistInfo) -> Path | None:
+    """Rank 0 moves checkpoints newer than ``point`` (and their metrics) aside; see C.set_aside_newer."""
+    return D.on_main(info, lambda: C.set_aside_newer(root, point, out / METRICS_NAME), share=True)
+
+
+def universal_copy(root: Path, point: SelectedCheckpoint, info: D.DistInfo) -> Path:
+    """Rank 0 writes ``point`` in DeepSpeed's universal layout next to it (a ``.partial`` folder:
+    removed after loading, and by the next start if the run dies first)."""
+    from megatron_loop.training.universal import to_universal
+
+    load_dir = root / f"{point.tag}.universal{C.PARTIAL}"
+
+    def convert() -> Path:
+        shutil.rmtree(load_dir, ignore_errors=True)
+        try:
+            to_universal(point.path, load_dir)
+        except OSError as e:
+            raise LoopDataError(f"{load_dir}: writing the universal checkpoint failed "
+                                f"({C.write_failure(e, root)})") from None
+        return load_dir
+
+    return D.on_main(info, convert, share=True)
+
+
+def build_engine(cfg: Config, ds_config: Path | dict, accumulation: int, total_steps: int):
     """The LoopLM in a DeepSpeed engine with Muon + AdamW and the WSD schedule (App. A.2)."""
     from megatron_loop.model import build_model
     from megatron_loop.optim import OptimizerSettings
@@ -165,7 +189,30 @@ def build_engine(cfg: Config, ds_config: Path, accumulation: int, total_steps: i
     return parts.engine, parts.optimizer
 
 
-def build_run(cfg: Config, resume: str | None) -> tuple[Run, C.TrainState, MetricsLogger]:
+def _zero_stage(ds_config: Path) -> int:
+    from megatron_loop.optim.engine import load_ds_config
+
+    return int(load_ds_config(ds_config=ds_config).get("zero_optimization", {}).get("stage", 0))
+
+
+def _resume_messages(point: SelectedCheckpoint, plan: R.ResumePlan, set_aside: Path | None,
+                     schedule_line: str | None, state: C.TrainState, info: D.DistInfo, resume: str | None,
+                     total_steps: int) -> list[str]:
+    msgs = list(point.notes)
+    if set_aside is not None:
+        msgs.append(f"starting a new branch at {point.tag}: newer checkpoints and their metrics moved to {set_aside}")
+    msgs += plan.summary(point.manifest.get("world_size") if point.manifest else None, info.world_size)
+    msgs += [schedule_line] if schedule_line else []
+    how = "--resume" if resume is not None else "newest complete checkpoint"
+    msgs.append(f"resuming from {point.path} (step {state.step}, {state.consumed_samples} samples consumed; {how})")
+    if state.step >= total_steps:
+        msgs.append(f"nothing left to train: the checkpoint is at step {state.step} and the config asks for "
+                    f"{total_steps} steps")
+    return msgs
+
+
+def build_run(cfg: Config, resume: str | None,
+              stopper: StopController | None = None) -> tuple[Run, C.TrainState, MetricsLogger]:
     t = cfg.train
     # Cheap checks first, before the heavy imports and the process group (fast, clear errors).
     accumulation = preflight.accumulation_steps(cfg, int(os.environ.get("WORLD_SIZE", "1")))
@@ -173,14 +220,30 @@ def build_run(cfg: Config, resume: str | None) -> tuple[Run, C.TrainState, Metri
     preflight.check_vocabulary(cfg)
     out = Path(t.output_dir)
     preflight.check_output_dir(out, t.resume or resume is not None)
-    ds_config = resolve_ds_config(t.deepspeed_config)
+    ds_config = Path(preflight.check_input_files(cfg)["deepspeed_config"])  # + data prefixes, tokenizer
     total_steps = total_train_steps(cfg)
 
-    info = D.setup_distributed()
+    info = D.setup_distributed(t.collective_timeout_s)
     accumulation = preflight.accumulation_steps(cfg, info.world_size)
+    lock = take_output_dir(out, info)  # one run per folder; writable; nothing written before this
+    try:
+        return _build_locked(cfg, resume, stopper, info, lock, out, ds_config, accumulation, total_steps)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _build_locked(cfg: Config, resume: str | None, stopper: StopController | None, info: D.DistInfo,
+                  lock: RunLock | None, out: Path, ds_config: Path, accumulation: int, total_steps: int):
+    t = cfg.train
     if info.is_main:  # the resolved config (YAML + --set overrides + backbone preset + defaults)
         print(f"resolved config ({cfg.source}):\n{cfg.dumps()}", flush=True)
     seed_everything(t.seed)
+
+    root = out / preflight.CHECKPOINTS
+    point = choose_resume_point(root, resume, t.resume, info)  # what changed: refused before any work
+    plan = R.plan_resume(point, cfg, info.world_size, _zero_stage(ds_config)) if point else R.ResumePlan()
 
     from megatron_loop.data.loaders import build_train_valid_loaders
 
@@ -188,21 +251,32 @@ def build_run(cfg: Config, resume: str | None) -> tuple[Run, C.TrainState, Metri
         preflight.data_spec(cfg), seq_length=t.seq_length, global_batch_size=t.global_batch_size,
         micro_batch_size=t.micro_batch_size, dp_rank=info.rank, dp_size=info.world_size, seed=t.seed,
         vocab_size=cfg.model.vocab_size, train_samples=total_steps * t.global_batch_size)
+    S.protect_loader_workers(loaders.train, loaders.valid)  # a group signal must not kill a worker
 
-    root = out / preflight.CHECKPOINTS
-    point = choose_resume_point(root, resume, t.resume, info)
-    if point is not None:
-        C.check_compatible(point, cfg, info)
-    engine, optimizer = build_engine(cfg, ds_config, accumulation, total_steps)
+    set_aside = start_branch(root, point, out, info) if point is not None else None
+    load_dir = universal_copy(root, point, info) if plan.universal else None
+    ds = ds_config
+    if plan.universal:  # DeepSpeed re-partitions a universal checkpoint over this world
+        raw = json.loads(Path(ds_config).read_text())
+        ds = {**raw, "checkpoint": {**raw.get("checkpoint", {}), "load_universal": True}}
+    engine, optimizer = build_engine(cfg, ds, accumulation, total_steps)
     zero_stage = engine.zero_optimization_stage()
 
     state = C.TrainState()
     logger_msgs = []
+    if lock is not None and lock.taken_over:
+        held = ", ".join(f"{k} {lock.taken_over.get(k)}" for k in ("host", "pid", "started"))
+        logger_msgs.append(f"{lock.path}: taking over train.output_dir from a run that ended without "
+                           f"releasing it ({held})")
     if point is not None:
-        state = C.load_checkpoint(engine, point, info)
-        how = "--resume" if resume is not None else "newest complete checkpoint"
-        logger_msgs += [*point.notes, f"resuming from {point.root / point.tag} (step {state.step}, "
-                                      f"{state.consumed_samples} samples consumed; {how})"]
+        fresh = R.Hyperparameters.of(engine, optimizer)  # the new config's settings, before the load
+        state = C.load_checkpoint(engine, point, info, load_dir=load_dir)
+        if load_dir is not None:  # the universal copy has served
+            D.barrier()
+            if info.is_main:
+                shutil.rmtree(load_dir, ignore_errors=True)
+        schedule_line = R.apply_plan(engine, optimizer, fresh, plan)
+        logger_msgs += _resume_messages(point, plan, set_aside, schedule_line, state, info, resume, total_steps)
     loaders.train_sampler.consumed_samples = state.consumed_samples  # exact next sample
     valid_batches = [] if loaders.valid is None else list(islice(loaders.valid, t.eval_batches))
 
@@ -211,13 +285,23 @@ def build_run(cfg: Config, resume: str | None) -> tuple[Run, C.TrainState, Metri
     run = Run(cfg=cfg, info=info, engine=engine, optimizer=optimizer, train_iter=iter(loaders.train),
               valid_batches=valid_batches, accumulation=accumulation, total_steps=total_steps,
               zero_stage=zero_stage, flops_per_token=train_flops_per_token(cfg.model, t.seq_length),
-              peak_flops=peak_flops_per_device(cfg), root=root)
+              peak_flops=peak_flops_per_device(cfg), root=root,
+              settings=R.run_settings(cfg, info.world_size, zero_stage), lock=lock)
+    if stopper is not None:
+        launchers = D.launcher_processes()
+        if launchers:
+            stopper.add_check(S.LAUNCHER_GONE, lambda: D.launcher_gone(launchers))
+        if lock is not None:
+            stopper.add_check(S.OUTPUT_GONE, lambda: not lock.still_ours())
     logger = MetricsLogger(cfg, enabled=info.is_main, start_step=state.step, total_steps=total_steps)
     for msg in logger_msgs:
         logger.message(msg)
+    logger.data_usage(loaders.train_usage or [], preflight.data_spec(cfg)["valid"] if valid_batches else [],
+                      len(valid_batches))
     if point is not None:
-        logger.log({"event": "resume", "step": state.step, "checkpoint": str(point.root / point.tag),
-                    "skipped": list(point.notes)})
+        logger.log({"event": "resume", "step": state.step, "checkpoint": str(point.path),
+                    "skipped": list(point.notes), "set_aside": str(set_aside) if set_aside else None,
+                    "universal": plan.universal, "changes": plan.schedule + plan.optimizer + plan.other})
     return run, state, logger
 
 
@@ -258,7 +342,7 @@ def evaluate(run: Run) -> dict[str, float]:
 
 
 def _save(run: Run, state: C.TrainState, logger: MetricsLogger) -> str:
-    tag = C.save_checkpoint(run.engine, run.root, state, run.cfg, run.info, run.zero_stage)
+    tag = C.save_checkpoint(run.engine, run.root, state, run.cfg, run.info, run.settings)
     logger.log({"event": "checkpoint", "step": state.step, "tag": tag, "path": str(run.root / tag)})
     return tag
 
@@ -301,11 +385,13 @@ def _on_nonfinite(run: Run, state: C.TrainState, before: C.TrainState, logger: M
 def train(cfg: Config, resume: str | None = None) -> int:
     """Run (or resume) training; returns the process exit code."""
     start = time.monotonic()
-    run, state, logger = build_run(cfg, resume)
     t = cfg.train
+    # Before anything forks (DataLoader workers): a signal during startup is not lost either.
     stopper = StopController(t.wall_time_limit_s, start).install()
-    saved_at = state.step if state.step > 0 else -1
+    run = logger = state = None
     try:
+        run, state, logger = build_run(cfg, resume, stopper)
+        saved_at = state.step if state.step > 0 else -1
         while state.step < run.total_steps:
             step_start = time.perf_counter()
             before = C.TrainState(**vars(state))
@@ -324,6 +410,10 @@ def train(cfg: Config, resume: str | None = None) -> int:
             if run.valid_batches and t.eval_interval and (last or state.step % t.eval_interval == 0):
                 logger.log({"event": "eval", "step": state.step, **evaluate(run)})
             reason = stopper.poll(step_s)  # collective: every rank agrees
+            if reason in S.ERROR_REASONS:
+                raise LoopDataError(
+                    f"train.output_dir={t.output_dir!r}: {reason} during the run (deleted, moved or unmounted) "
+                    f"after step {state.step}; stopped without saving (a save would recreate the folder elsewhere)")
             if reason is None and t.exit_interval and state.step % t.exit_interval == 0:
                 reason = f"train.exit_interval={t.exit_interval}"
             if last or reason or state.step % t.save_interval == 0:
@@ -332,10 +422,29 @@ def train(cfg: Config, resume: str | None = None) -> int:
             if reason:
                 logger.log({"event": "stop", "step": state.step, "reason": reason})
                 logger.message(f"stopping after step {state.step} ({reason}); checkpoint saved in {run.root}")
+                logger.summary(state.step, state.consumed_samples, time.monotonic() - start, reason)
                 return 0
         if saved_at != state.step:
             _save(run, state, logger)
+        logger.summary(state.step, state.consumed_samples, time.monotonic() - start)
         return 0
+    except RuntimeError as e:
+        why = D.collective_failure(e, t.collective_timeout_s, started=run is not None)
+        if why is None or isinstance(e, NonFiniteStop):
+            raise
+        raise CollectiveFailure(f"{why}{_where(run, state)}") from None
+    except OSError as e:  # e.g. metrics.jsonl on a full disk: the file and the condition, one line
+        raise LoopDataError(f"{e.filename or t.output_dir}: {os_error_text(e)}{_where(run, state)}") from None
     finally:
         stopper.uninstall()
-        logger.close()
+        if logger is not None:
+            logger.close()
+        if run is not None and run.lock is not None:
+            run.lock.release()
+
+
+def _where(run: Run | None, state: C.TrainState | None) -> str:
+    if run is None or state is None:
+        return ""
+    latest = read_latest(run.root) if run.root.is_dir() else None
+    return f" (after step {state.step}; the latest checkpoint is {latest or 'none'})"

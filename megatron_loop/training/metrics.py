@@ -1,33 +1,45 @@
-"""Per-step metrics: JSONL always, wandb when configured, a tqdm bar on rank 0 (issue 5 item 6).
+"""Per-step metrics and the console: JSONL always, wandb / TensorBoard when configured, a tqdm bar
+and Megatron-style log lines on rank 0 (issue 5 item 6, issue 16 item 2).
 
 Only rank 0 writes. ``{output_dir}/metrics.jsonl`` holds one JSON object per line with an
 ``event`` key: ``train`` (step, loss, lr_muon, lr_adamw, grad_norm, tokens_per_s, mfu, memory,
-...), ``eval`` (``val_loss_r{r}`` per loop count), and lifecycle events (``resume``,
-``checkpoint``, ``nonfinite``, ``stop``). On resume, records past the resumed step are dropped
-first (a crashed run may have logged steps that the resumed run replays), so the file is
-always the trajectory of the weights on disk.
+...), ``eval`` (``val_loss_r{r}`` per loop count), ``data`` (epochs the run reads of each
+prefix), ``summary`` (end of run), and lifecycle events (``resume``, ``checkpoint``,
+``nonfinite``, ``stop``). On resume, records past the resumed step are dropped first (a crashed
+run may have logged steps that the resumed run replays), so the file is always the trajectory
+of the weights on disk. ``tools/plot_metrics.py`` draws it.
+
+The console gets one line per logged step (every ``train.log_interval``), whether or not the
+progress bar is on, so SLURM logs read like Megatron-LM's::
+
+    step  10/300 | loss 5.4321 | lr 3.00e-03 | grad norm 1.234 | 12,345 tok/s | MFU 1.23% | mem 0.45 GiB (peak 0.50) | 0.105 s/step
+
+and a line per validation, the data reuse at start and a summary at the end.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import secrets
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from megatron_loop.config import Config
 
 METRICS_NAME = "metrics.jsonl"
 WANDB_ID_NAME = "wandb_run_id"
+TENSORBOARD_DIR = "tensorboard"
 
 
 def memory_stats() -> dict[str, float]:
     """Accelerator memory (allocated now / peak) on GPU; resident set size on CPU, in GiB."""
+    import torch  # here, not at import: preflight (and so --dry-run) imports this module
+
     gib = 1024**3
     if torch.cuda.is_available():
         return {"mem_gib": torch.cuda.memory_allocated() / gib,
@@ -68,14 +80,61 @@ def _wandb_mode(cfg: Config) -> str:
     return mode
 
 
+def _numeric(record: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in record.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+
+
+def _loss(value: float) -> str:
+    return f"{value:.4f}" if math.isfinite(value) else str(value)
+
+
+def format_train_line(record: dict[str, Any], total_steps: int) -> str:
+    """The console line of one ``train`` record (Megatron-LM / torchtitan content; fields the
+    record lacks are left out)."""
+    r = record
+    parts = [f"step {r['step']:>{len(str(total_steps))}}/{total_steps}", f"loss {_loss(r['loss'])}"]
+    lr_muon, lr_adamw = r.get("lr_muon"), r.get("lr_adamw")
+    if lr_muon is not None and lr_adamw is not None and lr_muon != lr_adamw:
+        parts.append(f"lr {lr_muon:.2e} (Muon) {lr_adamw:.2e} (AdamW)")
+    elif lr_muon is not None or lr_adamw is not None:
+        parts.append(f"lr {lr_muon if lr_muon is not None else lr_adamw:.2e}")
+    if "grad_norm" in r:
+        parts.append(f"grad norm {r['grad_norm']:.3f}")
+    if "tokens_per_s" in r:
+        parts.append(f"{r['tokens_per_s']:,.0f} tok/s")
+    if "mfu" in r:
+        parts.append(f"MFU {100 * r['mfu']:.2f}%")
+    if "mem_gib" in r:
+        parts.append(f"mem {r['mem_gib']:.2f} GiB (peak {r.get('mem_peak_gib', r['mem_gib']):.2f})")
+    if "step_time_s" in r:
+        parts.append(f"{r['step_time_s']:.3f} s/step")
+    if r.get("skipped_updates"):
+        parts.append(f"skipped updates {r['skipped_updates']}")
+    return " | ".join(parts)
+
+
+def format_eval_line(record: dict[str, Any]) -> str:
+    """``validation at step N | loss r=1 4.1234 | r=3 3.4567``: held-out loss per loop count r."""
+    losses = [(int(k[len("val_loss_r"):]), v) for k, v in record.items() if k.startswith("val_loss_r")]
+    cells = [f"r={r} {_loss(v)}" for r, v in sorted(losses)]
+    return f"validation at step {record['step']} | loss " + " | ".join(cells)
+
+
 class MetricsLogger:
     """Rank-0 sink for metrics; every method is a no-op on other ranks."""
 
     def __init__(self, cfg: Config, *, enabled: bool, start_step: int, total_steps: int) -> None:
         self.enabled = enabled
+        self.cfg = cfg
         self.path = Path(cfg.train.output_dir) / METRICS_NAME
+        self.start_step = start_step
+        self.total_steps = total_steps
+        self.last: dict[str, dict[str, Any]] = {}  # newest record per event (for the summary)
+        self.train_usage: list[dict[str, Any]] = []
         self._file = None
         self._wandb = None
+        self._tensorboard = None
         self._bar = None
         if not enabled:
             return
@@ -84,6 +143,12 @@ class MetricsLogger:
         self._file = self.path.open("a", encoding="utf-8")
         if cfg.logging.wandb_project and _wandb_mode(cfg) != "disabled":
             self._wandb = self._init_wandb(cfg)
+        if cfg.logging.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step: a resumed run drops the events past its checkpoint, as truncate_after does
+            self._tensorboard = SummaryWriter(log_dir=str(self.path.parent / TENSORBOARD_DIR),
+                                              purge_step=start_step + 1 if start_step else None)
         if cfg.logging.progress_bar:
             from tqdm import tqdm
 
@@ -105,18 +170,78 @@ class MetricsLogger:
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        event = record.get("event")
+        self.last[event] = record
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        if self._wandb is not None:
-            numeric = {k: v for k, v in record.items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
-            if numeric:
-                self._wandb.log(numeric, step=record.get("step"))
-        if self._bar is not None and record.get("event") == "train":
-            self._bar.n = record["step"]
-            self._bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}",
-                                  refresh=False)
-            self._bar.refresh()
+        numeric = _numeric(record)
+        if self._wandb is not None and numeric:
+            self._wandb.log(numeric, step=record.get("step"))
+        if self._tensorboard is not None and numeric and event in ("train", "eval"):
+            for key, value in numeric.items():
+                self._tensorboard.add_scalar(f"{event}/{key}", value, global_step=record.get("step"))
+            self._tensorboard.flush()
+        if event == "train":
+            if self._bar is not None:
+                self._bar.n = record["step"]
+                self._bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}",
+                                      refresh=False)
+                self._bar.refresh()
+            self.message(format_train_line(record, self.total_steps))
+        elif event == "eval" and len(numeric) > 0:
+            self.message(format_eval_line(record))
+
+    def data_usage(self, train_usage: list[dict[str, Any]], valid_prefixes: list[str], valid_batches: int) -> None:
+        """Log how often the run reads each train prefix (data reuse) and what validation uses."""
+        if not self.enabled:
+            return
+        self.train_usage = train_usage
+        seq = self.cfg.train.seq_length
+        for u in train_usage:
+            reuse = " (repeated data)" if u["epochs"] > 1 else ""
+            self.message(f"data: {u['prefix']}: {u['tokens']:,} tokens = {u['tokens'] // seq:,} sequences of {seq} "
+                         f"per epoch; this run reads {u['samples']:,} sequences = {u['epochs']:.2f} epochs{reuse}")
+        if valid_batches:
+            self.message(f"validation: {', '.join(valid_prefixes)}: {valid_batches} micro-batches at "
+                         f"r = {', '.join(map(str, self.cfg.train.eval_loops))} every "
+                         f"{self.cfg.train.eval_interval} steps")
+        else:
+            why = ("train.eval_interval=0" if not self.cfg.train.eval_interval else
+                   "data.valid_prefixes: []" if self.cfg.data.valid_prefixes == [] else
+                   "no data.valid_prefixes and no _valid prefix next to the first train prefix")
+            self.message(f"validation: off ({why})")
+        self.log({"event": "data", "step": self.start_step, "train": train_usage, "valid": valid_prefixes,
+                  "valid_batches": valid_batches})
+
+    def summary(self, step: int, consumed_samples: int, wall_s: float, reason: str | None = None) -> None:
+        """The end-of-run block: steps, wall time, tokens, data epochs, final losses, checkpoint."""
+        if not self.enabled:
+            return
+        t = self.cfg.train
+        tokens_run = (step - self.start_step) * t.global_batch_size * t.seq_length
+        train, ev, ckpt = self.last.get("train", {}), self.last.get("eval", {}), self.last.get("checkpoint", {})
+        planned = self.total_steps * t.global_batch_size
+        epochs = [(u["prefix"], u["epochs"] * consumed_samples / planned) for u in self.train_usage if planned]
+        record = {"event": "summary", "step": step, "total_steps": self.total_steps, "wall_time_s": wall_s,
+                  "tokens": consumed_samples * t.seq_length, "tokens_this_run": tokens_run,
+                  "final_loss": train.get("loss"), "checkpoint": ckpt.get("path"), "stopped": reason,
+                  "epochs": dict(epochs), **{k: v for k, v in ev.items() if k.startswith("val_loss_r")}}
+        self.log(record)
+        how = f"stopped ({reason})" if reason else "finished"
+        lines = [f"training {how} at step {step}/{self.total_steps} after {timedelta(seconds=round(wall_s))} "
+                 f"(wall time of this run)",
+                 f"  tokens: {consumed_samples * t.seq_length:,} in total, {tokens_run:,} in this run"
+                 + "".join(f"; {e:.2f} epochs of {p}" for p, e in epochs)]
+        losses = []
+        if train:
+            losses.append(f"final train loss {_loss(train['loss'])} (step {train['step']})")
+        if ev:
+            losses.append(format_eval_line(ev))
+        if losses:
+            lines.append("  " + " | ".join(losses))
+        lines.append(f"  checkpoint: {os.path.abspath(ckpt['path']) if 'path' in ckpt else 'none'}")
+        lines.append(f"  metrics: {self.path} (plot: python tools/plot_metrics.py {self.path.parent})")
+        self.message("\n".join(lines))
 
     def message(self, text: str) -> None:
         """A human-readable line on rank 0 (through tqdm so the bar is not torn)."""
@@ -132,6 +257,8 @@ class MetricsLogger:
             self._bar.close()
         if self._wandb is not None:
             self._wandb.finish()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
         if self._file is not None:
             self._file.close()
-        self._bar = self._wandb = self._file = None
+        self._bar = self._wandb = self._tensorboard = self._file = None

@@ -2,17 +2,22 @@
 
 Batch arithmetic (App. A.2 "Gradient accumulation": micro x accumulation x data-parallel =
 global, derived, never duplicated by hand), loop counts of the validation sweep, vocabulary of
-the tokenized data and tokenizer against the model, and the output folder.
+the tokenized data and tokenizer against the model, and the output folder (what it holds, and
+that rank 0 can write there: :func:`check_writable`, right after it took the run lock and before
+the model is built).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
-from megatron_loop.config import Config
-from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.config import Config, resolve_paths
+from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
+from megatron_loop.training.lock import LOCK_NAME
 from megatron_loop.training.metrics import METRICS_NAME
 
 CHECKPOINTS = "checkpoints"
@@ -52,9 +57,61 @@ def data_spec(cfg: Config) -> dict[str, Any]:
     weights = d.train_weights or [1.0] * len(d.train_prefixes)
     spec: dict[str, Any] = {"train": [{"prefix": p, "weight": w} for p, w in zip(d.train_prefixes, weights)],
                             "num_workers": d.num_workers, "order": d.order}
-    if d.valid_prefixes:
-        spec["valid"] = list(d.valid_prefixes)
+    # No periodic validation (eval_interval 0): the validation set is not even opened, so one
+    # smaller than a micro-batch cannot stop the run.
+    spec["valid"] = d.validation_prefixes() if cfg.train.eval_interval else []
     return spec
+
+
+def check_input_files(cfg: Config) -> dict[str, Any]:
+    """The files a run opens exist: DeepSpeed JSON, data prefixes (P.bin and P.idx), a local
+    tokenizer. Relative paths are resolved first (:func:`megatron_loop.config.resolve_paths`).
+    Returns them as ``--dry-run`` prints them; the validation prefixes are those the run uses."""
+    resolve_paths(cfg)
+    cwd = os.getcwd()
+    ds = cfg.train.deepspeed_config
+    if not os.path.isfile(ds):
+        raise LoopConfigError(f"train.deepspeed_config={ds!r}: file not found (relative paths are taken from "
+                              f"{cwd}, then the repository); expected e.g. deepspeed_configs/zero1.json")
+    try:
+        with open(ds) as f:
+            zero_stage = json.load(f).get("zero_optimization", {}).get("stage", 0)
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise LoopConfigError(f"train.deepspeed_config={ds!r}: not a DeepSpeed JSON config ({e}); expected a JSON "
+                              "object like deepspeed_configs/zero1.json") from None
+    data_spec(cfg)  # an empty train list is its own error
+    valid = cfg.data.validation_prefixes() if cfg.train.eval_interval else []  # only what the run opens
+    for key, prefixes in (("train_prefixes", cfg.data.train_prefixes), ("valid_prefixes", valid)):
+        for i, prefix in enumerate(prefixes):
+            missing = [f"{prefix}{ext}" for ext in (".bin", ".idx") if not os.path.isfile(f"{prefix}{ext}")]
+            if missing:
+                where = "" if os.path.isabs(prefix) else f" (relative to {cwd})"
+                raise LoopDataError(f"data.{key}[{i}]: indexed dataset prefix '{prefix}': missing "
+                                    f"{' and '.join(missing)}{where}; expected P.bin and P.idx written by "
+                                    "tools/preprocess_data.py")
+    tok = cfg.data.tokenizer
+    if tok and not os.path.exists(tok) and not is_hub_name(tok):
+        raise LoopDataError(f"data.tokenizer={tok!r}: no such tokenizer folder or file (relative to {cwd}); "
+                            "expected a folder with tokenizer.json or a Hugging Face hub name such as "
+                            "meta-llama/Llama-3.1-8B")
+    return {"deepspeed_config": ds, "zero_stage": zero_stage, "train_prefixes": list(cfg.data.train_prefixes),
+            "valid_prefixes": valid, "tokenizer": tok}
+
+
+def is_hub_name(name: str) -> bool:
+    """``org/name`` or ``name`` as the Hugging Face hub spells repository ids (a path with more parts,
+    or starting with ``.``, ``/`` or ``~``, is a local path)."""
+    return re.fullmatch(r"(?:[\w.-]+/)?[\w.-]+", name) is not None and not name.startswith((".", "~"))
+
+
+def check_train_steps(cfg: Config, steps: int) -> int:
+    """At least one optimizer step in the token budget."""
+    if steps < 1:
+        t = cfg.train
+        raise LoopConfigError(
+            f"train.train_tokens={t.train_tokens}: less than one global batch of "
+            f"{t.global_batch_size} x {t.seq_length} tokens; expected at least one step")
+    return steps
 
 
 def _tokenizer_vocab(tokenizer: str) -> tuple[Path, int] | None:
@@ -79,7 +136,7 @@ def check_vocabulary(cfg: Config) -> None:
         found = _tokenizer_vocab(cfg.data.tokenizer)
         if found:
             sources.append(found)
-    for prefix in [*cfg.data.train_prefixes, *cfg.data.valid_prefixes]:
+    for prefix in [*cfg.data.train_prefixes, *(cfg.data.valid_prefixes or [])]:
         stats = Path(prefix + ".stats.json")
         if stats.is_file():
             try:
@@ -101,8 +158,8 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
         return
     if not output_dir.is_dir():
         raise LoopConfigError(f"train.output_dir={str(output_dir)!r}: exists and is not a folder")
-    entries = sorted(p.name for p in output_dir.iterdir())
-    if not entries:
+    entries = sorted(p.name for p in output_dir.iterdir() if p.name != LOCK_NAME)
+    if not entries:  # nothing, or only the lock of a run starting now (the lock will name it)
         return
     ours = (output_dir / CHECKPOINTS).is_dir() or (output_dir / METRICS_NAME).is_file()
     if ours and resume:
@@ -114,3 +171,37 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
     raise LoopConfigError(
         f"train.output_dir={str(output_dir)!r}: exists and is not empty (contains {entries[:3]}); "
         "expected a new folder or a run folder of pretrain_loop.py")
+
+
+PROBE_BYTES = 1 << 20
+
+
+def check_writable(output_dir: Path) -> None:
+    """Rank 0, before the model is built: the files the run will append to and the folders it
+    will write are writable, and a 1 MiB write fits (a full disk, a quota, a read-only mount is
+    one clear error naming the file, not a traceback at the first log line or save)."""
+    key = f"train.output_dir={str(output_dir)!r}"
+    metrics = output_dir / METRICS_NAME
+    targets = [output_dir] + [p for p in (output_dir / CHECKPOINTS,) if p.is_dir()]
+    try:
+        if metrics.exists():
+            with metrics.open("a"):
+                pass
+    except OSError as e:
+        raise LoopDataError(f"{metrics}: cannot be written ({os_error_text(e)}); the run appends its "
+                            f"metrics there: make it writable or choose another train.output_dir") from None
+    for folder in targets:
+        probe = folder / f".write_probe.{os.getpid()}"
+        try:
+            with probe.open("wb") as f:
+                f.write(b"\0" * PROBE_BYTES)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise LoopDataError(f"{key}: cannot write in {folder} ({os_error_text(e)}); expected a writable "
+                                "folder with free space") from None
+        finally:
+            try:
+                probe.unlink(missing_ok=True)
+            except OSError:
+                pass

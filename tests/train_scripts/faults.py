@@ -1,6 +1,8 @@
-"""``pretrain_loop.py`` with one injected fault, for the reliability tests (issue 9).
+"""``pretrain_loop.py`` (or ``tools/convert_to_hf.py``) with injected faults, for the reliability
+tests (issues 9 and 17).
 
-    python tests/train_scripts/faults.py FAULT [pretrain_loop.py arguments]
+    python tests/train_scripts/faults.py FAULT[+FAULT...] [pretrain_loop.py arguments]
+    python tests/train_scripts/faults.py FAULT convert_to_hf.py [convert_to_hf.py arguments]
 
 FAULT is one of
   nan@A:S1,S2,...        the training loss of optimizer steps S1, S2, ... becomes NaN
@@ -10,6 +12,14 @@ FAULT is one of
   enospc_on_save@N       the N-th save fails with "No space left on device" half-way through
                          its first shard (torch.save, as DeepSpeed calls it)
   slow@SECONDS           every training forward sleeps SECONDS (time to deliver a signal mid-run)
+  oserror@NAME:PATH      every open/mkdir of PATH or a path under it fails with errno NAME
+                         (EROFS: a read-only mount, EACCES: no permission, ENOSPC: a full disk)
+  fsize@BYTES            the process may not write files larger than BYTES (RLIMIT_FSIZE; the
+                         kernel then fails the write with EFBIG, as it fails a full disk with ENOSPC)
+  stall@RANK:N           rank RANK stops itself (SIGSTOP) before its N-th training forward in this
+                         process: a stopped, not killed, rank
+  kill_in_swap           SIGKILL an HF export right after its old folder was moved aside, before
+                         the new one is renamed into place
 """
 
 from __future__ import annotations
@@ -103,11 +113,81 @@ def slow(seconds: float) -> None:
     LoopLM.forward = patched
 
 
-def main() -> int:
-    # the deepspeed launcher puts --local_rank=N first; pass it on to pretrain_loop.py
-    launcher_args = [a for a in sys.argv[1:] if a.startswith("--local_rank")]
-    rest = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
-    fault, argv = rest[0], launcher_args + rest[1:]
+def oserror(name: str, prefix: str) -> None:
+    """Fail opening or creating anything at or under ``prefix`` as a read-only / full / forbidden
+    file system would (the Python-level calls our code and the libraries use to write files)."""
+    import builtins
+    import io
+
+    code = getattr(errno, name)
+    prefix = os.path.abspath(prefix)
+
+    def hit(path) -> bool:
+        try:
+            path = os.path.abspath(os.fspath(path))
+        except TypeError:  # a file descriptor
+            return False
+        return path == prefix or path.startswith(prefix + os.sep)
+
+    def refuse(path):
+        raise OSError(code, os.strerror(code), os.fspath(path))
+
+    real_open, real_os_open, real_mkdir = builtins.open, os.open, os.mkdir
+
+    def patched_open(file, mode="r", *args, **kwargs):
+        if hit(file) and any(c in mode for c in "wax+"):
+            refuse(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    def patched_os_open(path, flags, *args, **kwargs):
+        if hit(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            refuse(path)
+        return real_os_open(path, flags, *args, **kwargs)
+
+    def patched_mkdir(path, *args, **kwargs):
+        if hit(path):
+            refuse(path)
+        return real_mkdir(path, *args, **kwargs)
+
+    builtins.open = io.open = patched_open
+    os.open, os.mkdir = patched_os_open, patched_mkdir
+
+
+def fsize(limit: int) -> None:
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the process instead of EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def stall(rank: int, nth: int) -> None:
+    from megatron_loop.model.looplm import LoopLM
+
+    if int(os.environ.get("RANK", "0")) != rank:
+        return
+    forward = LoopLM.forward
+    bump = _counter()
+
+    def patched(self, *args, **kwargs):
+        if self.training and bump() == nth:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return forward(self, *args, **kwargs)
+
+    LoopLM.forward = patched
+
+
+def kill_in_swap() -> None:
+    real_replace = os.replace
+
+    def patched(src, dst, *args, **kwargs):
+        real_replace(src, dst, *args, **kwargs)
+        if ".old-" in os.path.basename(os.fspath(dst)):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    os.replace = patched
+
+
+def apply(fault: str) -> None:
     kind, _, arg = fault.partition("@")
     if kind == "nan":
         accumulation, _, steps = arg.partition(":")
@@ -118,8 +198,32 @@ def main() -> int:
         enospc_on_save(int(arg))
     elif kind == "slow":
         slow(float(arg))
+    elif kind == "oserror":
+        name, _, path = arg.partition(":")
+        oserror(name, path)
+    elif kind == "fsize":
+        fsize(int(arg))
+    elif kind == "stall":
+        rank, _, nth = arg.partition(":")
+        stall(int(rank), int(nth))
+    elif kind == "kill_in_swap":
+        kill_in_swap()
     else:
         raise SystemExit(f"unknown fault {fault!r}")
+
+
+def main() -> int:
+    # the deepspeed launcher puts --local_rank=N first; pass it on to pretrain_loop.py
+    launcher_args = [a for a in sys.argv[1:] if a.startswith("--local_rank")]
+    rest = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    faults, argv = rest[0], launcher_args + rest[1:]
+    for fault in faults.split("+"):
+        apply(fault)
+    if argv and argv[0] == "convert_to_hf.py":
+        sys.path.insert(0, str(REPO / "tools"))
+        import convert_to_hf
+
+        return convert_to_hf.main(argv[1:])
     import pretrain_loop
 
     return pretrain_loop.main(argv)

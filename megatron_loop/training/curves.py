@@ -1,0 +1,114 @@
+"""Training curves from ``metrics.jsonl`` (``tools/plot_metrics.py``): loss, learning rate and MFU
+against step or tokens, several runs on one figure (matplotlib, Agg backend, PNG).
+
+Each run is a ``train.output_dir`` (or its ``metrics.jsonl``); its ``train`` records give the
+curves and its ``eval`` records the held-out loss per loop count r (markers on the loss panel,
+one marker shape per r, the run's colour).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.training.metrics import METRICS_NAME
+
+X_AXES = {"step": "step", "tokens": "tokens"}
+MARKERS = "osD^v<>ph*"
+
+
+@dataclass
+class RunCurves:
+    label: str
+    path: Path
+    train: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+
+
+def read_run(path: str | os.PathLike, label: str | None = None) -> RunCurves:
+    """The ``train`` and ``eval`` records of a run folder or a ``metrics.jsonl`` file."""
+    p = Path(path)
+    file = p / METRICS_NAME if p.is_dir() else p
+    if not file.is_file():
+        raise LoopDataError(f"{p}: no {METRICS_NAME}; expected a run folder (train.output_dir) or its "
+                            f"{METRICS_NAME}")
+    run = RunCurves(label or (p.name if p.is_dir() else p.parent.name), file)
+    for line in file.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line torn by a crash mid-write
+        if record.get("event") == "train":
+            run.train.append(record)
+        elif record.get("event") == "eval":
+            run.evals.append(record)
+    if not run.train:
+        raise LoopDataError(f"{file}: no training steps recorded; expected 'train' records written by "
+                            "pretrain_loop.py")
+    return run
+
+
+def _x(record: dict, x: str, tokens_per_step: float | None) -> float:
+    if x == "step":
+        return record["step"]
+    return record["tokens"] if "tokens" in record else record["step"] * (tokens_per_step or 0)
+
+
+def plot_runs(runs: list[RunCurves], x: str = "step"):
+    """A figure with three panels (loss with validation markers, learning rate, MFU) over ``x``."""
+    if x not in X_AXES:
+        raise LoopConfigError(f"--x {x!r}: expected one of {sorted(X_AXES)}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (loss_ax, lr_ax, mfu_ax) = plt.subplots(1, 3, figsize=(15, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, run in enumerate(runs):
+        color = colors[i % len(colors)]
+        per_token = (run.train[-1]["tokens"] / run.train[-1]["step"]) if "tokens" in run.train[-1] else None
+        xs = [_x(r, x, per_token) for r in run.train]
+        loss_ax.plot(xs, [r["loss"] for r in run.train], color=color, label=f"{run.label} train")
+        loops = sorted({int(k[len("val_loss_r"):]) for e in run.evals for k in e if k.startswith("val_loss_r")})
+        for j, r in enumerate(loops):
+            pts = [(_x(e, x, per_token), e[f"val_loss_r{r}"]) for e in run.evals if f"val_loss_r{r}" in e]
+            loss_ax.plot(*zip(*pts), color=color, linestyle="--", marker=MARKERS[j % len(MARKERS)],
+                         label=f"{run.label} validation r={r}")
+        muon, adamw = ([r.get(k, math.nan) for r in run.train] for k in ("lr_muon", "lr_adamw"))
+        # one schedule drives both groups (App. A.2); draw AdamW's only where it differs
+        split = any(a != m for a, m in zip(adamw, muon) if not (math.isnan(a) and math.isnan(m)))
+        lr_ax.plot(xs, muon, color=color, label=f"{run.label} Muon" if split else run.label)
+        if split:
+            lr_ax.plot(xs, adamw, color=color, linestyle=":", label=f"{run.label} AdamW")
+        mfu_ax.plot(xs, [100 * r.get("mfu", math.nan) for r in run.train], color=color, label=run.label)
+    loss_ax.set_ylabel("loss (cross-entropy, nats/token)")
+    lr_ax.set_ylabel("learning rate")
+    mfu_ax.set_ylabel("MFU (%)")
+    for ax, title in ((loss_ax, "Loss"), (lr_ax, "Learning rate"), (mfu_ax, "Model FLOPs utilisation")):
+        ax.set_title(title)
+        ax.set_xlabel(X_AXES[x])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def save_figure(fig, output: str | os.PathLike) -> Path:
+    """Write the PNG through a temporary file in the same folder (nothing half-written)."""
+    out = Path(output)
+    if out.suffix.lower() != ".png":
+        raise LoopConfigError(f"--output {str(out)!r}: expected a .png file")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}.png")  # created by savefig, with the user's umask
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out

@@ -1,0 +1,204 @@
+"""Resume that checks what changed (issue 17 item 3, issue 16 item 4).
+
+Every checkpoint's manifest holds the settings of the run that wrote it (:func:`run_settings`:
+the resolved config, the data it trained on, the ZeRO stage and the number of data-parallel
+ranks). A resume compares them with the new config before DeepSpeed reads a byte
+(:func:`plan_resume`):
+
+* applied exactly, and logged: the schedule (``train.lr``, ``max_steps``, ``train_tokens``,
+  ``tokens_per_parameter``, the WSD fractions and ``min_lr_ratio``: the WSD split is re-derived
+  for the new total and the next update runs at the new schedule's rate) and the optimizer
+  hyperparameters (weight decay, betas, eps, Muon momentum / Nesterov / Newton-Schulz steps /
+  scale, ``grad_clip``), which DeepSpeed would otherwise restore from the checkpoint;
+* applied through DeepSpeed's universal checkpoint: another number of data-parallel ranks under
+  ZeRO 1/2 (:mod:`megatron_loop.training.universal`); stage 0 holds whole tensors anyway;
+* refused with one line naming the key: the architecture (``model:`` without execution keys),
+  ``train.seq_length``, ``train.global_batch_size``, ``train.seed`` (each fixes which tokens a step
+  reads), ``train.precision`` and the ZeRO stage (different optimizer state layouts), the training
+  data (sizes and weights), and another data-parallel size under ZeRO 3;
+* everything else (intervals, retention, validation, logging, workers, paths) simply takes effect.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megatron_loop.config import Config
+from megatron_loop.errors import LoopConfigError
+from megatron_loop.model.io import MANIFEST, SelectedCheckpoint
+from megatron_loop.training.checkpoint import EXECUTION_KEYS, model_signature
+
+SCHEDULE_KEYS = ("train.lr", "train.max_steps", "train.train_tokens", "train.tokens_per_parameter",
+                 "train.warmup_fraction", "train.stable_fraction", "train.min_lr_ratio")
+OPTIMIZER_KEYS = ("train.weight_decay", "train.adam_beta1", "train.adam_beta2", "train.adam_eps",
+                  "train.muon_momentum", "train.muon_nesterov", "train.muon_ns_steps", "train.muon_scale",
+                  "train.grad_clip")
+REFUSED = {
+    "train.seq_length": "the data position counts sequences of seq_length tokens, so the rest of the run "
+                        "would replay or skip data",
+    "train.global_batch_size": "steps, the schedule and the data position of every step are counted in "
+                               "global batches",
+    "train.seed": "the seed fixes the document order of the packed data, so the rest of the run would read "
+                  "another order",
+    "train.precision": "fp32 and bf16 runs keep different ZeRO optimizer states",
+}
+
+
+def data_fingerprint(cfg: Config) -> list[dict[str, Any]]:
+    """What the training data is, independently of where it lives: name, size and weight of each prefix."""
+    weights = cfg.data.train_weights or [1.0] * len(cfg.data.train_prefixes)
+    out = []
+    for prefix, weight in zip(cfg.data.train_prefixes, weights):
+        bin_file = Path(prefix + ".bin")
+        out.append({"prefix": prefix, "name": bin_file.name, "weight": float(weight),
+                    "bytes": bin_file.stat().st_size if bin_file.is_file() else None})
+    return out
+
+
+def run_settings(cfg: Config, world_size: int, zero_stage: int) -> dict[str, Any]:
+    """The settings a checkpoint records for the next resume to compare (manifest fields)."""
+    return {"world_size": world_size, "zero_stage": zero_stage, "config": cfg.to_dict(),
+            "data": data_fingerprint(cfg)}
+
+
+@dataclass
+class ResumePlan:
+    universal: bool = False  # another data-parallel size: load through the universal layout
+    schedule: list[str] = field(default_factory=list)  # "train.lr 0.003 -> 0.001", ...
+    optimizer: list[str] = field(default_factory=list)
+    other: list[str] = field(default_factory=list)  # take effect without touching the state
+
+    def summary(self, saved_world: int | None, world: int) -> list[str]:
+        lines = []
+        if self.universal:
+            lines.append(f"resume: {saved_world} -> {world} data-parallel ranks: loading through DeepSpeed's "
+                         "universal checkpoint (weights, Muon momentum, AdamW moments re-partitioned)")
+        if self.schedule or self.optimizer:
+            lines.append("resume: applying changed settings: " + "; ".join(self.schedule + self.optimizer))
+        if self.other:
+            lines.append("resume: changed settings that take effect now: " + "; ".join(self.other))
+        return lines
+
+
+def _flat(section: str, values: dict) -> dict[str, Any]:
+    return {f"{section}.{k}": v for k, v in values.items()}
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value)
+
+
+def plan_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_stage: int) -> ResumePlan:
+    """Compare the checkpoint's settings with ``cfg``; refuse (:class:`LoopConfigError`, one line
+    naming the key) or return what to apply."""
+    manifest = point.manifest or {}
+    where = point.path / MANIFEST
+    saved_model = manifest.get("model", {})
+    for key, value in model_signature(cfg).items():
+        if saved_model.get(key) != value:
+            raise LoopConfigError(
+                f"{where}: checkpoint is for a different architecture: model.{key}={saved_model.get(key)!r} "
+                f"in the checkpoint, {value!r} in the config")
+    saved_stage = manifest.get("zero_stage", 0)
+    if saved_stage != zero_stage:
+        raise LoopConfigError(
+            f"{where}: written with ZeRO stage {saved_stage}, resumed with stage {zero_stage} "
+            f"(train.deepspeed_config={cfg.train.deepspeed_config!r}); the optimizer states are laid out "
+            f"differently: resume with a stage-{saved_stage} DeepSpeed config")
+    plan = ResumePlan()
+    saved_world = manifest.get("world_size", world_size)
+    if saved_world != world_size and zero_stage >= 1:
+        if zero_stage == 3:
+            raise LoopConfigError(
+                f"{where}: written by {saved_world} data-parallel ranks, resumed with {world_size}; a ZeRO 3 "
+                f"checkpoint resumes only on {saved_world} ranks (ZeRO 1/2 checkpoints convert through "
+                "DeepSpeed's universal checkpoint)")
+        plan.universal = True
+    saved = manifest.get("config")
+    if saved is None:  # written before checkpoints recorded their settings
+        return plan
+    current = cfg.to_dict()
+    old = {**_flat("train", saved.get("train", {})), **_flat("data", saved.get("data", {})),
+           **_flat("logging", saved.get("logging", {}))}
+    new = {**_flat("train", current["train"]), **_flat("data", current["data"]),
+           **_flat("logging", current["logging"])}
+    for key in sorted(new):
+        if key not in old or old[key] == new[key]:
+            continue
+        change = f"{key} {_show(old[key])} -> {_show(new[key])}"
+        if key in REFUSED:
+            raise LoopConfigError(
+                f"{where}: {key}={_show(old[key])} in the checkpoint, {_show(new[key])} in the config: "
+                f"{REFUSED[key]}; resume with --set {key}={_show(old[key])} or start a new train.output_dir")
+        if key in SCHEDULE_KEYS:
+            plan.schedule.append(change)
+        elif key in OPTIMIZER_KEYS:
+            plan.optimizer.append(change)
+        elif key not in ("data.train_prefixes", "data.train_weights"):
+            plan.other.append(change)
+    for key in EXECUTION_KEYS:
+        before, after = saved.get("model", {}).get(key), current["model"].get(key)
+        if key in saved.get("model", {}) and before != after:
+            plan.other.append(f"model.{key} {_show(before)} -> {_show(after)}")
+    _check_data(where, manifest.get("data"), data_fingerprint(cfg), plan)
+    return plan
+
+
+def _check_data(where: Path, saved: list | None, current: list, plan: ResumePlan) -> None:
+    """Same files (by name and size) and weights: the data position stays meaningful."""
+    if saved is None:
+        return
+    describe = [(d["name"], d["bytes"], d["weight"]) for d in current]
+    if [(d["name"], d["bytes"], d["weight"]) for d in saved] != describe:
+        was = ", ".join(f"{d['prefix']} ({d['bytes']} bytes, weight {d['weight']})" for d in saved)
+        now = ", ".join(f"{d['prefix']} ({d['bytes']} bytes, weight {d['weight']})" for d in current)
+        raise LoopConfigError(
+            f"{where}: data.train_prefixes/train_weights differ: the checkpoint trained on {was}, the config "
+            f"names {now}; the data position would point into other data: resume with the same data "
+            "or start a new train.output_dir")
+    moved = [f"{a['prefix']} -> {b['prefix']}" for a, b in zip(saved, current) if a["prefix"] != b["prefix"]]
+    if moved:
+        plan.other.append("data.train_prefixes moved (same files by name and size): " + ", ".join(moved))
+
+
+@dataclass
+class Hyperparameters:
+    """The optimizer and schedule settings of a freshly built engine (the new config)."""
+
+    groups: list[dict]
+    base_lrs: list[float]
+    lambdas: list[dict]
+
+    @classmethod
+    def of(cls, engine, optimizer) -> "Hyperparameters":
+        sched = engine.lr_scheduler
+        return cls([{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")}
+                    for g in optimizer.param_groups],
+                   list(sched.base_lrs), [dict(vars(fn)) for fn in sched.lr_lambdas])
+
+
+def apply_plan(engine, optimizer, fresh: Hyperparameters, plan: ResumePlan) -> str | None:
+    """After DeepSpeed restored the checkpoint's optimizer and schedule: put the new config's
+    settings back where they changed. Returns a line describing the schedule now (or None)."""
+    if plan.optimizer:
+        for group, values in zip(optimizer.param_groups, fresh.groups):
+            group.update(values)
+    if not plan.schedule:
+        return None
+    sched = engine.lr_scheduler
+    before = [g["lr"] for g in optimizer.param_groups]
+    old_split = dict(vars(sched.lr_lambdas[0]))
+    sched.base_lrs = list(fresh.base_lrs)
+    for fn, values in zip(sched.lr_lambdas, fresh.lambdas):
+        vars(fn).update(values)
+    for group, base, fn in zip(optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+        group["initial_lr"] = base
+        group["lr"] = base * fn(sched.last_epoch)
+    sched._last_lr = [g["lr"] for g in optimizer.param_groups]
+    new_split = vars(sched.lr_lambdas[0])
+    return (f"resume: schedule re-derived: WSD warmup/stable/decay {old_split['warmup']}/{old_split['stable']}/"
+            f"{old_split['decay']} -> {new_split['warmup']}/{new_split['stable']}/{new_split['decay']} updates; "
+            f"lr of update {sched.last_epoch + 1}: {before[0]:.6g} -> {optimizer.param_groups[0]['lr']:.6g}")

@@ -1,0 +1,211 @@
+"""The run folder (issue 17 items 2-6, issue 16 items 3-4), in process: the lock and its stale
+holder, which checkpoint a resume or an export reads (``latest`` decides, corrupt ones fall
+back), branches and retention, what a resume applies or refuses, the universal conversion of
+Muon's momentum, and plain names for disk errors. The CLI cases are in the fault suite and the
+bad-input catalogue."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from megatron_loop.config import load_config
+from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.model.io import select_automatic, select_checkpoint, verify_checkpoint
+from megatron_loop.training.checkpoint import prune, set_aside_newer, write_failure
+from megatron_loop.training.lock import RunLock
+from megatron_loop.training.resume import plan_resume
+from train_fixtures import REPO, copy_run, reference_run
+
+
+def _garble(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, different bytes
+    path.write_bytes(bytes(data))
+
+
+def _ckpt(tmp_path):
+    return copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
+
+
+# ----------------------------------------------------------------------------- the lock
+
+
+def test_lock_names_the_holder_and_a_second_run_is_refused(tmp_path):
+    (tmp_path / "out").mkdir()  # an existing run folder (a new one this run created is removed at release)
+    first = RunLock(tmp_path / "out").acquire()
+    holder = json.loads((tmp_path / "out" / "run.lock").read_text())
+    assert holder["pid"] == os.getpid() and holder["host"] and holder["started"]
+    with pytest.raises(LoopConfigError, match=rf"run\.lock: train\.output_dir is in use by another run "
+                                              rf"\(host {holder['host']}, pid {os.getpid()}, started "
+                                              rf"{holder['started']}\): wait for it to end"):
+        RunLock(tmp_path / "out").acquire()  # flock is per open file: a second open conflicts
+    first.release()
+    assert (tmp_path / "out" / "run.lock").read_text() == ""  # released cleanly: no holder line
+    second = RunLock(tmp_path / "out").acquire()
+    assert second.taken_over is None
+    second.release()
+
+
+def test_lock_of_a_killed_run_is_taken_over(tmp_path):
+    out = tmp_path / "out"
+    code = ("import sys, time; from pathlib import Path; from megatron_loop.training.lock import RunLock; "
+            f"RunLock(Path({str(out)!r})).acquire(); print('locked', flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                             env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert child.stdout.readline().strip() == "locked"
+    with pytest.raises(LoopConfigError, match=rf"in use by another run \(host .*, pid {child.pid},"):
+        RunLock(out).acquire()
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    lock = RunLock(out).acquire()  # the kernel released the flock; the holder line stayed
+    assert lock.taken_over["pid"] == child.pid
+    lock.release()
+
+
+def test_failed_start_leaves_no_folder_and_a_vanished_folder_is_noticed(tmp_path):
+    lock = RunLock(tmp_path / "new").acquire()
+    assert lock.still_ours()
+    lock.release()
+    assert not (tmp_path / "new").exists()  # created by this run, nothing else written: removed
+    lock = RunLock(tmp_path / "kept").acquire()
+    shutil.rmtree(tmp_path / "kept")
+    assert not lock.still_ours()
+    lock.release()
+
+
+# ----------------------------------------------------------------------------- which checkpoint
+
+
+def test_automatic_resume_follows_latest_not_the_highest_step(tmp_path):
+    ckpt = _ckpt(tmp_path)
+    (ckpt / "latest").write_text("global_step9")  # a rollback to 9; 10 is the abandoned branch
+    chosen = select_automatic(ckpt)
+    assert (chosen.tag, chosen.newer) == ("global_step9", ("global_step10",))
+    (ckpt / "latest").write_text("global_step10")
+    _garble(next((ckpt / "global_step10").glob("*optim_states.pt")))
+    chosen = select_automatic(ckpt)  # latest corrupt: the newest complete one before it
+    assert chosen.tag == "global_step9" and "sha256 differs" in chosen.notes[0]
+    with pytest.raises(LoopDataError, match=r"global_step10/zero_pp_rank_0_mp_rank_00_optim_states\.pt: "
+                                            r"sha256 differs .*corrupt"):
+        select_checkpoint(ckpt / "global_step10")  # named explicitly: refused, no fallback
+
+
+def test_branch_sets_newer_checkpoints_and_metrics_aside_and_retention_keeps_the_branch(tmp_path):
+    ckpt = _ckpt(tmp_path)
+    metrics = ckpt.parent / "metrics.jsonl"
+    before = metrics.read_text().splitlines()
+    chosen = select_checkpoint(ckpt / "global_step9")
+    dest = set_aside_newer(ckpt, chosen, metrics)
+    assert sorted(p.name for p in dest.iterdir()) == ["global_step10", "metrics.jsonl"]
+    verify_checkpoint(dest / "global_step10")  # moved whole, nothing deleted
+    aside = [json.loads(line) for line in (dest / "metrics.jsonl").read_text().splitlines()]
+    assert aside and {r["step"] for r in aside} == {10}
+    assert len(aside) == sum(json.loads(line).get("step", 0) > 9 for line in before)
+    assert (ckpt / "latest").read_text() == "global_step9"
+    assert select_automatic(ckpt).tag == "global_step9" and select_automatic(ckpt).newer == ()
+    # a new save on the branch, then retention: never the abandoned (or a corrupt) newer one
+    shutil.copytree(ckpt / "global_step9", ckpt / "global_step11")
+    assert prune(ckpt, keep_last=1) == ["global_step9"]
+    assert (dest / "global_step10").is_dir()
+
+
+# ----------------------------------------------------------------------------- what a resume applies
+
+
+def _plan(**changes):
+    ref = reference_run()
+    point = select_checkpoint(ref.run_dir / "checkpoints")
+    overrides = [f"{k}={v}" for k, v in changes.items() if "." in k]
+    cfg = load_config(str(ref.config), [f"train.output_dir={ref.run_dir}", *overrides])
+    stage = 1 if "zero" not in changes else changes["zero"]
+    return plan_resume(point, cfg, world_size=changes.get("world", 1), zero_stage=stage)
+
+
+def test_resume_applies_schedule_and_optimizer_changes_and_refuses_the_rest():
+    assert not _plan().schedule and not _plan().optimizer and not _plan().universal
+    plan = _plan(**{"train.lr": 1e-3, "train.max_steps": 20, "train.weight_decay": 0.05,
+                    "train.log_interval": 2, "data.num_workers": 2})
+    assert plan.schedule == ["train.lr 0.003 -> 0.001", "train.max_steps 10 -> 20"]
+    assert plan.optimizer == ["train.weight_decay 0.1 -> 0.05"]
+    assert plan.other == ["data.num_workers 0 -> 2", "train.log_interval 1 -> 2"]
+    for key, value, why in [("train.seq_length", 16, "data position counts sequences"),
+                            ("train.global_batch_size", 16, "counted in global batches"),
+                            ("train.seed", 1, "document order"),
+                            ("model.core_layers", 3, "different architecture")]:
+        with pytest.raises(LoopConfigError, match=rf"manifest\.json: .*({re.escape(key)}.*{why}|{why}.*{re.escape(key)})"):
+            _plan(**{key: value})
+
+
+def test_resume_on_another_data_parallel_size_or_zero_stage():
+    assert _plan(world=2).universal  # ZeRO 1: through the universal checkpoint
+    with pytest.raises(LoopConfigError, match=r"written with ZeRO stage 1, resumed with stage 3 .* resume "
+                                              r"with a stage-1 DeepSpeed config"):
+        _plan(zero=3)
+    point = select_checkpoint(reference_run().run_dir / "checkpoints")
+    zero3 = dataclasses.replace(point, manifest={**point.manifest, "zero_stage": 3, "world_size": 2})
+    cfg = load_config(str(reference_run().config))
+    with pytest.raises(LoopConfigError, match=r"written by 2 data-parallel ranks, resumed with 1; a ZeRO 3 "
+                                              r"checkpoint resumes only on 2 ranks"):
+        plan_resume(zero3, cfg, world_size=1, zero_stage=3)
+
+
+def test_universal_conversion_carries_muon_momentum(tmp_path):
+    from deepspeed.checkpoint import PARAM
+
+    from megatron_loop.model.io import safe_load
+    from megatron_loop.training.universal import to_universal
+
+    tag = reference_run().run_dir / "checkpoints" / "global_step9"
+    out = to_universal(tag, tmp_path / "uni")
+    optim = safe_load(next(tag.glob("*optim_states.pt")))["optimizer_state_dict"]
+    keys = {k for s in optim["base_optimizer_state"]["state"].values() for k in s}
+    assert keys == {"momentum_buffer", "exp_avg", "exp_avg_sq", "step"}  # Muon and AdamW groups
+    for group, mapping in enumerate(optim["param_slice_mappings"]):
+        state = optim["base_optimizer_state"]["state"][group]
+        for name, frag in mapping.items():
+            for key in ("fp32", *(k for k in state if k != "step")):
+                flat = optim["single_partition_of_fp32_groups"][group] if key == "fp32" else state[key]
+                saved = torch.load(out / "zero" / name / f"{key}.pt", weights_only=False)[PARAM]
+                assert torch.equal(saved.flatten(), flat.narrow(0, frag.start, frag.numel)), (name, key)
+    muon = optim["param_slice_mappings"][0]
+    assert all((out / "zero" / name / "momentum_buffer.pt").is_file() for name in muon)
+
+
+# ----------------------------------------------------------------------------- disk errors
+
+
+def test_torch_write_failure_is_named_not_an_enforce_fail(tmp_path):
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))
+    try:
+        with pytest.raises(RuntimeError, match="enforce fail|file write failed") as raised:
+            torch.save(torch.zeros(100_000), tmp_path / "big.pt")  # the kernel refuses the write
+        text = write_failure(raised.value, tmp_path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert text.startswith("file too large (the process file-size limit, ulimit -f) (EFBIG) (torch: ")
+    assert write_failure(OSError(28, "No space left on device", "x.pt"), tmp_path) == \
+        "no space left on device (ENOSPC): x.pt"
+
+
+
+def test_slurm_example_sets_what_the_reliability_doc_says():
+    doc = (REPO / "docs" / "RELIABILITY.md").read_text()
+    block = doc[doc.index("```bash\n#SBATCH --signal"):]
+    block = block[len("```bash\n"):block.index("```", 8)]
+    sbatch = (REPO / "examples" / "slurm_pretrain.sbatch").read_text()
+    missing = [line for line in block.splitlines() if line.strip() and line not in sbatch.splitlines()]
+    assert not missing, f"examples/slurm_pretrain.sbatch lacks: {missing}"

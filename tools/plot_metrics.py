@@ -1,0 +1,47 @@
+#!/usr/bin/env python
+"""Draw training curves from metrics.jsonl: loss (with validation loss per r), learning rate and
+MFU, one colour per run, several runs on one figure.
+
+    python tools/plot_metrics.py runs/tiny_2x3 --output runs/tiny_2x3/curves.png
+    python tools/plot_metrics.py runs/a runs/b/metrics.jsonl --labels "2x3,1+2x3+1" --x tokens --output cmp.png
+
+Each RUN is a training output folder (train.output_dir) or its metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", metavar="RUN", help="run folder (train.output_dir) or metrics.jsonl")
+    ap.add_argument("--output", default="metrics.png", help="PNG to write (default: metrics.png)")
+    ap.add_argument("--labels", default=None, help="comma-separated legend labels, one per RUN (default: folder names)")
+    ap.add_argument("--x", default="step", help="x axis: step (default) or tokens")
+    args = ap.parse_args(argv)
+
+    from megatron_loop.errors import LoopConfigError, LoopDataError
+    from megatron_loop.training.curves import plot_runs, read_run, save_figure
+
+    try:
+        labels = args.labels.split(",") if args.labels else [None] * len(args.runs)
+        if len(labels) != len(args.runs):
+            raise LoopConfigError(f"--labels {args.labels!r}: {len(labels)} labels for {len(args.runs)} runs; "
+                                  "expected one per RUN")
+        runs = [read_run(path, label) for path, label in zip(args.runs, labels)]
+        out = save_figure(plot_runs(runs, args.x), args.output)
+    except (LoopConfigError, LoopDataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} ({', '.join(r.label for r in runs)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
