@@ -33,9 +33,9 @@ python tools/probe_geometry.py --checkpoint "$RUN/model/train/checkpoints" --val
 python - "$RUN" <<'PY'
 import json, sys
 from pathlib import Path
-from megatron_loop.eval.report import format_table
+from megatron_loop.eval.report import format_table, read_results
 run = Path(sys.argv[1])
-results = json.loads((run / "model" / "eval" / "results.json").read_text())
+results = read_results(run / "model" / "eval" / "results.json")
 metrics = [json.loads(line) for line in (run / "model" / "train" / "metrics.jsonl").open()]
 # Validation loss during training (held-out split, nats/token) at each eval step, per loop count r.
 curve = {m["step"]: {k[len("val_loss_r"):]: v for k, v in m.items() if k.startswith("val_loss_r")}
@@ -62,8 +62,9 @@ print("  step " + "".join(f"{'r=' + r:>9}" for r in rs))
 for step, row in sorted(curve.items()):
     print(f"  {step:>4} " + "".join(f"{row[r]:>9.3f}" if r in row else " " * 9 for r in rs))
 print(f"\nKnowledge (facts), Reasoning (clutrr, proofwriter, bbh = tracking) and Overall vs L(r): accuracy (%) "
-      f"± standard error on {results['limit']} items per task; chance = mean 1/#choices of those items")
-print(format_table(results))
+      f"± standard error on {results['limit']} items per task (tasks: the sweep's table above); chance = mean "
+      "1/#choices of those items")
+print(format_table({**results, "tasks": {}, "heldout": {}}))  # the group rows
 print("  results JSON:", run / "demo_results.json")
 for p in summary["plots"]:
     print("  plot:", p)
