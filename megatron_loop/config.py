@@ -75,6 +75,7 @@ NOISY_INITIAL_INJECTIONS = ("scalar", "channel", "residual_channel")  # App. E.1
 LOOP_GATING_REFERENCES = ("state", "injected")
 OPTIMIZERS = ("muon_adamw", "adamw")
 DATA_ORDERS = ("shuffled", "stream")
+LOOP_SAMPLINGS = ("fixed", "poisson_lognormal", "uniform")  # train.loop_sampling (issue 15)
 
 
 # --------------------------------------------------------------------------------------
@@ -248,6 +249,14 @@ class TrainConfig:
     # Longest wait of any collective before the run stops with an error: a rank that stopped or
     # hung would otherwise block the others for DeepSpeed's default 30 minutes.
     collective_timeout_s: float = 600.0
+    # Variable depth in training (issue 15, megatron_loop/training/loop_sampling.py): the loop
+    # count of each optimizer step, fixed = model.train_loops (the paper) or drawn from the seed
+    # and the step; backprop_loops truncates backpropagation to the last N loops (null: all).
+    loop_sampling: str = "fixed"
+    loop_sampling_sigma: float = 0.5
+    loop_sampling_min: int = 1
+    loop_sampling_max: int | None = None
+    backprop_loops: int | None = None
 
     def validate(self, prefix: str = "train") -> None:
         def need(cond: bool, key: str, expected: str) -> None:
@@ -286,6 +295,13 @@ class TrainConfig:
              "null or a positive number of seconds")
         need(self.exit_interval is None or self.exit_interval >= 1, "exit_interval", "null or a positive integer")
         need(self.collective_timeout_s > 0, "collective_timeout_s", "a positive number of seconds")
+        need(self.loop_sampling in LOOP_SAMPLINGS, "loop_sampling", f"one of {LOOP_SAMPLINGS}")
+        need(self.loop_sampling_sigma > 0, "loop_sampling_sigma", "a positive float (log-normal sigma)")
+        need(self.loop_sampling_min >= 1, "loop_sampling_min", "an integer >= 1")
+        need(self.loop_sampling_max is None or self.loop_sampling_max >= self.loop_sampling_min, "loop_sampling_max",
+             f"null or an integer >= loop_sampling_min={self.loop_sampling_min}")
+        need(self.backprop_loops is None or self.backprop_loops >= 1, "backprop_loops",
+             "null (backpropagate through every loop) or an integer >= 1")
 
 
 @dataclass
@@ -360,6 +376,9 @@ class Config:
             raise LoopConfigError(
                 f"train.seq_length={self.train.seq_length}: expected at most the model's maximum context "
                 f"model.max_position_embeddings={self.model.max_position_embeddings}")
+        from megatron_loop.training.loop_sampling import check_loop_sampling
+
+        check_loop_sampling(self)
         if self.train.eval_loops is None:
             k = self.model.train_loops
             loops = {max(1, k // 2), k, 2 * k}

@@ -13,7 +13,18 @@ mechanisms are O(d) per token and left out.
 
 Hardware FLOPs (:func:`hardware_flops_per_token`) add what activation checkpointing recomputes:
 one more forward of the looped block occurrences but the last loop's (``per_loop``: (r-1)*s,
-see ``LoopLM.forward``) or of every block (``per_block``: L(r)); the LM head is never recomputed.
+see ``LoopLM.forward``) or of every block (``per_block``: L(r)); ``selective`` recomputes no
+matmul, ``auto`` per its plan; the LM head is never recomputed.
+
+Truncated backpropagation (``train.backprop_loops`` N < r, issue 15) counts what is executed:
+the forward of all L(r) block occurrences, the backward (2 x forward) of only those with a graph,
+the Prelude, the last N loops and the Coda (L_bwd = p + N*s + c), and the LM head:
+
+    train = forward(L(r)) + 2 * [L_bwd * block + 2 * d * V]
+
+which is 3 x forward when N >= r. Checkpointing then recomputes only graphed blocks (``per_loop``:
+(N-1)*s, ``per_block``: L_bwd). With sampled loop counts (``train.loop_sampling``) the training
+loop passes each step's r, so MFU is per step.
 """
 
 from __future__ import annotations
@@ -40,26 +51,40 @@ def forward_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | 
             + 2 * cfg.hidden_size * cfg.vocab_size)
 
 
-def train_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None) -> float:
-    """Forward + backward model FLOPs per token at the training loop count (3 x forward)."""
-    return 3 * forward_flops_per_token(cfg, seq_length, num_loops)
+def graphed_loops(cfg: ModelConfig, num_loops: int | None = None, backprop_loops: int | None = None) -> int:
+    """Loops that build a graph (and run a backward): min(N, r), or r without truncation."""
+    r = cfg.train_loops if num_loops is None else num_loops
+    return r if backprop_loops is None else min(backprop_loops, r)
+
+
+def train_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None,
+                          backprop_loops: int | None = None) -> float:
+    """Forward + backward model FLOPs per token at loop count r (3 x forward without truncation;
+    with ``backprop_loops`` N < r the backward covers only the graphed blocks, see the module doc)."""
+    r = cfg.train_loops if num_loops is None else num_loops
+    n = graphed_loops(cfg, r, backprop_loops)
+    if n == r:
+        return 3 * forward_flops_per_token(cfg, seq_length, num_loops)
+    backward_depth = cfg.prelude_layers + n * cfg.core_layers + cfg.coda_layers
+    return forward_flops_per_token(cfg, seq_length, r) + 2 * (
+        backward_depth * block_forward_flops_per_token(cfg, seq_length) + 2 * cfg.hidden_size * cfg.vocab_size)
 
 
 def hardware_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None,
-                             full_loops: int | None = None) -> float:
-    """Model FLOPs plus the forward recomputation of ``cfg.activation_checkpointing``.
+                             full_loops: int | None = None, backprop_loops: int | None = None) -> float:
+    """Model FLOPs plus the forward recomputation of ``cfg.activation_checkpointing`` (graphed blocks only).
 
     ``selective`` recomputes no matmul (their outputs are kept); ``auto`` is counted as its upper
     bound ``per_loop`` unless ``full_loops`` (the planned number of recomputed loops) is given.
     """
-    r = cfg.train_loops if num_loops is None else num_loops
-    recomputed = {"none": 0, "selective": 0, "per_loop": (r - 1) * cfg.core_layers,
-                  "auto": (r - 1 if full_loops is None else full_loops) * cfg.core_layers,
-                  "per_block": cfg.effective_depth(num_loops)}[cfg.activation_checkpointing]
-    return train_flops_per_token(cfg, seq_length, num_loops) + recomputed * block_forward_flops_per_token(
-        cfg, seq_length)
+    n = graphed_loops(cfg, num_loops, backprop_loops)
+    recomputed = {"none": 0, "selective": 0, "per_loop": (n - 1) * cfg.core_layers,
+                  "auto": (n - 1 if full_loops is None else full_loops) * cfg.core_layers,
+                  "per_block": cfg.prelude_layers + n * cfg.core_layers + cfg.coda_layers}[cfg.activation_checkpointing]
+    return train_flops_per_token(cfg, seq_length, num_loops, backprop_loops) + recomputed * (
+        block_forward_flops_per_token(cfg, seq_length))
 
 
 def mfu(tokens_per_second: float, cfg: ModelConfig, seq_length: int, peak_flops: float,
-        num_loops: int | None = None) -> float:
-    return tokens_per_second * train_flops_per_token(cfg, seq_length, num_loops) / peak_flops
+        num_loops: int | None = None, backprop_loops: int | None = None) -> float:
+    return tokens_per_second * train_flops_per_token(cfg, seq_length, num_loops, backprop_loops) / peak_flops

@@ -111,3 +111,28 @@ def eval_loops(model_name: str) -> tuple[int, ...]:
     """r = 1, K and 2K (NonLoop exports: r = 1 only)."""
     k = MODELS[model_name][1]["train_loops"]
     return (1,) if k == 1 else (1, k, 2 * k)
+
+
+def left_padded_batch(pad: int):
+    """Three prompts of 7, 4 and 6 tokens, left-padded to 7: (ids, attention mask)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.full((3, 7), pad, dtype=torch.long)
+    mask = torch.zeros((3, 7), dtype=torch.long)
+    for b, n in enumerate([7, 4, 6]):
+        ids[b, 7 - n:] = torch.randint(1, 600, (n,), generator=gen)
+        mask[b, 7 - n:] = 1
+    return ids, mask
+
+
+def greedy_without_cache(model, ids, mask, new_tokens: int):
+    """Greedy decoding that reruns the whole sequence at every step (no KV cache)."""
+    import torch
+
+    for _ in range(new_tokens):
+        with torch.no_grad():
+            logits = model(ids, attention_mask=mask, use_cache=False).logits[:, -1]
+        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    return ids

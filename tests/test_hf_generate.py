@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_fixtures import MODELS, hf_assets
+from hf_fixtures import MODELS, greedy_without_cache, hf_assets, left_padded_batch
 
 NEW_TOKENS = 6
 PAD = 0
@@ -20,26 +20,6 @@ def loaded(request):
     name = request.param
     model = AutoModelForCausalLM.from_pretrained(hf_assets().exports[name], trust_remote_code=True).eval()
     return name, model
-
-
-def _left_padded_batch():
-    gen = torch.Generator().manual_seed(5)
-    lengths = [7, 4, 6]
-    ids = torch.full((3, 7), PAD, dtype=torch.long)
-    mask = torch.zeros((3, 7), dtype=torch.long)
-    for b, n in enumerate(lengths):
-        ids[b, 7 - n:] = torch.randint(1, 600, (n,), generator=gen)
-        mask[b, 7 - n:] = 1
-    return ids, mask
-
-
-def _greedy_without_cache(model, ids, mask):
-    for _ in range(NEW_TOKENS):
-        with torch.no_grad():
-            logits = model(ids, attention_mask=mask, use_cache=False).logits[:, -1]
-        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-    return ids
 
 
 def _loops(name):
@@ -60,13 +40,13 @@ def test_cache_has_one_slot_per_executed_block(loaded):
 
 def test_generate_with_cache_equals_cache_free_decoding(loaded):
     name, model = loaded
-    ids, mask = _left_padded_batch()
+    ids, mask = left_padded_batch(PAD)
     for r in _loops(name):
         model.config.num_loops = r
         generated = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
                                    pad_token_id=PAD, eos_token_id=None)
         assert generated.shape == (3, 7 + NEW_TOKENS)
-        torch.testing.assert_close(generated, _greedy_without_cache(model, ids, mask), rtol=0, atol=0)
+        torch.testing.assert_close(generated, greedy_without_cache(model, ids, mask, NEW_TOKENS), rtol=0, atol=0)
         for b in range(3):  # left padding changes nothing: each prompt alone, no padding
             alone = model.generate(ids[b][mask[b].bool()][None], max_new_tokens=NEW_TOKENS, do_sample=False,
                                    pad_token_id=PAD, eos_token_id=None)

@@ -25,6 +25,8 @@ Modes (each case of a mode runs in this one process, side by side):
                    (--config), its micro-batch and checkpointing; reports what metrics.jsonl reports
   profile          torch.profiler table of one step of --config's model: top ops, share of the step
   loss             LM head + cross-entropy alone: chunked torch reference vs Liger's fused kernel (CUDA)
+  backprop         truncated backpropagation: backprop_loops 1, K/2, K vs full at K loops (issue 15)
+  exit-decode      greedy decode tokens/s of an HF export: fixed r vs per-token adaptive exit (issue 15)
 CPU mode shrinks the models (same block structure, small widths, short sequences); CUDA mode
 uses the paper's backbones at seq 2048 in bf16.
 """
@@ -53,7 +55,7 @@ from megatron_loop.perf import (count_host_syncs, matmul_peak_flops, peak_memory
                                 time_interleaved)
 
 MODES = ("loop-vs-nonloop", "checkpointing", "optimizer", "data", "eval", "compile", "peers", "train", "profile",
-         "loss")
+         "loss", "backprop", "exit-decode")
 PAPER_GLOBAL_BATCH = 1824  # sequences of 2048 tokens (App. A.2): 38 micro x 6 accumulation x 8 ranks
 PAPER_DATA_PARALLEL = 8
 
@@ -636,6 +638,84 @@ def bench_profile(setup: Setup, config: str, top: int) -> list[Row]:
         rows.append(Row("profile", e.key, {}, {"self_ms": getattr(e, attr) / 1e3, "share": getattr(e, attr) / total,
                                               "calls": e.count}))
     rows.append(Row("profile", "total (one step)", {"config": config}, {"self_ms": total / 1e3, "share": 1.0}))
+def bench_backprop(setup: Setup, family: str, loops: int) -> list[Row]:
+    """Forward + backward at K loops with ``backprop_loops`` N = 1, K/2, K and full (None), one model
+    (channel initial injection, checkpointing off), side by side; FLOPs count the executed backward."""
+    core = FAMILIES[family][2][0]
+    cfg = model_config(setup, family, core, loops, initial_injection="channel")
+    model, tokens = build(cfg, setup), batch(cfg, setup)
+
+    def step(n: int | None) -> Callable[[], None]:
+        def run() -> None:
+            model(tokens, labels=tokens, compute_logits=False, backprop_loops=n).loss.backward()
+            model.zero_grad(set_to_none=True)
+        return run
+
+    windows = {"full": None, f"N={loops} (K)": loops, f"N={loops // 2} (K/2)": loops // 2, "N=1": 1}
+    measured = measure({name: Case(step(n), tokens.numel(), train_flops_per_token(cfg, setup.seq, None, n))
+                        for name, n in windows.items()}, setup)
+    rows = []
+    for name, m in measured.items():
+        m.update(time_vs_full=m["step_s"] / measured["full"]["step_s"],
+                 peak_vs_full=m["peak_step_mib"] / measured["full"]["peak_step_mib"],
+                 paired_speedup_vs_full=speed_ratios(m, measured["full"])["ratio_paired"])  # t_full / t
+        rows.append(Row("backprop", f"{family} {core}x{loops} {name}", {"K": loops, "backprop_loops": windows[name]}, m))
+    release(setup)
+    return rows
+
+
+def bench_exit_decode(setup: Setup, model_dir: str, valid_prefix: str, fixed: list[int], exits: list[str],
+                      prompts: int = 8, prompt_tokens: int = 32, new_tokens: int = 32) -> list[Row]:
+    """Greedy ``generate`` (KV cache, batch 1) of an HF export on held-out prompts: tokens/s at each
+    fixed r and under each ``criterion:threshold`` adaptive exit (cap: the largest fixed r), timed
+    interleaved; mean loops per decoded token, and the share of decoded tokens equal to fixed r = cap."""
+    from transformers import AutoModelForCausalLM
+
+    from megatron_loop.data.packed import PackedDataset
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=True).to(setup.device).eval()
+    data = PackedDataset(valid_prefix, seq_length=prompt_tokens, seed=1234)
+    inputs = [data[i]["tokens"][None].to(setup.device) for i in range(min(prompts, len(data)))]
+    cap = max(fixed)
+    settings = {f"fixed r={r}": dict(num_loops=r) for r in fixed}
+    for spec in exits:
+        criterion, threshold = spec.split(":")
+        settings[f"{criterion} exit {threshold}, r<={cap}"] = dict(num_loops=cap, exit_criterion=criterion,
+                                                                  exit_threshold=float(threshold))
+    outputs, loops = {}, {}
+
+    def decode(name: str, fields: dict) -> Callable[[], None]:
+        def run() -> None:  # on the config: generate sizes the KV cache from config.num_loops
+            for key, value in {**defaults, **fields}.items():
+                setattr(model.config, key, value)
+            with torch.no_grad():
+                outputs[name] = [model.generate(x, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                                do_sample=False, pad_token_id=0, eos_token_id=None)
+                                 for x in inputs]
+        return run
+
+    defaults = dict(num_loops=None, exit_criterion="none", exit_threshold=0.0)
+
+    def count(module, args, kwargs, output) -> None:  # decode steps only (one new token per forward)
+        if output.exit_loops is not None and output.exit_loops.shape[1] == 1:
+            loops.setdefault(counting[0], []).append(float(output.exit_loops.float().mean()))
+
+    counting = [""]
+    measured = measure({name: Case(decode(name, kw), len(inputs) * new_tokens, memory=False)
+                        for name, kw in settings.items()}, setup)
+    handle = model.register_forward_hook(count, with_kwargs=True)
+    for name, kw in settings.items():
+        counting[0] = name
+        decode(name, kw)()
+    handle.remove()
+    reference = torch.cat([o[0, prompt_tokens:] for o in outputs[f"fixed r={cap}"]])
+    rows = []
+    for name, m in measured.items():
+        got = torch.cat([o[0, prompt_tokens:] for o in outputs[name]])
+        m.update(loops_per_token=statistics.mean(loops[name]) if name in loops else settings[name]["num_loops"],
+                 same_tokens_as_cap=float((got == reference).float().mean()),
+                 speedup_vs_cap=speed_ratios(m, measured[f"fixed r={cap}"])["ratio_paired"])  # t_cap / t
+        rows.append(Row("exit-decode", name, {"prompts": len(inputs), "new_tokens": new_tokens}, m))
     return rows
 
 
@@ -728,6 +808,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="activation_checkpointing modes of the checkpointing mode (comma list)")
     ap.add_argument("--top", type=int, default=12, help="rows of the profile table")
     ap.add_argument("--json", default=None, help="write every figure and its provenance here")
+    ap.add_argument("--hf-model", default=None, help="exit-decode: an HF export (tools/convert_to_hf.py)")
+    ap.add_argument("--valid-prefix", default=None, help="exit-decode: indexed prefix the prompts come from")
+    ap.add_argument("--exits", default="kl:1e-2", help="exit-decode: comma list of criterion:threshold")
     return ap
 
 
@@ -757,8 +840,9 @@ def make_setup(args: argparse.Namespace) -> Setup:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    # "all": every side-by-side mode in this process (train starts its own engine: run it alone)
-    modes = tuple(m for m in MODES if m != "train") if args.mode == "all" else tuple(
+    # "all": every side-by-side mode in this process (train starts its own engine: run it alone;
+    # exit-decode needs a trained export, --hf-model)
+    modes = tuple(m for m in MODES if m not in ("train", "exit-decode")) if args.mode == "all" else tuple(
         m.strip() for m in args.mode.split(","))
     unknown = [m for m in modes if m not in MODES]
     if unknown:
@@ -792,6 +876,13 @@ def main(argv: list[str] | None = None) -> int:
         elif mode == "eval":
             rows += bench_eval(setup, families[0], [int(r) for r in args.eval_loops.split(",")],
                                eval_batch=setup.micro_batch)
+        elif mode == "backprop":
+            rows += bench_backprop(setup, families[0], loops[-1])
+        elif mode == "exit-decode":
+            if not (args.hf_model and args.valid_prefix):
+                raise SystemExit("--mode exit-decode: expected --hf-model DIR and --valid-prefix P")
+            rows += bench_exit_decode(setup, args.hf_model, args.valid_prefix,
+                                      [int(r) for r in args.eval_loops.split(",")], args.exits.split(","))
         print(f"[bench] {mode}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     info = provenance(setup, argv)
     print(f"device {info['device']} | {info['dtype']} | seq {setup.seq} | micro-batch {setup.micro_batch} | "

@@ -89,6 +89,11 @@ DESCRIPTIONS: dict[str, str] = {
     "train.wall_time_limit_s": "Save and exit cleanly after this many seconds (`null`: no limit).",
     "train.exit_interval": "Save and exit once the step is a multiple of N (Megatron-LM's --exit-interval; the schedule stays that of the full run).",
     "train.collective_timeout_s": "Longest wait of any collective (seconds); a rank that stopped or hung makes the others stop with one error instead of blocking for DeepSpeed's 30 minutes.",
+    "train.loop_sampling": "Loop count of each update: `fixed` (K, the paper), `poisson_lognormal` (Huginn: 1 + Poisson(LogNormal), mean K) or `uniform` (U{min..max}); drawn from the seed and the step, the same on every rank and micro-batch, logged as `train_loops` (`megatron_loop/training/loop_sampling.py`).",
+    "train.loop_sampling_sigma": "Log-normal sigma of `poisson_lognormal` (Huginn: 0.5).",
+    "train.loop_sampling_min": "Smallest loop count drawn (`uniform`: lower bound; `poisson_lognormal`: draws below are raised to it).",
+    "train.loop_sampling_max": "Largest loop count drawn; `null`: 2K - min for `uniform` (mean K), no cap for `poisson_lognormal`.",
+    "train.backprop_loops": "Truncated backpropagation: only the last N loops of a step build a graph (the state still flows through the others); `null`: all loops (the paper). Needs an `initial_injection` when it truncates.",
     # ---- data (App. A.1)
     "data.train_prefixes": "Indexed dataset prefixes (P for P.bin/P.idx) to train on.",
     "data.train_weights": "Blending weights, one per train prefix (`null`: equal).",

@@ -15,6 +15,14 @@ e.g. a local file-backed one) or extra lm-eval task names (``NAME[:acc|acc_norm]
 task x r table (score ± standard error) and writes results.json, results.csv, per_depth.csv
 and PNG plots into --output (default: <model>_eval next to the model folder); --compare adds
 other runs' results.json to the shared figures.
+
+Per-token adaptive exit (issue 15): ``--exit-criterion kl|cosine --exit-thresholds 1e-4,1e-3``
+evaluates the same suite once per threshold with r capped at --exit-max-loops (default: the
+largest --loops) and adds, per threshold, the mean loops per token, the effective depth it
+implies and the scores (results.json "adaptive", adaptive.csv, frontier.png: score against mean
+effective depth with the fixed-r curve on the same axes).
+
+    python tools/eval_loops.py --model HF --loops 1,2,3,4,6 --exit-criterion kl --exit-thresholds 1e-3,1e-2
 """
 
 from __future__ import annotations
@@ -78,6 +86,11 @@ def _run(argv: Sequence[str] | None) -> int:
     ap.add_argument("--label", default=None, help="legend label of this model")
     ap.add_argument("--compare", action="append", default=[], help="another run's results.json for the figures")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--exit-criterion", default="none", choices=("none", "kl", "cosine"),
+                    help="per-token adaptive exit criterion (default none: fixed r only)")
+    ap.add_argument("--exit-thresholds", default=None, help="comma-separated exit thresholds, e.g. 1e-4,1e-3")
+    ap.add_argument("--exit-max-loops", type=int, default=None, help="loop cap r under adaptive exit "
+                                                                     "(default: the largest --loops)")
     args = ap.parse_args(argv)
     if args.no_progress:  # lm-eval's and datasets' bars too (tqdm reads this when it is first imported)
         os.environ.setdefault("TQDM_DISABLE", "1")
@@ -94,13 +107,33 @@ def _run(argv: Sequence[str] | None) -> int:
                              batch_size=args.batch_size, progress=not args.no_progress, device=args.device,
                              dtype=args.dtype)
     others = [read_results(p) for p in args.compare]
+    thresholds = None
+    if args.exit_criterion != "none" or args.exit_thresholds is not None:
+        from megatron_loop.eval.adaptive import parse_thresholds
+
+        if args.exit_criterion == "none":
+            raise LoopConfigError("--exit-thresholds: expected --exit-criterion kl or cosine with it")
+        thresholds = parse_thresholds(args.exit_thresholds or "")
+        if args.exit_max_loops is not None and args.exit_max_loops < 1:
+            raise LoopConfigError(f"--exit-max-loops {args.exit_max_loops}: expected an integer >= 1")
     results = run_sweep(args.model, settings, label=args.label)
+    if thresholds is not None:
+        from megatron_loop.eval.adaptive import run_adaptive_sweep
+
+        results["adaptive"] = run_adaptive_sweep(args.model, settings, args.exit_criterion, thresholds,
+                                                 args.exit_max_loops or max(settings.loops))
     output = Path(args.output) if args.output else default_output(args.model)
     paths = write_results(results, output)
     plots = write_all_plots(results, output, others)
+    if thresholds is not None:
+        from megatron_loop.eval.adaptive import format_adaptive_table, write_adaptive_outputs
+
+        plots += write_adaptive_outputs(results, output, others)
     print(f"\n{results['layout']} (K={results['train_loops']}, L(r) = effective depth), "
           f"scores in % ± standard error, limit {results['limit']}")
     print(format_table(results))
+    if thresholds is not None:
+        print(format_adaptive_table(results))
     print(f"wrote {', '.join(p.name for p in [*paths.values(), *plots])} to {output}")
     return 0
 

@@ -35,12 +35,25 @@ KV cache: a block executed several times has different keys and values at each e
 the cache (transformers' ``DynamicCache``) holds one layer slot per *executed block
 occurrence*: slots ``0..p-1`` the Prelude, ``p + t·s + k`` Core layer k in loop t, then the
 Coda. ``config.num_hidden_layers`` is this count, L(r); decoding is exact at any r.
+
+Per-token adaptive exit (``exit_criterion`` ``kl`` | ``cosine`` with ``exit_threshold``; default
+``none``): ``num_loops`` becomes a cap, and after each loop t a token whose output changed by less
+than the threshold exits (its state is frozen; ``TokenExit``). ``kl`` is KL(p_{t-1} || p_t) of the
+next-token distributions read out of successive states with the final norm and the LM head
+(p_0 from h^0; the Coda is skipped so the decision stays per token), ``cosine`` is
+1 - cos(h^{t-1}, h^t). Threshold 0 never exits (fixed r); a huge threshold exits after one loop.
+KV policy for the loops a token skipped, "latest" (Huginn's): later tokens read, at Core layer k of
+loop t, the exited token's keys/values of layer k from the last loop it computed. The cache slots
+of skipped loops are written with exactly those keys/values, so the cache stays one rectangular
+slot per block occurrence and cached decoding equals cache-free decoding. Compute is saved when
+every token of a forward has exited (the remaining loops are skipped); the cache is not smaller.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +66,7 @@ INITIAL_INJECTIONS = ("none", "scalar", "channel", "residual_channel", "dense")
 HISTORY_INJECTIONS = ("none", "scalar", "channel", "dense")
 TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln")
 TIMESTEP_GRIDS = ("rescaled", "prefix")
+EXIT_CRITERIA = ("none", "kl", "cosine")
 LOOP_GATING_REFERENCES = ("state", "injected")
 NUM_TIMESTEP_FEATURES = 8
 
@@ -88,7 +102,9 @@ class LoopLMConfig(PretrainedConfig):
     ``num_loops`` is the inference loop count r (``None``: the training count K); it can be
     set as a ``from_pretrained`` kwarg or changed on a loaded model (``model.config.num_loops``).
     ``timestep_grid`` picks the timestep grid at inference: ``rescaled`` (T = r, any r) or
-    ``prefix`` (T = K, the first r steps, r <= K).
+    ``prefix`` (T = K, the first r steps, r <= K). ``exit_criterion`` (``none`` | ``kl`` | ``cosine``)
+    and ``exit_threshold`` turn on per-token adaptive exit with r as the cap (absent from exports
+    written before they existed: the defaults, no exit).
     """
 
     model_type = "looplm"
@@ -116,6 +132,8 @@ class LoopLMConfig(PretrainedConfig):
         history_window: int = 1,
         timestep: str = "none",
         timestep_grid: str = "rescaled",
+        exit_criterion: str = "none",
+        exit_threshold: float = 0.0,
         loop_gating_reference: str = "state",
         initializer_range: float = 0.02,
         hidden_act: str = "silu",
@@ -143,6 +161,8 @@ class LoopLMConfig(PretrainedConfig):
         self.history_window = history_window
         self.timestep = timestep
         self.timestep_grid = timestep_grid
+        self.exit_criterion = exit_criterion
+        self.exit_threshold = exit_threshold
         # What Loop Gating mixes with the core output: the state h_l ("state"; exports written
         # before this field existed) or the injected core input u_l ("injected").
         self.loop_gating_reference = loop_gating_reference
@@ -161,6 +181,10 @@ class LoopLMConfig(PretrainedConfig):
             value = _checked_num_loops(value)
         elif key == "timestep_grid" and value not in TIMESTEP_GRIDS:
             raise ValueError(f"LoopLMConfig.timestep_grid={value!r}: expected one of {TIMESTEP_GRIDS}")
+        elif key == "exit_criterion" and value not in EXIT_CRITERIA:
+            raise ValueError(f"LoopLMConfig.exit_criterion={value!r}: expected one of {EXIT_CRITERIA}")
+        elif key == "exit_threshold":
+            _check_exit_threshold(value)
         if key in ("num_loops", "timestep_grid", "timestep"):
             fields = {**self.__dict__, key: value}
             _check_prefix_grid(fields.get("num_loops"), fields.get("train_loops"), fields.get("timestep"),
@@ -170,10 +194,11 @@ class LoopLMConfig(PretrainedConfig):
     def _check(self) -> None:
         choices = {"initial_injection": INITIAL_INJECTIONS, "history_injection": HISTORY_INJECTIONS,
                    "timestep": TIMESTEPS, "timestep_grid": TIMESTEP_GRIDS,
-                   "loop_gating_reference": LOOP_GATING_REFERENCES}
+                   "loop_gating_reference": LOOP_GATING_REFERENCES, "exit_criterion": EXIT_CRITERIA}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"LoopLMConfig.{key}={getattr(self, key)!r}: expected one of {allowed}")
+        _check_exit_threshold(self.exit_threshold)
         if self.hidden_act != "silu":
             raise ValueError(f"LoopLMConfig.hidden_act={self.hidden_act!r}: only 'silu' (SwiGLU) is supported")
 
@@ -191,6 +216,11 @@ class LoopLMConfig(PretrainedConfig):
     def num_hidden_layers(self) -> int:
         """Executed block occurrences L(r) = KV-cache slots (what ``DynamicCache(config=...)`` sizes)."""
         return self.effective_depth()
+
+
+def _check_exit_threshold(threshold) -> None:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
+        raise ValueError(f"exit_threshold={threshold!r}: expected a number >= 0 (0: never exit)")
 
 
 # ======================================================================================
@@ -289,7 +319,9 @@ class LoopLMAttention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
-                cache: Cache | None, slot: int) -> torch.Tensor:
+                cache: Cache | None, slot: int, kv_merge=None) -> torch.Tensor:
+        """``kv_merge``: the adaptive-exit KV policy (``TokenExit.merge`` of this Core layer), applied
+        to the new keys/values before they are cached and attended to."""
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
@@ -298,6 +330,8 @@ class LoopLMAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, s, d]
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if kv_merge is not None:
+            k, v = kv_merge(k, v)
         if cache is not None:
             k, v = cache.update(k, v, slot)
         gqa = self.num_kv_heads != self.num_heads
@@ -441,6 +475,72 @@ class AdaLN(nn.Module):
 
 
 # ======================================================================================
+# Per-token adaptive exit and the "latest" KV policy
+# ======================================================================================
+
+
+def exit_distance(criterion: str, previous: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    """Per-token distance of successive loop outputs (fp32, clamped at 0): ``kl`` takes
+    log-probabilities, KL(previous || current); ``cosine`` takes states, 1 - cos."""
+    if criterion == "kl":
+        d = (previous.exp() * (previous - current)).sum(-1)
+    else:
+        d = 1 - F.cosine_similarity(previous.float(), current.float(), dim=-1)
+    return d.clamp(min=0)
+
+
+class TokenExit:
+    """State of one adaptive forward: ``active`` [b, s] (tokens still looping), ``loops`` [b, s]
+    (loops each token ran) and the latest keys/values of every Core layer.
+
+    ``readout`` maps states to logits (final norm + LM head) for the ``kl`` criterion.
+    """
+
+    def __init__(self, criterion: str, threshold: float, h0: torch.Tensor, readout):
+        self.criterion, self.threshold, self.readout = criterion, threshold, readout
+        self.active = torch.ones(h0.shape[:-1], dtype=torch.bool, device=h0.device)
+        self.loops = torch.zeros(h0.shape[:-1], dtype=torch.long, device=h0.device)
+        self.previous = self._output(h0)
+        self.latest: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _output(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.readout(h).float(), dim=-1) if self.criterion == "kl" else h
+
+    def step(self, h: torch.Tensor, h_next: torch.Tensor) -> torch.Tensor:
+        """After one loop: exited tokens keep ``h``; the others advance, and exit if converged."""
+        h_next = torch.where(self.active[..., None], h_next, h)
+        self.loops += self.active
+        current = self._output(h_next)
+        self.active &= ~(exit_distance(self.criterion, self.previous, current) < self.threshold)
+        self.previous = current
+        return h_next
+
+    @property
+    def done(self) -> bool:
+        return not bool(self.active.any())
+
+    def kv_mask(self) -> torch.Tensor:
+        """``active`` broadcast over keys/values [b, heads, s, d]."""
+        return self.active[:, None, :, None]
+
+    def merge(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values of Core layer ``layer`` with the exited tokens' replaced by their latest
+        (every token computes the first loop, which seeds them)."""
+        if layer in self.latest:
+            mask = self.kv_mask()
+            k = torch.where(mask, k, self.latest[layer][0])
+            v = torch.where(mask, v, self.latest[layer][1])
+        self.latest[layer] = (k, v)
+        return k, v
+
+    def fill(self, cache: Cache, first_slot_of_loop, loops: range) -> None:
+        """Write the latest keys/values into the cache slots of ``loops`` (all skipped by every token)."""
+        for t in loops:
+            for layer, (k, v) in sorted(self.latest.items()):
+                cache.update(k, v, first_slot_of_loop(t) + layer)
+
+
+# ======================================================================================
 # The block and the model
 # ======================================================================================
 
@@ -480,10 +580,24 @@ class LoopLMBlock(nn.Module):
         return u + gate.to(u.dtype) * branch(x)
 
     def forward(self, h: torch.Tensor, rope, mask, cache: Cache | None, slot: int,
-                psi: torch.Tensor | None = None) -> torch.Tensor:
-        h = self._residual(h, self.input_layernorm, lambda x: self.self_attn(x, rope, mask, cache, slot),
+                psi: torch.Tensor | None = None, kv_merge=None) -> torch.Tensor:
+        h = self._residual(h, self.input_layernorm, lambda x: self.self_attn(x, rope, mask, cache, slot, kv_merge),
                            self._branch_modulation("attn"), psi)
         return self._residual(h, self.post_attention_layernorm, self.mlp, self._branch_modulation("mlp"), psi)
+
+
+@dataclass
+class LoopLMModelOutput(BaseModelOutputWithPast):
+    """``BaseModelOutputWithPast`` plus ``exit_loops`` [b, s]: loops each token ran (adaptive exit)."""
+
+    exit_loops: torch.LongTensor | None = None
+
+
+@dataclass
+class LoopLMCausalLMOutput(CausalLMOutputWithPast):
+    """``CausalLMOutputWithPast`` plus ``exit_loops`` [b, s]: loops each token ran (adaptive exit)."""
+
+    exit_loops: torch.LongTensor | None = None
 
 
 class LoopLMPreTrainedModel(PreTrainedModel):
@@ -570,16 +684,21 @@ class LoopLMModel(LoopLMPreTrainedModel):
     def set_input_embeddings(self, value: nn.Module) -> None:
         self.embed_tokens = value
 
-    def _loop_iteration(self, h, h0, past_states, psi, step, rope, mask, cache) -> torch.Tensor:
+    def _first_core_slot(self, step: int) -> int:
+        return self.config.prelude_layers + step * self.config.core_layers
+
+    def _loop_iteration(self, h, h0, past_states, psi, step, rope, mask, cache,
+                        token_exit: TokenExit | None = None) -> torch.Tensor:
         """h_l -> h_{l+1}: injection, the shared Core (cache slots of loop ``step``), Loop Gating."""
         cfg = self.config
         u = self.initial_injection(h, h0) if cfg.initial_injection != "none" else h
         if cfg.history_injection != "none" and past_states:
             u = u + self.history_injection(h, past_states)  # differences w.r.t. the state h_l
         y = u
-        first_slot = cfg.prelude_layers + step * cfg.core_layers
+        first_slot = self._first_core_slot(step)
         for k, block in enumerate(self.core):
-            y = block(y, rope, mask, cache, first_slot + k, psi)
+            merge = None if token_exit is None else (lambda kk, vv, layer=k: token_exit.merge(layer, kk, vv))
+            y = block(y, rope, mask, cache, first_slot + k, psi, merge)
         if cfg.timestep == "loop_gating":
             y = self.loop_gating(u if cfg.loop_gating_reference == "injected" else h, y, psi)
         return y
@@ -588,11 +707,22 @@ class LoopLMModel(LoopLMPreTrainedModel):
                 position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
                 inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
                 num_loops: int | None = None, timestep_grid: str | None = None,
-                output_hidden_states: bool | None = None, **kwargs) -> BaseModelOutputWithPast:
+                output_hidden_states: bool | None = None, exit_criterion: str | None = None,
+                exit_threshold: float | None = None, exit_readout=None, **kwargs) -> LoopLMModelOutput:
+        """``exit_criterion`` / ``exit_threshold`` override the config per call; ``exit_readout``
+        maps normed states to logits for the ``kl`` criterion (``LoopLMForCausalLM`` passes its head)."""
         cfg = self.config
         r = cfg.loops if num_loops is None else int(num_loops)
         if r < 1:
             raise ValueError(f"num_loops={num_loops}: expected an integer >= 1")
+        criterion = cfg.exit_criterion if exit_criterion is None else exit_criterion
+        threshold = cfg.exit_threshold if exit_threshold is None else exit_threshold
+        if criterion not in EXIT_CRITERIA:
+            raise ValueError(f"exit_criterion={criterion!r}: expected one of {EXIT_CRITERIA}")
+        _check_exit_threshold(threshold)
+        if criterion == "kl" and exit_readout is None:
+            raise ValueError("exit_criterion='kl' reads the next-token distribution out of each loop's state: "
+                             "call LoopLMForCausalLM (it passes its LM head), or use 'cosine'")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         b, s, _ = inputs_embeds.shape
@@ -622,21 +752,30 @@ class LoopLMModel(LoopLMPreTrainedModel):
         trajectory = [h0] if output_hidden_states else None  # h^0, h^1, ..., h^r
         completed: list[torch.Tensor] = []  # h_1 .. h_l, for the history window
         w = cfg.history_window if cfg.history_injection != "none" else 0
+        token_exit = (None if criterion == "none" else
+                      TokenExit(criterion, threshold, h0, lambda x: exit_readout(self.norm(x))))
         for step in range(r):
             past_states = completed[:-1][::-1][:w] if w else []  # h_{l-1}, ..., h_{l-m_l}
             psi = psi_all[step] if psi_all is not None else None
-            h = self._loop_iteration(h, h0, past_states, psi, step, rope, mask, cache)
+            h_next = self._loop_iteration(h, h0, past_states, psi, step, rope, mask, cache, token_exit)
+            h = h_next if token_exit is None else token_exit.step(h, h_next)
             if w:
                 completed = completed[-w:] + [h]
             if trajectory is not None:
                 trajectory.append(h)
+            if token_exit is not None and token_exit.done:  # every token exited: skip the remaining loops
+                if cache is not None:
+                    token_exit.fill(cache, self._first_core_slot, range(step + 1, r))
+                break
         coda_slot = cfg.prelude_layers + r * cfg.core_layers
         for j, block in enumerate(self.coda):
             h = block(h, rope, mask, cache, coda_slot + j)
         h = self.norm(h)
-        # ``hidden_states`` is the recurrent trajectory (h^0, ..., h^r), not per-block outputs.
-        return BaseModelOutputWithPast(last_hidden_state=h, past_key_values=cache,
-                                       hidden_states=tuple(trajectory) if trajectory is not None else None)
+        # ``hidden_states`` is the recurrent trajectory (h^0, ..., h^r), not per-block outputs (with
+        # adaptive exit: up to the last loop any token ran).
+        return LoopLMModelOutput(last_hidden_state=h, past_key_values=cache,
+                                 hidden_states=tuple(trajectory) if trajectory is not None else None,
+                                 exit_loops=None if token_exit is None else token_exit.loops)
 
 
 class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
@@ -667,13 +806,17 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
                 inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
                 num_loops: int | None = None, timestep_grid: str | None = None,
-                output_hidden_states: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+                output_hidden_states: bool | None = None, exit_criterion: str | None = None,
+                exit_threshold: float | None = None, **kwargs) -> LoopLMCausalLMOutput:
         """Logits ``[b, s, V]``; with ``labels`` the mean next-token cross-entropy (labels[:, t] is
-        token t; -100 ignored). ``num_loops`` / ``timestep_grid`` override the config per call."""
+        token t; -100 ignored). ``num_loops`` / ``timestep_grid`` / ``exit_criterion`` /
+        ``exit_threshold`` override the config per call; ``exit_loops`` [b, s] holds the loops each
+        token ran under adaptive exit."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
                          num_loops=num_loops, timestep_grid=timestep_grid,
-                         output_hidden_states=output_hidden_states)
+                         output_hidden_states=output_hidden_states, exit_criterion=exit_criterion,
+                         exit_threshold=exit_threshold, exit_readout=self.lm_head)
         h = out.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(h[:, keep, :])
@@ -683,11 +826,12 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
             shift = full[:, :-1].float()
             loss = F.cross_entropy(shift.reshape(-1, shift.shape[-1]), labels[:, 1:].reshape(-1).to(shift.device),
                                    ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
-                                      hidden_states=out.hidden_states)
+        return LoopLMCausalLMOutput(loss=loss, logits=logits, past_key_values=out.past_key_values,
+                                    hidden_states=out.hidden_states, exit_loops=out.exit_loops)
 
 
 LoopLMConfig.register_for_auto_class()
 LoopLMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
-__all__ = ["LoopLMConfig", "LoopLMModel", "LoopLMForCausalLM", "LoopLMPreTrainedModel", "timestep_features"]
+__all__ = ["LoopLMConfig", "LoopLMModel", "LoopLMForCausalLM", "LoopLMPreTrainedModel", "timestep_features",
+           "TokenExit", "exit_distance"]

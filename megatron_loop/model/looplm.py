@@ -18,6 +18,12 @@ Training runs exactly K loops with full backpropagation through all of them (App
 ``selective``, ``auto`` with a memory budget, ``per_block``) lives in ``checkpointing.py``;
 gradients equal ``none`` in every mode.
 
+Variable depth (issue 15), all off by default: ``backprop_loops=N`` runs the first r - N loops
+without a graph (truncated backpropagation; their states still flow forward, and as history
+states they are constants), and ``exit_criterion`` / ``exit_threshold`` make r a cap with a
+per-token exit at inference (``adaptive_exit.py``). The training loop draws r per step
+(``training/loop_sampling.py``).
+
 Fast path (issues 8 and 13, ``megatron_loop/perf.py``): the loss is a chunked linear +
 cross-entropy that never materialises the full-vocabulary logits of the batch (Liger-Kernel's
 fused kernel on CUDA); ``model.compile`` (auto: on with CUDA) compiles each block once (the loop
@@ -26,6 +32,7 @@ stays in Python, so any r reuses the compiled block); the step never reads a val
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +65,8 @@ class LoopLMOutput(ModelOutput):
     loss: torch.Tensor | None = None
     # Recurrent trajectory [h^0, h^1, ..., h^r], each [batch, seq, hidden] (when requested).
     trajectory: list[torch.Tensor] | None = None
+    # Adaptive exit: the loops each token ran, [batch, seq] (None with exit_criterion='none').
+    exit_loops: torch.Tensor | None = None
 
 
 class LoopLM(nn.Module):
@@ -209,18 +218,33 @@ class LoopLM(nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor, num_loops: int | None = None, labels: torch.Tensor | None = None,
                 return_trajectory: bool = False, timestep_grid: str | None = None,
-                compute_logits: bool = True) -> LoopLMOutput:
+                compute_logits: bool = True, backprop_loops: int | None = None,
+                exit_criterion: str = "none", exit_threshold: float = 0.0) -> LoopLMOutput:
         """Logits ``[b, s, V]`` and, with ``labels``, the mean next-token loss.
 
         ``labels`` follows the HF convention: ``labels[:, t]`` is the token at position t and the
         loss averages the s - 1 predictions of tokens 1..s-1 (positions with -100 ignored).
         ``num_loops`` defaults to the training K; any r >= 1 runs. ``timestep_grid`` overrides
         the config's inference grid (``rescaled`` | ``prefix``).
+        ``backprop_loops`` N: only the last N loops build a graph (``None``: all of them).
+        ``exit_criterion`` (``none`` | ``kl`` | ``cosine``) with ``exit_threshold``: per-token
+        adaptive exit with r as the cap (inference only, ``adaptive_exit.py``); ``exit_loops``
+        of the output then holds each token's loop count.
         """
+        if exit_criterion != "none" and torch.is_grad_enabled():
+            with torch.no_grad():  # exit decisions are not differentiable
+                return self.forward(input_ids, num_loops, labels, return_trajectory, timestep_grid, compute_logits,
+                                    backprop_loops, exit_criterion, exit_threshold)
+        if exit_criterion != "none":
+            from megatron_loop.model.adaptive_exit import check_exit
+
+            check_exit(exit_criterion, exit_threshold)
         cfg = self.config
         r = cfg.train_loops if num_loops is None else int(num_loops)
         if r < 1:
             raise LoopConfigError(f"num_loops={num_loops}: expected an integer >= 1")
+        if backprop_loops is not None and int(backprop_loops) < 1:
+            raise LoopConfigError(f"backprop_loops={backprop_loops}: expected None (all loops) or an integer >= 1")
         if input_ids.shape[1] > cfg.max_position_embeddings:
             raise LoopConfigError(f"input length {input_ids.shape[1]} exceeds model.max_position_embeddings="
                                   f"{cfg.max_position_embeddings}")
@@ -236,15 +260,32 @@ class LoopLM(nn.Module):
         trajectory = [h0] if return_trajectory else None
         completed: list[torch.Tensor] = []  # h_1 .. h_l (h0 excluded), for the history window
         w = cfg.history_window if self.history_injection is not None else 0
-        kinds = self.loop_checkpointing(r, h)  # none / selective / full per loop (checkpointing.py)
-        for step in range(r):
-            psi = None if psi_all is None else psi_all[step]
-            past = history_window(completed, w) if w else []
-            h = run_loop(kinds[step] if kinds else NONE, self, self.loop_iteration, h, h0, rope, psi, *past)
-            if w:
-                completed = completed[-w:] + [h]  # keep only what later windows can reach
-            if trajectory is not None:
-                trajectory.append(h)
+        # Truncated backpropagation: loops 0 .. detached-1 run without a graph; h_detached is a constant.
+        detached = 0 if backprop_loops is None else max(r - int(backprop_loops), 0)
+        # none / selective / full per graphed loop (checkpointing.py); detached loops keep nothing
+        kinds = self.loop_checkpointing(r - detached, h)
+        token_exit = None
+        if exit_criterion != "none":
+            from megatron_loop.model.adaptive_exit import TokenExit
+
+            token_exit = TokenExit(exit_criterion, exit_threshold, h0, lambda x: F.linear(self.norm(x), self.head_weight()))
+        with token_exit.latest_kv(self.core) if token_exit is not None else nullcontext():
+            for step in range(r):
+                psi = None if psi_all is None else psi_all[step]
+                past = history_window(completed, w) if w else []
+                if step < detached:
+                    with torch.no_grad():
+                        h_next = self.loop_iteration(h, h0, rope, psi, *past)
+                else:
+                    h_next = run_loop(kinds[step - detached] if kinds else NONE, self, self.loop_iteration,
+                                      h, h0, rope, psi, *past)
+                h = h_next if token_exit is None else token_exit.step(h, h_next)
+                if w:
+                    completed = completed[-w:] + [h]  # keep only what later windows can reach
+                if trajectory is not None:
+                    trajectory.append(h)
+                if token_exit is not None and token_exit.done:
+                    break  # every token exited: the remaining loops would change nothing
 
         for block in self.coda:
             h = self._run_block(block, h, rope, None)
@@ -256,7 +297,8 @@ class LoopLM(nn.Module):
         logits = F.linear(h, self.head_weight()) if compute_logits else None
         if trajectory is not None:
             trajectory = [t.transpose(0, 1) for t in trajectory]
-        return LoopLMOutput(logits=logits, loss=loss, trajectory=trajectory)
+        exit_loops = None if token_exit is None else token_exit.loops.transpose(0, 1)
+        return LoopLMOutput(logits=logits, loss=loss, trajectory=trajectory, exit_loops=exit_loops)
 
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy (App. A.2) from final hidden states ``[b, s, d]``.

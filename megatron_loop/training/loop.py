@@ -1,7 +1,8 @@
 """The training loop (App. A.2 "Training"; issue 5 items 1, 5, 6; issue 9 items 1-4).
 
 One step = one global batch: ``accumulation`` micro-batches per rank, each run through exactly
-K loops with full backpropagation (the model never detaches a loop), ``engine.backward`` divides
+K loops with full backpropagation (the paper; ``train.loop_sampling`` / ``train.backprop_loops``
+draw the step's loop count and truncate backpropagation, issue 15), ``engine.backward`` divides
 the loss by the accumulation steps, and the engine reduces, clips the RAW gradients to
 ``grad_clip`` and steps Muon + AdamW and the WSD schedule at the accumulation boundary
 (:func:`megatron_loop.optim.build_engine`). After each step the loop logs, validates, saves,
@@ -38,6 +39,7 @@ from megatron_loop.training import preflight
 from megatron_loop.training import resume as R
 from megatron_loop.training import signals as S
 from megatron_loop.training.lock import RunLock
+from megatron_loop.training.loop_sampling import sample_train_loops
 from megatron_loop.training.metrics import METRICS_NAME, MetricsLogger, memory_stats
 from megatron_loop.training.signals import StopController
 
@@ -308,14 +310,22 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
 # ----------------------------------------------------------------------------- steps
 
 
-def train_step(run: Run) -> tuple[float, float, dict[str, float | None], bool]:
-    """One global batch: (mean loss over ranks and micro-batches, raw grad norm, lr per group, applied)."""
-    engine, k = run.engine, run.cfg.model.train_loops
+def train_step(run: Run, k: int | None = None) -> tuple[float, float, dict[str, float | None], bool]:
+    """One global batch: (mean loss over ranks and micro-batches, raw grad norm, lr per group, applied).
+
+    ``k``: this step's loop count (``loop_sampling.sample_train_loops``; default K), the same for
+    every micro-batch; ``train.backprop_loops`` truncates backpropagation to its last N loops.
+    """
+    engine, k = run.engine, run.cfg.model.train_loops if k is None else k
+    # Only non-default variable-depth settings reach the model: the paper's call is unchanged.
+    depth = {} if k == run.cfg.model.train_loops else {"timestep_grid": "rescaled"}  # psi on the grid of k
+    if run.cfg.train.backprop_loops is not None:
+        depth["backprop_loops"] = run.cfg.train.backprop_loops
     lrs = {f"lr_{g.get('name', i)}": g["lr"] for i, g in enumerate(run.optimizer.param_groups)}
     losses = []
     for _ in range(run.accumulation):
         tokens = next(run.train_iter)["tokens"].to(engine.device)
-        loss = engine(tokens, num_loops=k, labels=tokens, compute_logits=False).loss
+        loss = engine(tokens, num_loops=k, labels=tokens, compute_logits=False, **depth).loss
         engine.backward(loss)  # divides by the accumulation steps (App. A.2)
         engine.step()  # optimizer + schedule only at the accumulation boundary
         losses.append(loss.detach().float())
@@ -348,17 +358,23 @@ def _save(run: Run, state: C.TrainState, logger: MetricsLogger) -> str:
 
 
 def _log_step(run: Run, state: C.TrainState, logger: MetricsLogger, loss: float, grad_norm: float,
-              lrs: dict, applied: bool, step_s: float) -> None:
+              lrs: dict, applied: bool, step_s: float, loops: int | None = None) -> None:
     t = run.cfg.train
+    loops = run.cfg.model.train_loops if loops is None else loops
     tokens_per_s = t.global_batch_size * t.seq_length / step_s
+    from megatron_loop.flops import train_flops_per_token
+
+    # executed work of this step: forward of its `loops` loops, backward of the graphed ones
+    flops_per_token = (run.flops_per_token if loops == run.cfg.model.train_loops and t.backprop_loops is None
+                       else train_flops_per_token(run.cfg.model, t.seq_length, loops, t.backprop_loops))
     logger.log({
         "event": "train", "step": state.step, "consumed_samples": state.consumed_samples,
         "tokens": state.consumed_samples * t.seq_length, "loss": loss, "grad_norm": grad_norm,
         "lr_muon": lrs.get("lr_muon"), "lr_adamw": lrs.get("lr_adamw"), "tokens_per_s": tokens_per_s,
         # MFU per device; the FLOP count uses the effective depth L(K) (megatron_loop/flops.py)
-        "mfu": tokens_per_s / run.info.world_size * run.flops_per_token / run.peak_flops,
+        "mfu": tokens_per_s / run.info.world_size * flops_per_token / run.peak_flops,
         "step_time_s": step_s, **memory_stats(), "update_applied": applied,
-        "skipped_updates": state.skipped_updates})
+        "skipped_updates": state.skipped_updates, "train_loops": loops})
 
 
 def _on_nonfinite(run: Run, state: C.TrainState, before: C.TrainState, logger: MetricsLogger, loss: float,
@@ -395,7 +411,8 @@ def train(cfg: Config, resume: str | None = None) -> int:
         while state.step < run.total_steps:
             step_start = time.perf_counter()
             before = C.TrainState(**vars(state))
-            loss, grad_norm, lrs, applied = train_step(run)
+            loops = sample_train_loops(t, cfg.model.train_loops, state.step)  # from (seed, step): same on every rank
+            loss, grad_norm, lrs, applied = train_step(run, loops)
             step_s = time.perf_counter() - step_start
             state.step += 1
             state.consumed_samples += t.global_batch_size
@@ -404,7 +421,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
             state.consecutive_nonfinite = state.consecutive_nonfinite + 1 if nonfinite else 0
             last = state.step == run.total_steps
             if nonfinite or last or state.step % t.log_interval == 0:
-                _log_step(run, state, logger, loss, grad_norm, lrs, applied, step_s)
+                _log_step(run, state, logger, loss, grad_norm, lrs, applied, step_s, loops)
             if nonfinite:
                 _on_nonfinite(run, state, before, logger, loss, grad_norm, applied)
             if run.valid_batches and t.eval_interval and (last or state.step % t.eval_interval == 0):

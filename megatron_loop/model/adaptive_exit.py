@@ -1,0 +1,76 @@
+"""Per-token adaptive exit at inference (issue 15 item 3), for ``LoopLM.forward``.
+
+``num_loops`` r becomes a cap: after every loop t (t = 1..r) each token compares its output
+with the previous one and *exits* once they agree to within ``exit_threshold``; an exited
+token's state is frozen, so its final state is h^{t_exit} and the Coda and the head read that.
+
+Criteria (``exit_criterion``):
+
+``kl``
+    KL(p_{t-1} || p_t) between the next-token distributions read out of successive states,
+    p_t = softmax(W RMSNorm(h^t)) with p_0 read out of h^0 (Huginn's KL exit, Geiping et al.
+    2025, seal-rg/recurrent-pretraining ``generate_with_adaptive_compute``, which starts from the
+    uniform distribution instead). The readout skips the Coda: for BaseLoop (c = 0) p_t is exactly
+    the model's prediction with r = t; with a Coda it is a "logit lens" of the state. Skipping the
+    Coda keeps the decision per token -- the Coda's attention would make one token's exit depend
+    on the probe states of the others, which a KV cache cannot replay.
+``cosine``
+    1 - cos(h^{t-1}, h^t) of successive recurrent states (no readout; the cheapest criterion).
+
+A token exits when the distance is *strictly* below the threshold (distances are clamped at 0):
+``exit_threshold = 0`` never exits (the fixed-r model, bit for bit) and a huge threshold exits
+every token after its first loop. Every token runs at least one loop; the timestep grid stays
+that of the cap r.
+
+KV policy for the loops a token skipped ("latest", Huginn's ``latest-m4`` lookup): when a later
+token attends at core layer k in loop t to a token that exited at loop t_e < t, it reads that
+token's keys and values of core layer k from loop t_e, the last it computed. Here the policy is
+applied to the keys/values of every core attention call (:meth:`TokenExit.merge`); the HF export
+(``modeling_looplm.py``) writes the merged keys/values into its KV cache, so cached decoding equals
+cache-free decoding. The rule and the policy have one implementation, ``modeling_looplm.TokenExit``
+(the export must stay self-contained); this module applies it to megatron-core's layouts.
+
+Exit decisions are not differentiable: the adaptive forward runs under ``torch.no_grad()``.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from functools import partial
+
+import torch
+from torch import nn
+
+from megatron_loop.errors import LoopConfigError
+from megatron_loop.hf.modeling_looplm import EXIT_CRITERIA
+from megatron_loop.hf.modeling_looplm import TokenExit as _TokenExit
+
+
+def check_exit(criterion: str, threshold: float) -> None:
+    if criterion not in EXIT_CRITERIA:
+        raise LoopConfigError(f"exit_criterion={criterion!r}: expected one of {EXIT_CRITERIA}")
+    if not threshold >= 0:  # also refuses NaN
+        raise LoopConfigError(f"exit_threshold={threshold!r}: expected a number >= 0")
+
+
+class TokenExit(_TokenExit):
+    """The export's ``TokenExit`` on ``LoopLM``'s layouts: tokens ``[s, b]``, megatron-core keys
+    ``[s, b, groups, head_dim]``; the KV policy reaches the core attention through pre-hooks."""
+
+    def kv_mask(self) -> torch.Tensor:
+        return self.active[:, :, None, None]
+
+    def _pre_hook(self, layer: int, module: nn.Module, args: tuple) -> tuple:
+        query, key, value = args[:3]
+        return (query, *self.merge(layer, key, value), *args[3:])
+
+    @contextmanager
+    def latest_kv(self, core: nn.ModuleList):
+        """Apply :meth:`merge` to the keys/values every core block's attention receives (after RoPE)."""
+        handles = [block.self_attention.core_attention.register_forward_pre_hook(partial(self._pre_hook, k))
+                   for k, block in enumerate(core)]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
