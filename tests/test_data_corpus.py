@@ -1,5 +1,6 @@
-"""Generated corpus: determinism, held-out split, answers checked by independent solvers,
-lm-eval task files, and the corpus/tokenizer CLIs."""
+"""Generated corpus: determinism, held-out split, answers checked by independent solvers, the
+knowledge items answerable only from training documents, lm-eval task files, and the
+corpus/tokenizer CLIs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from data_fixtures import data_assets, run_tool
 from megatron_loop.data.corpus import (
     FEMALE_NAMES,
     GENERATORS,
+    KNOWLEDGE_ATTRIBUTES,
     TASK_NAMES,
     CorpusSpec,
     generate_corpus,
@@ -64,6 +66,7 @@ SOLVERS = {"tracking": _solve_tracking, "proofwriter": _solve_proofwriter, "clut
 
 @pytest.mark.parametrize("task", sorted(GENERATORS))
 def test_generated_answers_match_independent_solver(task):
+    """Main and follow-up answers (the further questions of training documents) alike."""
     rng = random.Random(0)
     for depth in range(1, 8):
         for _ in range(30):
@@ -71,6 +74,14 @@ def test_generated_answers_match_independent_solver(task):
             assert item.depth == depth
             assert SOLVERS[task](item.query) == item.choices[item.gold]
             assert len(set(item.choices)) == len(item.choices) >= 2
+            assert item.follow_ups or (task, depth) == ("clutrr", 1)  # a one-hop chain has no intermediate
+            assert len({q for q, _ in item.follow_ups}) == len(item.follow_ups)
+            for question, answer in item.follow_ups:
+                assert question != item.question
+                assert SOLVERS[task](f"{item.context}\nQuestion: {question}\nAnswer:") == answer
+            text = item.training_text(follow_ups=2)
+            assert text.startswith(f"{item.query} {item.choices[item.gold]}")
+            assert text.count("\nAnswer: ") == 1 + min(2, len(item.follow_ups))
 
 
 def test_clutrr_answer_gender_follows_last_person():
@@ -82,19 +93,61 @@ def test_clutrr_answer_gender_follows_last_person():
         assert answer.endswith(("mother", "daughter")) == (last in FEMALE_NAMES)
 
 
+def asked_about(question: str) -> str | None:
+    """The person a knowledge question names (None for any other text)."""
+    m = re.search(r"Question: In which (?:year|city) (?:was|did) (\w+ \w+) (?:born|grow up)\?"
+                  r"|Question: Which company does (\w+ \w+) work for\?", question)
+    return m and (m.group(1) or m.group(2))
+
+
+def test_knowledge_items_answerable_only_from_training_documents(tmp_path):
+    """Every fact a knowledge item asks about is stated in train (consistently, in a sentence that
+    names the person), never in the prompt, in valid or in any other eval prompt; the question
+    itself never occurs in train. Checked on the text, independently of the generator's records."""
+    spec = CorpusSpec(seed=5, prose_docs=20, reasoning_docs_per_task=10, valid_docs=200,
+                      eval_items_per_depth=2, train_max_depth=2, eval_max_depth=2,
+                      knowledge_people=40, knowledge_mentions=3, knowledge_qa_fraction=0.5)
+    generate_corpus(tmp_path, spec)
+    read = lambda name: [json.loads(line) for line in (tmp_path / name).open()]  # noqa: E731
+    train, valid, items = read("train.jsonl"), read("valid.jsonl"), read("eval/facts.jsonl")
+    train_sentences = [s for d in train for s in re.split(r"(?<=[.?])\s+|\n", d["text"])]
+    valid_text = "\n".join(d["text"] for d in valid)
+    other_prompts = [d["query"] for t in ("clutrr", "proofwriter", "tracking")
+                     for d in read(f"eval/{t}.jsonl")]
+    assert len(items) == 20 * 3 and any(d["source"] == "facts" for d in valid)
+    for item in items:
+        name = asked_about(item["query"])
+        gold = item["choices"][item["gold"]]
+        assert len(item["choices"]) == 4 and len(set(item["choices"])) == 4
+        assert not any(c in item["query"] for c in item["choices"])  # the prompt names only the person
+        about = [s for s in train_sentences if name in s]
+        assert sum(gold in s for s in about) >= spec.knowledge_mentions  # every biography states it
+        for wrong in set(item["choices"]) - {gold}:
+            assert not any(wrong in s for s in about)  # no training sentence supports a distractor
+        assert name not in valid_text  # validation has other people
+        assert not any(name in p for p in other_prompts)
+        assert item["query"] not in "\n".join(train_sentences)  # a held-out question
+        assert item["query"].split("\n")[0] not in train_sentences
+    # the Q&A of the other half of the population is in train (it teaches the question form)
+    asked = {asked_about(s) for s in train_sentences if asked_about(s)}
+    assert len(asked) == 20 and asked.isdisjoint({d["person"] for d in items})
+
+
 def test_corpus_files_deterministic_and_held_out(tmp_path):
     spec = CorpusSpec(seed=3, prose_docs=50, reasoning_docs_per_task=40, valid_docs=20,
-                      eval_items_per_depth=5, train_max_depth=2, eval_max_depth=3)
+                      eval_items_per_depth=5, train_max_depth=2, eval_max_depth=3, follow_up_questions=1,
+                      knowledge_people=10, knowledge_mentions=2, knowledge_qa_fraction=0.4)
     m1 = generate_corpus(tmp_path / "a", spec)
     generate_corpus(tmp_path / "b", spec)
     generate_corpus(tmp_path / "c", CorpusSpec(**{**spec.__dict__, "seed": 4}))
-    names = ["train.jsonl", "valid.jsonl", "eval/clutrr.jsonl", "eval/proofwriter.jsonl", "eval/tracking.jsonl"]
+    names = ["train.jsonl", "valid.jsonl", "eval/clutrr.jsonl", "eval/proofwriter.jsonl", "eval/tracking.jsonl",
+             "eval/facts.jsonl"]
     for name in names:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
         assert (tmp_path / "a" / name).read_bytes() != (tmp_path / "c" / name).read_bytes()
     train = [json.loads(line) for line in (tmp_path / "a" / "train.jsonl").open()]
-    assert len(train) == m1["train_documents"] == 50 + 3 * 40
-    assert {d["source"] for d in train} == {"prose", "clutrr", "proofwriter", "tracking"}
+    assert len(train) == m1["train_documents"] == 50 + 3 * 40 + 10 * 2 + 4  # prose, reasoning, biographies, Q&A
+    assert {d["source"] for d in train} == {"prose", "clutrr", "proofwriter", "tracking", "facts"}
     assert max(d["depth"] for d in train) == 2
     train_text = "\n".join(d["text"] for d in train)
     for task in ("clutrr", "proofwriter", "tracking"):
@@ -106,7 +159,12 @@ def test_corpus_files_deterministic_and_held_out(tmp_path):
         for d in docs:
             assert set(d) == {"query", "choices", "gold", "depth", "task"}
             assert d["query"].endswith("\nAnswer:") and 0 <= d["gold"] < len(d["choices"])
-            assert d["query"] not in train_text  # held out
+            assert d["query"].split("\nQuestion:")[0] not in train_text  # held out: not even the context
+    facts = [json.loads(line) for line in (tmp_path / "a" / "eval" / "facts.jsonl").open()]
+    assert len(facts) == 6 * 3 == m1["eval_items"]["looplm_facts_local"]  # the 6 people without Q&A in train
+    assert [d["attribute"] for d in facts[:3]] == sorted(KNOWLEDGE_ATTRIBUTES)  # interleaved for --limit
+    assert "trained_depths: [1, 2]" in (tmp_path / "a" / "eval" / "tracking.yaml").read_text()
+    assert "trained_depths" not in (tmp_path / "a" / "eval" / "facts.yaml").read_text()  # facts have no depth
 
 
 def test_default_corpus_is_a_few_megabytes(tmp_path):
@@ -141,9 +199,11 @@ def test_lm_eval_loads_local_tasks(monkeypatch, tmp_path):
 
 def test_make_corpus_and_train_tokenizer_clis(tmp_path):
     r = run_tool("make_corpus.py", "--output-dir", str(tmp_path / "c"), "--prose-docs", "40",
-                 "--reasoning-docs-per-task", "20", "--valid-docs", "10", "--eval-items-per-depth", "2")
+                 "--reasoning-docs-per-task", "20", "--valid-docs", "10", "--eval-items-per-depth", "2",
+                 "--knowledge-people", "10", "--knowledge-mentions", "2", "--knowledge-qa-fraction", "0.3")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["train_documents"] == 100
+    assert json.loads(r.stdout)["train_documents"] == 40 + 3 * 20 + 10 * 2 + 3  # prose, reasoning, biographies, Q&A
+    assert json.loads(r.stdout)["eval_items"]["looplm_facts_local"] == 7 * 3
     r = run_tool("train_tokenizer.py", "--input", str(tmp_path / "c" / "train.jsonl"),
                  "--output", str(tmp_path / "tok"), "--vocab-size", "400")
     assert r.returncode == 0, r.stderr

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,7 +27,21 @@ def test_demo_pipeline_end_to_end(tmp_path):
     assert summary["layout"] == "0+2x3+0"
     assert set(summary["heldout_loss"]) == {"1", "2", "3", "4", "5", "6"}
     assert all(0 < v < 10 for v in summary["heldout_loss"].values())
-    assert set(summary["groups"]["reasoning"]) == {"1", "2", "3", "4", "5", "6"}
+    loops = {"1", "2", "3", "4", "5", "6"}
+    # Knowledge (the bundled facts), Reasoning and Overall at every r, each task with its chance level
+    for group in ("knowledge", "reasoning", "overall"):
+        assert set(summary["groups"][group]) == loops and None not in summary["groups"][group].values()
+    assert set(summary["tasks"]) == {"facts", "clutrr", "proofwriter", "bbh"}
+    assert summary["chance"] == {"facts": 25.0, "clutrr": 25.0, "proofwriter": 50.0, "bbh": pytest.approx(100 / 3)}
+    assert summary["groups_chance"] == {"knowledge": 25.0, "reasoning": pytest.approx((25 + 50 + 100 / 3) / 3),
+                                        "overall": pytest.approx((25 + 25 + 50 + 100 / 3) / 4)}
+    assert all(0 < se < 50 for se in summary["groups_stderr"]["overall"].values())
+    # the held-out loss curve: validation loss at the eval steps of training, at r = 1, K, 2K
+    curve = summary["validation_loss_curve"]
+    assert len(curve) >= 2 and all(set(row) == {"1", "3", "6"} for row in curve.values())
+    assert "Held-out loss (validation split" in out.stdout
+    table = out.stdout[out.stdout.index("Knowledge (facts), Reasoning"):]
+    assert all(f"| {group} " in table for group in ("knowledge", "reasoning", "overall"))
     names = {Path(p).name for p in summary["plots"]}
     assert {"groups_vs_depth.png", "loss_vs_loops.png", "geometry_trajectory.png"} <= names
     # the checkpoint was written through DeepSpeed and exported

@@ -106,11 +106,11 @@ def test_standard_errors_and_chance_levels(sweep):
             assert cell["stderr"] == pytest.approx(100 * math.sqrt(q * (1 - q) / (m - 1)))
             assert cell["chance"] == pytest.approx(100 / 3)
         assert res["heldout"][r]["stderr"] > 0
-    # ProofWriter: True/False/Unknown; CLUTRR: 22 kinship words; BBH file: three 2-option items and one
+    # ProofWriter: True/False/Unknown; CLUTRR: its 21 relation labels; BBH file: three 2-option items and one
     # 3-option item; the generated tracking items: 3 objects
-    assert res["chance"] == pytest.approx({"proofwriter": 100 / 3, "clutrr": 100 / 22,
+    assert res["chance"] == pytest.approx({"proofwriter": 100 / 3, "clutrr": 100 / 21,
                                            "bbh": 100 * (3 / 2 + 1 / 3) / 4, "piqa": 100 / 3})
-    assert res["groups_chance"]["reasoning"] == pytest.approx((100 / 3 + 100 / 22 + 100 * (3 / 2 + 1 / 3) / 4) / 3)
+    assert res["groups_chance"]["reasoning"] == pytest.approx((100 / 3 + 100 / 21 + 100 * (3 / 2 + 1 / 3) / 4) / 3)
     assert res["groups_chance"]["overall"] == pytest.approx(sum(res["chance"].values()) / 4)
 
 
@@ -352,7 +352,7 @@ def test_default_hub_tasks_offline_name_the_tasks_and_the_local_alternative(loca
     assert line.startswith("error: --tasks: sciq, arc_easy, piqa, arc_challenge, winogrande, openbookqa, hellaswag, "
                            "commonsense_qa, proofwriter, clutrr, bbh need datasets from the Hugging Face hub that are "
                            "not in the local cache, and offline mode is on (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1)")
-    assert line.endswith("; run once with network access to cache them, or evaluate local tasks (--tasks "
+    assert line.endswith("; run once with network access to cache them, or evaluate local tasks (--tasks facts,"
                          "clutrr=looplm_clutrr_local,proofwriter=looplm_proofwriter_local,bbh=looplm_tracking_local "
                          "--include-path CORPUS/eval (written by tools/make_corpus.py)), or --tasks none for "
                          "held-out loss only")

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import re
 
 import pytest
 
 from data_fixtures import REPO
 
-from megatron_loop.errors import LoopConfigError
+from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.eval import harness
 from megatron_loop.eval import tasks as tasks_module
-from megatron_loop.eval.tasks import BBH_SUBTASKS, PAPER_TASKS, aggregate, resolve_tasks
+from megatron_loop.eval.tasks import BBH_SUBTASKS, PAPER_TASKS, TASKS_DIR, aggregate, resolve_tasks
 
 # Table 10, in the paper's order.
 TABLE_10 = ["disambiguation_qa", "salient_translation_error_detection", "reasoning_about_colored_objects",
@@ -83,15 +85,19 @@ def test_bad_task_arguments_name_the_problem(bad):
 
 def test_bbh_is_the_mean_of_its_subtasks_and_depths_are_stratified(monkeypatch):
     """evaluate_tasks: BBH = unweighted mean of the 14 subtask accuracies, its standard error
-    sqrt(sum se_i^2) / 14; per-depth accuracy, standard error and chance from the logged samples."""
+    sqrt(sum se_i^2) / 14, and beside it lm-eval's size-weighted group number (its own
+    aggregate_subtask_metrics, weight_by_size as in lm-eval's bbh group); per-depth accuracy,
+    standard error and chance from the logged samples."""
     import lm_eval
+    from lm_eval.api.metrics import aggregate_subtask_metrics
 
     sub_acc = {f"looplm_bbh_{s}": (i + 1) / 20 for i, s in enumerate(BBH_SUBTASKS)}
+    sizes = {k: 3 + 5 * i for i, k in enumerate(sub_acc)}  # subtasks of unequal size, as in BBH
     samples = [{"doc": {"depth": d}, "acc": float(ok), "arguments": [0] * 3} for d, ok in
                [(0, 1), (0, 1), (0, 0), (1, 0), (1, 0), (2, 1)]]
     fake = {"results": {**{k: {"acc,none": v, "acc_stderr,none": v / 10} for k, v in sub_acc.items()},
                         "looplm_proofwriter": {"acc,none": 0.5, "acc_stderr,none": "N/A"}},
-            "samples": {"looplm_proofwriter": samples, **{k: [{"doc": {}, "acc": 1.0, "arguments": [0, 0]}]
+            "samples": {"looplm_proofwriter": samples, **{k: [{"doc": {}, "acc": 1.0, "arguments": [0, 0]}] * sizes[k]
                                                           for k in sub_acc}}}
     seen = {}
 
@@ -115,6 +121,87 @@ def test_bbh_is_the_mean_of_its_subtasks_and_depths_are_stratified(monkeypatch):
         2: {"accuracy": 100.0, "stderr": None, "chance": pytest.approx(100 / 3), "n": 1}}}
     assert seen["tasks"] == [tasks[n] for n in sorted(tasks)] and seen["log_samples"] and seen["limit"] == 5
     assert "num_fewshot" not in seen  # zero-shot is set on the task objects once, by load_tasks
+    bbh = out.subtask_averages["bbh"]
+    assert set(out.subtask_averages) == {"bbh"} and bbh["mean"] == out.scores["bbh"]
+    acc, n = [100 * v for v in sub_acc.values()], list(sizes.values())
+    assert bbh["size_weighted"] == pytest.approx(aggregate_subtask_metrics(acc, n, weight_by_size=True))
+    assert bbh["mean"] == pytest.approx(aggregate_subtask_metrics(acc, n, weight_by_size=False))
+    assert bbh["size_weighted"] > bbh["mean"] + 5  # the larger subtasks score higher here
+    assert bbh["subtasks"]["looplm_bbh_snarks"] == {"accuracy": pytest.approx(50.0), "n": sizes["looplm_bbh_snarks"]}
+
+
+def _shipped_utils():
+    spec = importlib.util.spec_from_file_location("looplm_task_utils", TASKS_DIR / "utils.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The label map of CLUTRR/v1's dataset card and loading script ("target" index -> "target_text").
+CLUTRR_V1_LABELS = {"aunt": 0, "son-in-law": 1, "grandfather": 2, "brother": 3, "sister": 4, "father": 5,
+                    "mother": 6, "grandmother": 7, "uncle": 8, "daughter-in-law": 9, "grandson": 10,
+                    "granddaughter": 11, "father-in-law": 12, "mother-in-law": 13, "nephew": 14, "son": 15,
+                    "daughter": 16, "niece": 17, "husband": 18, "wife": 19, "sister-in-law": 20}
+
+
+def test_clutrr_choices_are_the_v1_relation_labels():
+    """Every CLUTRR item is scored over CLUTRR/v1's 21 labels (no "brother-in-law"), gold = the
+    row's ``target`` index; a target outside them fails loudly."""
+    from datasets import Dataset
+
+    utils = _shipped_utils()
+    rows = [  # two test rows of CLUTRR/v1 gen_train234_test2to10 (fields the task reads)
+        {"story": "[Clarence]'s granddaughter, [Emily], was busy helping her brother, [Michael], move to college.",
+         "query": "('Clarence', 'Michael')", "target": 10, "target_text": "grandson",
+         "f_comb": "granddaughter-brother", "task_name": "task_1.2"},
+        {"story": "[Ashley] and her grandson [Dennis] went to the store to buy a birthday present for "
+                  "[Dennis]'s sister [Jennifer].", "query": "('Ashley', 'Jennifer')", "target": 11,
+         "target_text": "granddaughter", "f_comb": "grandson-sister", "task_name": "task_1.2"},
+    ]
+    docs = list(utils.process_clutrr(Dataset.from_list(rows)))
+    for row, doc in zip(rows, docs):
+        assert doc["choices"] == sorted(CLUTRR_V1_LABELS, key=CLUTRR_V1_LABELS.get)
+        assert doc["gold"] == row["target"] and doc["depth"] == 2
+        assert doc["query"].endswith(f"{row['query'].split(chr(39))[3]} is {row['query'].split(chr(39))[1]}'s")
+    with pytest.raises(LoopDataError, match="'brother-in-law' is not one of CLUTRR/v1's 21 relation labels"):
+        utils.process_clutrr(Dataset.from_list([{**rows[0], "target_text": "brother-in-law"}]))
+
+
+def test_proofwriter_depth_filter_fails_loudly():
+    """The depth-5 configuration is kept; a split without it (or without a config column) is an
+    error naming what it has, never every row silently."""
+    from datasets import Dataset
+
+    utils = _shipped_utils()
+    row = {"theory": "Bob is big. If someone is big then they are red.", "question": "Bob is red.",
+           "answer": "True", "QDep": 1}
+    mixed = Dataset.from_list([{**row, "config": "depth-5"}, {**row, "QDep": 0, "config": "depth-3"}])
+    assert [d["depth"] for d in utils.process_proofwriter(mixed)] == [1]
+    with pytest.raises(LoopDataError, match=re.escape("no rows of configuration 'depth-5' in the split "
+                                                      "(its 'config' column has ['depth-2', 'depth-3'])")):
+        utils.process_proofwriter(Dataset.from_list([{**row, "config": "depth-3"}, {**row, "config": "depth-2"}]))
+    with pytest.raises(LoopDataError, match="column has None"):
+        utils.process_proofwriter(Dataset.from_list([row]))
+
+
+def test_bundled_tasks_fill_knowledge_and_reasoning():
+    """The tasks every sweep on the bundled corpus runs (tools/pipeline.sh, used by make demo and
+    the toy study): facts in the Knowledge group, the reasoning generators in three reasoning slots;
+    Knowledge = facts, Reasoning = mean of three, Overall = mean of all four."""
+    pipeline = (REPO / "tools" / "pipeline.sh").read_text()
+    local = re.search(r'^LOCAL_TASKS="([^"]+)"', pipeline, re.MULTILINE).group(1)
+    specs = resolve_tasks(local.split(","))
+    assert {s.key: (s.group, s.lm_eval_tasks) for s in specs} == {
+        "facts": ("knowledge", ("looplm_facts_local",)),
+        "clutrr": ("reasoning", ("looplm_clutrr_local",)),
+        "proofwriter": ("reasoning", ("looplm_proofwriter_local",)),
+        "bbh": ("reasoning", ("looplm_tracking_local",))}
+    groups = aggregate({"facts": 70.0, "clutrr": 30.0, "proofwriter": 50.0, "bbh": 40.0}, specs)
+    assert groups == {"knowledge": 70.0, "reasoning": 40.0, "overall": 47.5}
+    # with the paper's knowledge tasks, facts is one more Knowledge member
+    specs = resolve_tasks(["sciq", "facts", "clutrr"])
+    assert aggregate({"sciq": 60.0, "facts": 80.0, "clutrr": 30.0}, specs) == {
+        "knowledge": 70.0, "reasoning": 30.0, "overall": pytest.approx(170 / 3)}
 
 
 def test_shipped_task_yamls_register():

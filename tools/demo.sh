@@ -2,7 +2,7 @@
 # `make demo`: the whole LoopLM pipeline on the bundled corpus, on CPU in a few minutes
 # (the GPU when there is one): corpus -> tokenizer -> indexed data -> DeepSpeed training of a
 # tiny LoopLM with history injection + Loop Gating -> HF export -> loop sweep r = 1..2K
-# (lm-eval on the bundled reasoning items by depth + held-out loss) -> geometry probes ->
+# (lm-eval on the bundled knowledge and reasoning items, by depth, + held-out loss) -> geometry probes ->
 # plots and a results JSON.
 #
 # Knobs (environment): DEMO_RUN (output folder, default runs/demo), DEMO_STEPS (training
@@ -33,24 +33,39 @@ python tools/probe_geometry.py --checkpoint "$RUN/model/train/checkpoints" --val
 python - "$RUN" <<'PY'
 import json, sys
 from pathlib import Path
+from megatron_loop.eval.report import format_table, read_results
 run = Path(sys.argv[1])
-results = json.loads((run / "model" / "eval" / "results.json").read_text())
+results = read_results(run / "model" / "eval" / "results.json")
+metrics = [json.loads(line) for line in (run / "model" / "train" / "metrics.jsonl").open()]
+# Validation loss during training (held-out split, nats/token) at each eval step, per loop count r.
+curve = {m["step"]: {k[len("val_loss_r"):]: v for k, v in m.items() if k.startswith("val_loss_r")}
+         for m in metrics if m.get("event") == "eval"}
 summary = {
     "run": str(run.resolve()),
     "checkpoint": str(run / "model" / "train" / "checkpoints"),
     "hf_export": str(run / "model" / "hf"),
     "layout": results["layout"],
     "effective_depth": results["effective_depth"],
-    "groups": results["groups"],
-    "tasks": results["tasks"],
+    **{key: results[key] for key in ("groups", "groups_stderr", "groups_chance", "tasks", "tasks_stderr",
+                                     "chance", "per_depth")},
     "heldout_loss": {r: v["loss"] for r, v in results.get("heldout", {}).items()},
+    "validation_loss_curve": curve,
     "probe": str(run / "model" / "probe" / "geometry.json"),
     "plots": sorted(str(p) for p in run.rglob("*.png")),
 }
 (run / "demo_results.json").write_text(json.dumps(summary, indent=2))
-print("\nDemo finished. Outputs in", run.resolve())
+
+print(f"\nDemo finished: {results['layout']} LoopLM, trained at K = {results['train_loops']}. Outputs in", run.resolve())
+print("\nHeld-out loss (validation split, nats/token) during training, by loop count r:")
+rs = sorted({r for row in curve.values() for r in row}, key=int)
+print("  step " + "".join(f"{'r=' + r:>9}" for r in rs))
+for step, row in sorted(curve.items()):
+    print(f"  {step:>4} " + "".join(f"{row[r]:>9.3f}" if r in row else " " * 9 for r in rs))
+print(f"\nKnowledge (facts), Reasoning (clutrr, proofwriter, bbh = tracking) and Overall vs L(r): accuracy (%) "
+      f"± standard error on {results['limit']} items per task (tasks: the sweep's table above); chance = mean "
+      "1/#choices of those items")
+print(format_table({**results, "tasks": {}, "heldout": {}}))  # the group rows
 print("  results JSON:", run / "demo_results.json")
-print("  held-out loss by r:", {r: round(l, 3) for r, l in summary["heldout_loss"].items()})
 for p in summary["plots"]:
     print("  plot:", p)
 PY

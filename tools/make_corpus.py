@@ -28,9 +28,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--eval-items-per-depth", type=int, default=d.eval_items_per_depth)
     ap.add_argument("--train-max-depth", type=int, default=d.train_max_depth)
     ap.add_argument("--eval-max-depth", type=int, default=d.eval_max_depth)
+    ap.add_argument("--follow-up-questions", type=int, default=d.follow_up_questions,
+                    help="further questions about the same context in each reasoning training document")
+    ap.add_argument("--knowledge-people", type=int, default=d.knowledge_people,
+                    help="people of the knowledge task (facts stated in training biographies)")
+    ap.add_argument("--knowledge-mentions", type=int, default=d.knowledge_mentions,
+                    help="training biographies per person")
+    ap.add_argument("--knowledge-qa-fraction", type=float, default=d.knowledge_qa_fraction,
+                    help="share of the people whose Q&A is also in train (the others' are the held-out items)")
     a = ap.parse_args(argv)
-    spec = CorpusSpec(a.seed, a.prose_docs, a.reasoning_docs_per_task, a.valid_docs,
-                      a.eval_items_per_depth, a.train_max_depth, a.eval_max_depth)
+    spec = CorpusSpec(**{k: v for k, v in vars(a).items() if k != "output_dir"})
     print(json.dumps(generate_corpus(a.output_dir, spec)))
     return 0
 

@@ -4,8 +4,9 @@
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export WANDB_MODE=${WANDB_MODE:-offline}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-# The bundled reasoning items stand in the paper's reasoning slots (tracking ~ BBH tracking_shuffled_objects).
-LOCAL_TASKS="clutrr=looplm_clutrr_local,proofwriter=looplm_proofwriter_local,bbh=looplm_tracking_local"
+# The bundled tasks: recall of the generated facts in the Knowledge group; the reasoning items in the
+# paper's reasoning slots (tracking ~ BBH tracking_shuffled_objects).
+LOCAL_TASKS="facts,clutrr=looplm_clutrr_local,proofwriter=looplm_proofwriter_local,bbh=looplm_tracking_local"
 
 step() { printf '\n=== [%s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 free_port() { python -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
@@ -21,13 +22,16 @@ PY
 # prepare_data RUN: corpus -> tokenizer -> RUN/data/corpus{,_valid}
 prepare_data() {
   local run=$1
-  step "generate the bundled corpus (prose + depth-controlled reasoning, held-out lm-eval items)"
+  step "generate the bundled corpus (prose, facts, depth-controlled reasoning; held-out lm-eval items)"
   python tools/make_corpus.py --output-dir "$run/corpus" --seed 0
   step "train a byte-level BPE tokenizer"
   python tools/train_tokenizer.py --input "$run/corpus/train.jsonl" --output "$run/tokenizer" --vocab-size 2048
-  step "tokenise into Megatron indexed datasets (EOS appended, no BOS; held-out validation prefix)"
+  step "tokenise into Megatron indexed datasets (EOS appended, no BOS): train split, validation split"
+  # The corpus's own splits: every fact the knowledge items ask about is in train.jsonl, none in valid.jsonl.
   python tools/preprocess_data.py --input "$run/corpus/train.jsonl" --tokenizer "$run/tokenizer" \
-      --output-prefix "$run/data/corpus" --workers 2 --validation-documents 300 --no-progress
+      --output-prefix "$run/data/corpus" --workers 2 --no-progress
+  python tools/preprocess_data.py --input "$run/corpus/valid.jsonl" --tokenizer "$run/tokenizer" \
+      --output-prefix "$run/data/corpus_valid" --workers 1 --no-progress
 }
 
 # train_model RUN NAME STEPS LAUNCHER CONFIG [--set ...]: trains into RUN/NAME/train
@@ -54,7 +58,7 @@ export_and_eval() {
   shift 4
   step "export $name to Hugging Face"
   python tools/convert_to_hf.py --checkpoint "$run/$name/train/checkpoints" --output "$run/$name/hf"
-  step "loop sweep of $name at r = $loops: bundled reasoning tasks by depth + held-out loss"
+  step "loop sweep of $name at r = $loops: bundled knowledge and reasoning tasks (by depth) + held-out loss"
   python tools/eval_loops.py --model "$run/$name/hf" --loops "$loops" --include-path "$run/corpus/eval" \
       --tasks "$LOCAL_TASKS" --limit "$limit" --valid-prefix "$run/data/corpus_valid" --seq-length 128 \
       --label "$name" --output "$run/$name/eval" --no-progress "$@"

@@ -63,8 +63,9 @@ _FACT = (
     "Rivers flow from the hills down to the sea.",
 )
 
-TASKS = ("clutrr", "proofwriter", "tracking")
-TASK_NAMES = {task: f"looplm_{task}_local" for task in TASKS}
+TASKS = ("clutrr", "proofwriter", "tracking")  # the reasoning generators
+KNOWLEDGE_TASK = "facts"                        # recall of the population's facts (see Person)
+TASK_NAMES = {task: f"looplm_{task}_local" for task in (*TASKS, KNOWLEDGE_TASK)}
 
 
 @dataclass(frozen=True)
@@ -77,14 +78,20 @@ class ReasoningItem:
     question: str
     choices: tuple[str, ...]
     gold: int
+    # Further (question, answer) pairs about the same context, asked after the main one in
+    # training documents only: more supervised answers per context token (held-out items
+    # are scored on the main question alone).
+    follow_ups: tuple[tuple[str, str], ...] = ()
 
     @property
     def query(self) -> str:
         return f"{self.context}\nQuestion: {self.question}\nAnswer:"
 
-    def training_text(self) -> str:
-        """Pretraining document: the query followed by the answer, as lm-eval scores it."""
-        return f"{self.query} {self.choices[self.gold]}"
+    def training_text(self, follow_ups: int = 0) -> str:
+        """Pretraining document: the query followed by the answer, as lm-eval scores it, then
+        the first ``follow_ups`` further questions with their answers."""
+        text = f"{self.query} {self.choices[self.gold]}"
+        return text + "".join(f"\nQuestion: {q}\nAnswer: {a}" for q, a in self.follow_ups[:follow_ups])
 
     def eval_doc(self) -> dict:
         """lm-eval multiple-choice document (``doc_to_text``/``choice``/``target`` fields)."""
@@ -133,8 +140,16 @@ def make_clutrr(rng: random.Random, depth: int) -> ReasoningItem:
     distractors = [_kin_word(direction, near, female), _kin_word(direction, depth + 1, female),
                    _kin_word(direction, depth, not female)]
     choices, gold = _shuffled_choices(rng, correct, distractors)
-    question = f"How is {people[-1]} related to {people[0]}? {people[-1]} is {people[0]}'s"
-    return ReasoningItem("clutrr", depth, " ".join(facts), question, choices, gold)
+    question = _clutrr_question(people[-1], people[0])
+    # Follow-ups: the relation of every intermediate person to the first (shorter chains).
+    follow = [(_clutrr_question(people[i], people[0]), _kin_word(direction, i, genders[i]))
+              for i in range(1, depth)]
+    rng.shuffle(follow)
+    return ReasoningItem("clutrr", depth, " ".join(facts), question, choices, gold, tuple(follow))
+
+
+def _clutrr_question(person: str, anchor: str) -> str:
+    return f"How is {person} related to {anchor}? {person} is {anchor}'s"
 
 
 def make_proofwriter(rng: random.Random, depth: int) -> ReasoningItem:
@@ -156,9 +171,17 @@ def make_proofwriter(rng: random.Random, depth: int) -> ReasoningItem:
     entity, owner_chain, other_chain = rng.choice(((ent_a, chain_a, chain_b), (ent_b, chain_b, chain_a)))
     truth = rng.random() < 0.5
     queried = (owner_chain if truth else other_chain)[-1]
-    question = f"Is the statement \"{entity} is {queried}\" True or False?"
-    return ReasoningItem("proofwriter", depth, " ".join(facts + rules), question,
-                         ("True", "False"), 0 if truth else 1)
+    # Follow-ups: the other entity/conclusion pairs (proofs of the same depth).
+    follow = [(_proofwriter_question(e, c[-1]), "True" if c is own else "False")
+              for e, own in ((ent_a, chain_a), (ent_b, chain_b)) for c in (chain_a, chain_b)
+              if (e, c[-1]) != (entity, queried)]
+    rng.shuffle(follow)
+    return ReasoningItem("proofwriter", depth, " ".join(facts + rules), _proofwriter_question(entity, queried),
+                         ("True", "False"), 0 if truth else 1, tuple(follow))
+
+
+def _proofwriter_question(entity: str, attribute: str) -> str:
+    return f"Is the statement \"{entity} is {attribute}\" True or False?"
 
 
 def _article(word: str) -> str:
@@ -180,9 +203,16 @@ def make_tracking(rng: random.Random, depth: int, num_objects: int = 3) -> Reaso
     target = rng.choice(people)
     context = (f"{', '.join(people[:-1])} and {people[-1]} are playing a game. At the start, "
                f"{start}. " + " ".join(swaps))
-    question = f"At the end of the game, what does {target} have? {target} has the"
     choices = tuple(objects)
-    return ReasoningItem("tracking", depth, context, question, choices, choices.index(holding[target]))
+    # Follow-ups: what each other player ends with.
+    follow = [(_tracking_question(p), holding[p]) for p in people if p != target]
+    rng.shuffle(follow)
+    return ReasoningItem("tracking", depth, context, _tracking_question(target), choices,
+                         choices.index(holding[target]), tuple(follow))
+
+
+def _tracking_question(person: str) -> str:
+    return f"At the end of the game, what does {person} have? {person} has the"
 
 
 GENERATORS: dict[str, Callable[[random.Random, int], ReasoningItem]] = {
@@ -211,6 +241,86 @@ def make_prose(rng: random.Random) -> str:
     return " ".join(sentences)
 
 
+# --- Knowledge: facts stored in the weights (paper App. C.3, Knowledge group) ---------------
+# A fictional population; each person's birth year, home town and employer are stated only in
+# training biographies (several paraphrases per person, in random order), so recalling them
+# from a question needs the facts memorised during training, not reasoning over the prompt.
+# As in mixed biography + QA pretraining, the questions about part of the population are
+# training documents too (they teach the question form); the questions about the others are
+# the held-out evaluation items.
+SURNAMES = (
+    "Abbott", "Barlow", "Carver", "Dalton", "Ellison", "Fairley", "Garner", "Hadley", "Ingram",
+    "Jarvis", "Keller", "Lowell", "Mercer", "Norris", "Osborne", "Prescott", "Quimby", "Radley",
+    "Sutton", "Thorne", "Upton", "Vance", "Walsh", "Yates",
+)
+CITIES = ("Lisbon", "Oslo", "Dublin", "Vienna", "Prague", "Madrid", "Athens", "Berlin",
+          "Warsaw", "Geneva", "Milan", "Porto", "Bergen", "Lyon", "Krakow", "Seville")
+EMPLOYERS = ("Alder Foods", "Brightwater Bank", "Cobalt Motors", "Driftwood Press",
+             "Evergreen Energy", "Falcon Airlines", "Granite Insurance", "Harbor Shipping",
+             "Ironwood Tools", "Juniper Software", "Kestrel Mining", "Lakeside Hotels")
+BIRTH_YEARS = tuple(str(year) for year in range(1950, 2000))
+KNOWLEDGE_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "birth_year": BIRTH_YEARS, "city": CITIES, "employer": EMPLOYERS,
+}
+_STATEMENTS = {  # biography paraphrases, one drawn per mention
+    "birth_year": ("{name} was born in {value}.", "{name}'s year of birth is {value}.",
+                   "The birth year of {name} is {value}."),
+    "city": ("{name} grew up in {value}.", "{name}'s home town is {value}.",
+             "{name} spent a childhood in {value}."),
+    "employer": ("{name} works for {value}.", "{name} is employed by {value}.",
+                 "{name} has a job at {value}."),
+}
+_QUESTIONS = {
+    "birth_year": "In which year was {name} born?",
+    "city": "In which city did {name} grow up?",
+    "employer": "Which company does {name} work for?",
+}
+KNOWLEDGE_CHOICES = 4  # gold + 3 distractors of the same attribute: chance 25 %
+
+
+@dataclass(frozen=True)
+class Person:
+    """One member of the fictional population: a unique full name and one value per attribute."""
+
+    name: str
+    facts: tuple[tuple[str, str], ...]  # (attribute, value) in KNOWLEDGE_ATTRIBUTES order
+
+    def biography(self, rng: random.Random) -> str:
+        """One training mention: every fact in a randomly chosen paraphrase, in random order."""
+        sentences = [rng.choice(_STATEMENTS[a]).format(name=self.name, value=v) for a, v in self.facts]
+        rng.shuffle(sentences)
+        return " ".join(sentences)
+
+    def question(self, attribute: str) -> str:
+        return f"Question: {_QUESTIONS[attribute].format(name=self.name)}\nAnswer:"
+
+    def qa_text(self, rng: random.Random) -> str:
+        """Training document for a person of the QA part: each question with its answer."""
+        pairs = [f"{self.question(a)} {v}" for a, v in self.facts]
+        rng.shuffle(pairs)
+        return "\n".join(pairs)
+
+    def eval_docs(self, rng: random.Random) -> list[dict]:
+        """lm-eval multiple-choice documents, one per attribute; the prompt names only the person."""
+        docs = []
+        for attribute, value in self.facts:
+            distractors = rng.sample([x for x in KNOWLEDGE_ATTRIBUTES[attribute] if x != value],
+                                     KNOWLEDGE_CHOICES - 1)
+            choices, gold = _shuffled_choices(rng, value, distractors)
+            docs.append({"query": self.question(attribute), "choices": list(choices), "gold": gold,
+                         "attribute": attribute, "person": self.name, "task": "facts"})
+        return docs
+
+
+def make_people(rng: random.Random, count: int) -> list[Person]:
+    """``count`` people with distinct full names (first name x surname) and random facts."""
+    names = [f"{first} {last}" for first in FEMALE_NAMES + MALE_NAMES for last in SURNAMES]
+    if count > len(names):
+        raise LoopConfigError(f"knowledge_people={count}: at most {len(names)} distinct names")
+    return [Person(name, tuple((a, rng.choice(values)) for a, values in KNOWLEDGE_ATTRIBUTES.items()))
+            for name in rng.sample(names, count)]
+
+
 @dataclass(frozen=True)
 class CorpusSpec:
     """Sizes and depth ranges of a generated corpus (defaults: about 3 MB of text)."""
@@ -222,28 +332,48 @@ class CorpusSpec:
     eval_items_per_depth: int = 100
     train_max_depth: int = 4
     eval_max_depth: int = 6
+    # Reasoning: further questions about the same context in each training document.
+    follow_up_questions: int = 0
+    # Knowledge: population size (train people; validation gets its own, disjoint ones),
+    # biographies per person in train, and the share of people whose Q&A is also in train
+    # (the others' questions are the held-out knowledge items).
+    knowledge_people: int = 200
+    knowledge_mentions: int = 8
+    knowledge_qa_fraction: float = 0.5
 
     def validate(self) -> None:
         if self.train_max_depth < 1 or self.eval_max_depth < 1:
             raise LoopConfigError("corpus depths must be >= 1 (train_max_depth, eval_max_depth)")
         if min(self.prose_docs, self.reasoning_docs_per_task, self.valid_docs,
-               self.eval_items_per_depth) < 0:
+               self.eval_items_per_depth, self.follow_up_questions, self.knowledge_people,
+               self.knowledge_mentions) < 0:
             raise LoopConfigError("corpus document counts must be >= 0")
+        if not 0.0 <= self.knowledge_qa_fraction < 1.0:
+            raise LoopConfigError(f"knowledge_qa_fraction={self.knowledge_qa_fraction}: expected a "
+                                  "share in [0, 1) (the rest are the held-out knowledge items)")
 
 
-def _documents(rng: random.Random, spec: CorpusSpec, n_prose: int, n_reasoning: int) -> list[dict]:
-    """Mixed prose and reasoning documents; reasoning depths uniform in 1..train_max_depth."""
+def _documents(rng: random.Random, spec: CorpusSpec, n_prose: int, n_reasoning: int,
+               bios: list[Person], mentions: int, qa: list[Person],
+               contexts: set[str]) -> list[dict]:
+    """Mixed prose, reasoning (depths uniform in 1..train_max_depth), ``mentions`` biographies
+    of every person in ``bios`` and the Q&A of every person in ``qa``; adds the reasoning
+    contexts to ``contexts``. Knowledge documents have source "facts", depth 0."""
     docs = [{"text": make_prose(rng), "source": "prose", "depth": 0} for _ in range(n_prose)]
     for task in TASKS:
         for _ in range(n_reasoning):
             item = GENERATORS[task](rng, rng.randint(1, spec.train_max_depth))
-            docs.append({"text": item.training_text(), "source": task, "depth": item.depth})
+            contexts.add(item.context)
+            docs.append({"text": item.training_text(spec.follow_up_questions), "source": task,
+                         "depth": item.depth})
+    docs += [{"text": p.biography(rng), "source": "facts", "depth": 0} for p in bios for _ in range(mentions)]
+    docs += [{"text": p.qa_text(rng), "source": "facts", "depth": 0} for p in qa]
     rng.shuffle(docs)
     return docs
 
 
 def _eval_items(task: str, spec: CorpusSpec, seen: set[str]) -> Iterator[ReasoningItem]:
-    """Held-out items, ``eval_items_per_depth`` per depth; queries seen in training are skipped."""
+    """Held-out items, ``eval_items_per_depth`` per depth; a context seen in training is skipped."""
     rng = random.Random(f"{spec.seed}-eval-{task}")
     for depth in range(1, spec.eval_max_depth + 1):
         made, attempts = 0, 0
@@ -254,20 +384,20 @@ def _eval_items(task: str, spec: CorpusSpec, seen: set[str]) -> Iterator[Reasoni
                     f"cannot draw {spec.eval_items_per_depth} distinct held-out {task} items at "
                     f"depth {depth}; lower eval_items_per_depth")
             item = GENERATORS[task](rng, depth)
-            if item.query in seen:
+            if item.context in seen:
                 continue
-            seen.add(item.query)
+            seen.add(item.context)
             made += 1
             yield item
 
 
-def _interleave_depths(rows: list[dict]) -> list[dict]:
-    """Round-robin over depths (1, 2, ..., D, 1, 2, ...) so that lm-eval's ``--limit N``, which
-    keeps the first N documents, still covers every depth evenly."""
-    by_depth: dict[int, list[dict]] = {}
+def _interleave(rows: list[dict], key: str = "depth") -> list[dict]:
+    """Round-robin over the values of ``key`` (depths 1, 2, ..., D, 1, 2, ...; attributes) so
+    that lm-eval's ``--limit N``, which keeps the first N documents, covers every stratum evenly."""
+    strata: dict = {}
     for row in rows:
-        by_depth.setdefault(row["depth"], []).append(row)
-    columns = [by_depth[d] for d in sorted(by_depth)]
+        strata.setdefault(row[key], []).append(row)
+    columns = [strata[k] for k in sorted(strata)]
     return [col[i] for i in range(max(map(len, columns), default=0)) for col in columns if i < len(col)]
 
 
@@ -308,38 +438,62 @@ def generate_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> 
     """Write ``train.jsonl``, ``valid.jsonl``, ``eval/<task>.jsonl``, ``eval/<task>.yaml`` and
     ``manifest.json`` under ``output_dir``; returns the manifest.
 
-    Train/valid lines are ``{"text", "source", "depth"}`` (depth 0 for prose). Eval lines are
-    lm-eval multiple-choice docs ``{"query", "choices", "gold", "depth", "task"}``; the YAMLs
-    define tasks ``looplm_clutrr_local``, ``looplm_proofwriter_local``, ``looplm_tracking_local``
-    (load with ``lm_eval --include_path <output_dir>/eval``).
+    Train/valid lines are ``{"text", "source", "depth"}`` (source prose, clutrr, proofwriter,
+    tracking or facts; depth 0 for prose and facts). Eval lines are lm-eval multiple-choice docs
+    ``{"query", "choices", "gold", "task"}`` plus ``depth`` (reasoning) or ``attribute`` and
+    ``person`` (facts); the YAMLs define tasks ``looplm_clutrr_local``,
+    ``looplm_proofwriter_local``, ``looplm_tracking_local`` and ``looplm_facts_local`` (load with
+    ``lm_eval --include_path <output_dir>/eval``).
+
+    Held out by construction: no reasoning eval context occurs in train or valid; the facts
+    of the knowledge items are stated only in train (valid has its own people), and their
+    questions occur nowhere in train.
     """
     spec.validate()
     out = Path(output_dir)
     (out / "eval").mkdir(parents=True, exist_ok=True)
+    n_qa = int(spec.knowledge_people * spec.knowledge_qa_fraction)
+    train_total = (spec.prose_docs + len(TASKS) * spec.reasoning_docs_per_task
+                   + spec.knowledge_people * spec.knowledge_mentions + n_qa)
+    # Validation keeps the train mix (prose, per-task and biography shares of valid_docs);
+    # its biographies are of other people, so no fact of the knowledge items is in it.
+    share = spec.valid_docs / max(1, train_total)
+    n_reason = round(share * spec.reasoning_docs_per_task)
+    valid_people = round(share * spec.knowledge_people) if spec.knowledge_mentions else 0
+    n_valid_bios = valid_people * spec.knowledge_mentions
+    people = make_people(random.Random(f"{spec.seed}-people"), spec.knowledge_people + valid_people)
+    train_people, valid_people_list = people[:spec.knowledge_people], people[spec.knowledge_people:]
+    qa_people, heldout_people = train_people[:n_qa], train_people[n_qa:]
+
+    contexts: set[str] = set()
     train = _documents(random.Random(f"{spec.seed}-train"), spec, spec.prose_docs,
-                       spec.reasoning_docs_per_task)
-    # Validation keeps the train mix: the prose share and per-task share of valid_docs.
-    total = max(1, spec.prose_docs + len(TASKS) * spec.reasoning_docs_per_task)
-    n_reason = round(spec.valid_docs * spec.reasoning_docs_per_task / total)
+                       spec.reasoning_docs_per_task, train_people, spec.knowledge_mentions,
+                       qa_people, contexts)
     valid = _documents(random.Random(f"{spec.seed}-valid"), spec,
-                       spec.valid_docs - len(TASKS) * n_reason, n_reason)
+                       max(0, spec.valid_docs - len(TASKS) * n_reason - n_valid_bios), n_reason,
+                       valid_people_list, spec.knowledge_mentions, [], contexts)
     _write_jsonl(out / "train.jsonl", train)
     _write_jsonl(out / "valid.jsonl", valid)
 
-    # Held-out items must not appear verbatim in the training text.
-    seen = {d["text"].rsplit("\nAnswer:", 1)[0] + "\nAnswer:" for d in train + valid
-            if d["source"] != "prose"}
+    eval_rows = {task: _interleave([item.eval_doc() for item in _eval_items(task, spec, contexts)])
+                 for task in TASKS}
+    rng = random.Random(f"{spec.seed}-eval-{KNOWLEDGE_TASK}")
+    eval_rows[KNOWLEDGE_TASK] = _interleave([d for p in heldout_people for d in p.eval_docs(rng)],
+                                            key="attribute")
     eval_counts = {}
-    for task in TASKS:
-        rows = _interleave_depths([item.eval_doc() for item in _eval_items(task, spec, seen)])
+    for task, rows in eval_rows.items():
         path = out / "eval" / f"{task}.jsonl"
         _write_jsonl(path, rows)
-        yaml = lm_eval_task_yaml(task, path, trained_depths=range(1, spec.train_max_depth + 1))
+        # the reasoning tasks' training documents cover depths 1..train_max_depth; facts have no depth
+        depths = range(1, spec.train_max_depth + 1) if task in TASKS else ()
+        yaml = lm_eval_task_yaml(task, path, trained_depths=depths)
         (out / "eval" / f"{task}.yaml").write_text(yaml, encoding="utf-8")
         eval_counts[TASK_NAMES[task]] = len(rows)
     manifest = {
         "seed": spec.seed, "spec": spec.__dict__, "train_documents": len(train),
         "valid_documents": len(valid), "eval_items": eval_counts,
+        "knowledge": {"people": len(train_people), "qa_people": len(qa_people),
+                      "heldout_people": len(heldout_people), "valid_people": len(valid_people_list)},
         "eval_include_path": str((out / "eval").resolve()),
         "licence": "generated from templates in megatron_loop/data/corpus.py; Apache-2.0",
     }

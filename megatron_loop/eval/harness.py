@@ -5,7 +5,8 @@ multiple choice, logged samples). The tasks are built once per sweep (:func:`loa
 datasets read once, zero-shot set once) and reused at every r. Per pass it returns, for every
 task, the headline score (percent; BBH = unweighted mean of its subtasks), its standard error
 (lm-eval's, propagated through the mean), the chance level of its items, and the same three per
-``depth`` stratum for every task whose documents carry a ``depth`` field.
+``depth`` stratum for every task whose documents carry a ``depth`` field; for every task made of
+subtasks (BBH) both averages (:func:`~megatron_loop.eval.tasks.subtask_averages`).
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import logging
 import math
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron_loop.errors import LoopDataError
-from megatron_loop.eval.tasks import TASKS_DIR, TaskSpec, mean, stderr_of_mean
+from megatron_loop.eval.tasks import TASKS_DIR, TaskSpec, mean, stderr_of_mean, subtask_averages
 
 # lm-eval computes closed-form standard errors for mean-aggregated metrics (acc, acc_norm) as soon as
 # bootstrap_iters > 0; the count only matters for bootstrapped metrics, which the suite does not use.
 STDERR_BOOTSTRAP_ITERS = 1000
-LOCAL_TASKS_HINT = ("--tasks clutrr=looplm_clutrr_local,proofwriter=looplm_proofwriter_local,"
+LOCAL_TASKS_HINT = ("--tasks facts,clutrr=looplm_clutrr_local,proofwriter=looplm_proofwriter_local,"
                     "bbh=looplm_tracking_local --include-path CORPUS/eval (written by tools/make_corpus.py)")
 
 
@@ -36,6 +37,8 @@ class TaskResults:
     stderr: dict[str, float | None]
     chance: dict[str, float]                      # mean over items of 1 / number of choices
     per_depth: dict[str, dict[int, dict]]         # task -> depth -> {accuracy, stderr, chance, n}
+    # task of several subtasks (BBH) -> {mean, size_weighted, subtasks: {name: {accuracy, n}}}
+    subtask_averages: dict[str, dict] = field(default_factory=dict)
 
 
 def task_manager(include_paths: list[str] | None = None):
@@ -152,7 +155,7 @@ def evaluate_tasks(lm, specs: list[TaskSpec], manager, limit: int | float | None
     out = lm_eval.simple_evaluate(model=lm, tasks=[tasks[n] for n in names], limit=limit, log_samples=True,
                                   task_manager=manager, bootstrap_iters=STDERR_BOOTSTRAP_ITERS)
     results, samples = out["results"], out["samples"]
-    scores, stderr, chance, per_depth = {}, {}, {}, {}
+    scores, stderr, chance, per_depth, averages = {}, {}, {}, {}, {}
     for spec in specs:
         values, errors = [], []
         for name in spec.lm_eval_tasks:
@@ -166,10 +169,13 @@ def evaluate_tasks(lm, specs: list[TaskSpec], manager, limit: int | float | None
         scores[spec.key] = mean(values)
         stderr[spec.key] = stderr_of_mean(errors)
         chance[spec.key] = mean([100.0 * mean([_chance(s) for s in samples[n]]) for n in spec.lm_eval_tasks])
+        if len(spec.lm_eval_tasks) > 1:
+            sizes = {n: len(samples[n]) for n in spec.lm_eval_tasks}  # items each subtask evaluated
+            averages[spec.key] = subtask_averages(dict(zip(spec.lm_eval_tasks, values)), sizes)
         strata = _stratify([s for n in spec.lm_eval_tasks for s in samples[n]], spec.metric)
         if strata:
             per_depth[spec.key] = strata
-    return TaskResults(scores, stderr, chance, per_depth)
+    return TaskResults(scores, stderr, chance, per_depth, averages)
 
 
 def trained_depths(specs: list[TaskSpec], tasks: dict) -> dict[str, list[int]]:

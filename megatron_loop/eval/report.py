@@ -10,7 +10,11 @@
      "chance": {task: percent}, "groups_chance": {group: percent},
      "per_depth": {task: {r: {depth: {"accuracy", "stderr", "chance", "n"}}}},
      "depth_axes": {task: what its depth counts}, "trained_depths": {task: [depths seen in training]},
-     "heldout": {r: {"loss", "stderr", "perplexity", "sequences"}}, "limit", "lm_eval_tasks": {task: [...]} }
+     "heldout": {r: {"loss", "stderr", "perplexity", "sequences"}}, "limit", "lm_eval_tasks": {task: [...]},
+     "subtask_averages": {task: {r: {"mean", "size_weighted", "subtasks": {name: {"accuracy", "n"}}}}} }
+
+``tasks`` holds BBH's ``mean`` (the paper's unweighted mean of the 14 subtasks); ``size_weighted``
+is lm-eval's group number (subtasks weighted by their item counts).
 
 Standard errors are lm-eval's (closed form for the mean accuracy), propagated through unweighted
 means as sqrt(sum se^2) / n; ``null`` where lm-eval has none (a single item).

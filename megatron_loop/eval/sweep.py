@@ -115,6 +115,7 @@ def run_sweep(model_dir: str | Path, settings: SweepSettings, label: str | None 
         "tasks": {t.key: {} for t in settings.tasks}, "groups": {g: {} for g in (*GROUPS, "overall")},
         "tasks_stderr": {t.key: {} for t in settings.tasks}, "groups_stderr": {g: {} for g in (*GROUPS, "overall")},
         "chance": {}, "groups_chance": {}, "per_depth": {}, "depth_axes": {}, "trained_depths": {}, "heldout": {},
+        "subtask_averages": {},
     }
     lm = None
     if settings.tasks:
@@ -128,6 +129,8 @@ def run_sweep(model_dir: str | Path, settings: SweepSettings, label: str | None 
             from megatron_loop.eval.harness import evaluate_tasks
 
             out = evaluate_tasks(lm, settings.tasks, manager, settings.limit, tasks)
+            for key, avg in out.subtask_averages.items():  # BBH: the paper's mean and lm-eval's size-weighted one
+                results["subtask_averages"].setdefault(key, {})[r] = avg
             for key, value in out.scores.items():
                 results["tasks"][key][r] = value
                 results["tasks_stderr"][key][r] = out.stderr[key]

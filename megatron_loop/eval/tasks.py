@@ -20,8 +20,11 @@ CLUTRR          looplm_clutrr (shipped YAML)               acc_norm  kinship wor
 BBH             looplm_bbh_<subtask> x 14 (shipped YAMLs)  acc       (A), (B), ... / Yes, No
 =============== ========================================== ========= =========================
 
-Scores are percentages. BBH's score is the unweighted mean of its 14 subtasks (Table 10).
+Scores are percentages. BBH's score is the unweighted mean of its 14 subtasks (Table 10: every
+subtask counts once, whatever its size); lm-eval's own ``bbh`` group weights subtasks by their
+item counts instead. The sweep reports both (results JSON ``subtask_averages``).
 Standard errors are lm-eval's per task, combined through every unweighted mean as sqrt(sum se^2) / n.
+The bundled corpus adds ``facts`` (``looplm_facts_local``, acc_norm) to the Knowledge group.
 Group score = unweighted mean of its tasks; Overall = unweighted mean of all eleven tasks,
 Eq. (S_Know, S_Reas): (3 * 62.80 + 8 * 28.52) / 11 = 37.87.
 """
@@ -71,6 +74,15 @@ PAPER_TASKS: dict[str, TaskSpec] = {t.key: t for t in (
 )}
 GROUPS = (KNOWLEDGE, REASONING)
 
+# Tasks of the bundled corpus (``tools/make_corpus.py``) that fill no paper slot: recall of the
+# generated population's facts, stated only in training biographies (the Knowledge group's
+# "facts stored within model weights"). The bundled reasoning tasks run in the ProofWriter,
+# CLUTRR and BBH slots instead (``clutrr=looplm_clutrr_local`` ...). Names and free-text
+# answers of different lengths -> acc_norm.
+BUNDLED_TASKS: dict[str, TaskSpec] = {t.key: t for t in (
+    TaskSpec("facts", ("looplm_facts_local",), "acc_norm", KNOWLEDGE),
+)}
+
 
 def resolve_tasks(items: list[str] | None) -> list[TaskSpec]:
     """Task specs from ``--tasks`` items (default: all eleven paper tasks).
@@ -93,6 +105,8 @@ def resolve_tasks(items: list[str] | None) -> list[TaskSpec]:
             specs.append(replace(PAPER_TASKS[key], lm_eval_tasks=(task,)))
         elif item in PAPER_TASKS:
             specs.append(PAPER_TASKS[item])
+        elif item in BUNDLED_TASKS:
+            specs.append(BUNDLED_TASKS[item])
         else:
             name, _, metric = item.partition(":")
             metric = metric or "acc"
@@ -115,6 +129,15 @@ def stderr_of_mean(errors: list[float | None]) -> float | None:
     if not errors or any(e is None for e in errors):
         return None
     return math.sqrt(sum(e * e for e in errors)) / len(errors)
+
+
+def subtask_averages(accuracy: dict[str, float], size: dict[str, int]) -> dict:
+    """The two averages of a task made of subtasks (BBH): ``mean``, the paper's score (each
+    subtask once), and ``size_weighted``, lm-eval's group aggregate (``weight_by_size: true``):
+    sum(acc_i * n_i) / sum(n_i) over the items each subtask evaluated."""
+    return {"mean": mean(list(accuracy.values())),
+            "size_weighted": sum(accuracy[k] * size[k] for k in accuracy) / sum(size[k] for k in accuracy),
+            "subtasks": {k: {"accuracy": accuracy[k], "n": size[k]} for k in accuracy}}
 
 
 def aggregate(scores: dict[str, float], specs: list[TaskSpec]) -> dict[str, float | None]:

@@ -11,20 +11,33 @@ from __future__ import annotations
 import ast
 import re
 
+from megatron_loop.errors import LoopDataError
+
 PROOFWRITER_CHOICES = ["True", "False", "Unknown"]
+# tasksource/proofwriter stacks every configuration of the original release in one split; its
+# ``config`` column names it. The paper's proof depths 0-5 are the ``depth-5`` configuration.
+PROOFWRITER_CONFIG = "depth-5"
+# CLUTRR/v1's relation labels, in the order of its ``target`` index (dataset card and loading
+# script of CLUTRR/v1: "aunt": 0, "son-in-law": 1, ..., "sister-in-law": 20). There are 21:
+# the dataset has no "brother-in-law".
 CLUTRR_RELATIONS = [
-    "father", "mother", "son", "daughter", "husband", "wife", "brother", "sister", "grandfather",
-    "grandmother", "grandson", "granddaughter", "uncle", "aunt", "nephew", "niece", "father-in-law",
-    "mother-in-law", "son-in-law", "daughter-in-law", "brother-in-law", "sister-in-law",
+    "aunt", "son-in-law", "grandfather", "brother", "sister", "father", "mother", "grandmother",
+    "uncle", "daughter-in-law", "grandson", "granddaughter", "father-in-law", "mother-in-law",
+    "nephew", "son", "daughter", "niece", "husband", "wife", "sister-in-law",
 ]
 _OPTION = re.compile(r"^\(([A-R])\)", re.MULTILINE)
 
 
-def process_proofwriter(dataset):
-    """tasksource/proofwriter rows (theory, question, answer, QDep, config). Keeps the
-    ``depth-5`` configuration (proof depths 0-5) when the split has it."""
-    if "config" in dataset.column_names and "depth-5" in set(dataset["config"]):
-        dataset = dataset.filter(lambda d: d["config"] == "depth-5")
+def process_proofwriter(dataset, config: str = PROOFWRITER_CONFIG):
+    """tasksource/proofwriter rows (theory, question, answer, QDep, config), keeping the rows of
+    configuration ``config`` (``depth-5``: proof depths 0-5). A split without that
+    configuration is an error naming the configurations it has, never silently every row."""
+    found = sorted(set(dataset["config"])) if "config" in dataset.column_names else None
+    if not found or config not in found:
+        raise LoopDataError(f"ProofWriter: no rows of configuration {config!r} in the split (its 'config' "
+                            f"column has {found}); expected tasksource/proofwriter, whose split holds "
+                            f"{config!r} (utils.PROOFWRITER_CONFIG)")
+    dataset = dataset.filter(lambda d: d["config"] == config)
 
     def one(doc):
         answer = str(doc["answer"]).strip().capitalize()
@@ -47,14 +60,17 @@ def clutrr_chain_length(doc) -> int:
 
 
 def process_clutrr(dataset):
-    """CLUTRR/v1 rows (story, query "('A', 'B')", target_text, f_comb, task_name)."""
+    """CLUTRR/v1 rows (story, query "('A', 'B')", target_text, f_comb, task_name); the choices
+    are the dataset's 21 relation labels, the same for every row."""
 
     def one(doc):
         head, tail = ast.literal_eval(doc["query"]) if isinstance(doc["query"], str) else doc["query"]
         story = re.sub(r"[\[\]]", "", doc["story"]).strip()
-        relations = CLUTRR_RELATIONS + ([doc["target_text"]] if doc["target_text"] not in CLUTRR_RELATIONS else [])
+        if doc["target_text"] not in CLUTRR_RELATIONS:
+            raise LoopDataError(f"CLUTRR: target {doc['target_text']!r} is not one of CLUTRR/v1's 21 relation "
+                                f"labels {CLUTRR_RELATIONS}")
         return {"query": f"{story}\nQuestion: How is {tail} related to {head}?\nAnswer: {tail} is {head}'s",
-                "choices": relations, "gold": relations.index(doc["target_text"]),
+                "choices": CLUTRR_RELATIONS, "gold": CLUTRR_RELATIONS.index(doc["target_text"]),
                 "depth": clutrr_chain_length(doc)}
 
     return dataset.map(one)
