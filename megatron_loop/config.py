@@ -2,7 +2,7 @@
 
 The ``model:`` section uses the HF export vocabulary of SPEC.md (``prelude_layers``,
 ``core_layers``, ``train_loops``, ``coda_layers``, ``initial_injection``, ...), plus
-``backbone`` (a preset from App. A.1 whose fields the others override) and
+``backbone`` (a preset from App. C.1 whose fields the others override) and
 ``activation_checkpointing``. Every error names the key and what was expected.
 """
 
@@ -22,11 +22,11 @@ import yaml
 from megatron_loop.errors import LoopConfigError
 
 # --------------------------------------------------------------------------------------
-# Backbone presets (App. A.1, Table 5)
+# Backbone presets (App. C.1, Table 1)
 # --------------------------------------------------------------------------------------
 
 LLAMA3_ROPE_SCALING = {
-    # Llama 3 RoPE scaling rule (App. A.1): original context 8,192, max context 131,072.
+    # Llama 3 RoPE scaling rule (App. C.1): original context 8,192, max context 131,072.
     # factor/low/high are those of the Llama 3.1 release.
     "rope_type": "llama3",
     "factor": 8.0,
@@ -85,7 +85,7 @@ LOOP_SAMPLINGS = ("fixed", "poisson_lognormal", "uniform")  # train.loop_samplin
 
 @dataclass
 class ModelConfig:
-    """Architecture ``p+s×K+c`` and the conditioning mechanisms (Sec. 2.1, Sec. 4, App. A.1)."""
+    """Architecture ``p+s×K+c`` and the conditioning mechanisms (Sec. 2.1, Sec. 5, App. C.1)."""
 
     backbone: str | None = None
     prelude_layers: int = 0
@@ -129,7 +129,7 @@ class ModelConfig:
     # kernel, CUDA), auto (fused on CUDA when liger-kernel is installed, chunked otherwise).
     loss_implementation: str = "auto"
 
-    # ---- derived quantities (App. A.1 "BaseLoop and CoreLoop models")
+    # ---- derived quantities (App. C.1 "BaseLoop and CoreLoop models")
     @property
     def physical_depth(self) -> int:
         return self.prelude_layers + self.core_layers + self.coda_layers
@@ -202,7 +202,7 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    """Training recipe (App. A.2, Table 7)."""
+    """Training recipe (App. C.2, Table 3)."""
 
     global_batch_size: int = 8
     micro_batch_size: int = 4
@@ -306,7 +306,7 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    """Indexed-dataset prefixes (App. A.1 "Pretraining data and tokenization")."""
+    """Indexed-dataset prefixes (App. C.1 "Pretraining data and tokenization")."""
 
     train_prefixes: list[str] = field(default_factory=list)
     train_weights: list[float] | None = None
@@ -383,7 +383,7 @@ class Config:
             k = self.model.train_loops
             loops = {max(1, k // 2), k, 2 * k}
             if self.model.timestep != "none" and self.model.timestep_grid == "prefix":
-                loops = {r for r in loops if r <= k}  # the prefix grid cannot extrapolate (App. A.1)
+                loops = {r for r in loops if r <= k}  # the prefix grid cannot extrapolate (App. C.1)
             self.train.eval_loops = sorted(loops)
 
     def to_dict(self) -> dict:

@@ -1,8 +1,8 @@
 """``pretrain_loop.py --dry-run``: what a config would train, checked and counted in well under a second.
 
-The default token budget is the paper's Chinchilla rule (Sec. 2.2, App. A.1): 20 tokens per
+The default token budget is the paper's Chinchilla rule (Sec. 2.2, App. C.1): 20 tokens per
 parameter of the NonLoop model with L(K) layers (same backbone, no conditioning).
-steps = tokens // (global_batch * seq_length); WSD split 5% / 85% / rest (App. A.2).
+steps = tokens // (global_batch * seq_length); WSD split 5% / 85% / rest (App. C.2).
 
 Parameters are counted analytically (:func:`count_parameters`, tested equal to
 ``build_model(cfg, device="meta").num_parameters()``), so a dry run imports neither torch nor
@@ -43,7 +43,7 @@ def count_parameters(cfg: ModelConfig) -> ParameterCount:
 
     Backbone: embedding V*d, per block the attention and SwiGLU matrices
     (:func:`megatron_loop.flops.block_matmul_params`), two RMSNorms of d and, for Qwen3, the
-    q/k norms of head_dim; the final norm d; the LM head V*d unless tied. Conditioning (Sec. 4):
+    q/k norms of head_dim; the final norm d; the LM head V*d unless tied. Conditioning (Sec. 5):
     initial-state injection 1 | 2d | 2d | 2d^2 (scalar | channel | residual_channel | dense),
     history injection w * (1 | d | d^2), Loop Gating 8, and per core layer two branches of
     Branch Gating 8 or AdaLN 2d x 8 each.

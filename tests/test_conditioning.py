@@ -209,7 +209,7 @@ def test_injection_init_noise_perturbs_the_identity(kind, names):
 
 
 def test_history_window_rule_first_transitions():
-    """h1 = F(h0), h2 = F(h1), h3 = F(h2 + beta_1 (h1 - h2)) (App. A.1, history models)."""
+    """h1 = F(h0), h2 = F(h1), h3 = F(h2 + beta_1 (h1 - h2)) (App. C.1, history models)."""
     model = make(history_injection="scalar", history_window=2, train_loops=4)
     with torch.no_grad():
         model.history_injection.beta.copy_(torch.tensor([0.7, -0.4]))

@@ -169,7 +169,7 @@ def test_measure_preprocess_throughput_reports_both_rates():
 
 
 def test_hf_streaming_path_shuffles_with_buffer_and_seed(tmp_path, monkeypatch):
-    """The hub code path (App. A.1: streaming, buffer shuffle, seed 42) on a local folder, which
+    """The hub code path (App. C.1: streaming, buffer shuffle, seed 42) on a local folder, which
     ``datasets.load_dataset`` accepts like a hub name but without a network."""
     import datasets
 
@@ -189,7 +189,7 @@ def test_hf_streaming_path_shuffles_with_buffer_and_seed(tmp_path, monkeypatch):
 
 
 def test_large_vocabulary_uses_int32(tmp_path, monkeypatch):
-    """Llama-3.1/Qwen3 vocabularies (128,256 / 151,936, App. A.1) do not fit uint16."""
+    """Llama-3.1/Qwen3 vocabularies (128,256 / 151,936, App. C.1) do not fit uint16."""
     import megatron_loop.data.preprocess as pp
     from megatron_loop.data.tokenizer import load_tokenizer
 

@@ -23,9 +23,9 @@ def tiny(**kw):
     return build_model_config(base)
 
 
-# ---------------------------------------------------------------- parameter counts (App. A.1)
+# ---------------------------------------------------------------- parameter counts (App. C.1)
 PAPER_COUNTS = [
-    # (backbone, p, s, K, c, parameters) -- Tables 5 and 6
+    # (backbone, p, s, K, c, parameters) -- Tables 1 and 2
     ("llama3.1-1b", 0, 20, 1, 0, 1_007_482_368),
     ("qwen3-0.6b", 0, 28, 1, 0, 596_049_920),
     ("llama3.1-1b", 0, 2, 10, 0, 455_351_808),
@@ -53,7 +53,7 @@ def test_parameter_counts_equal_paper(backbone, p, s, k, c, expected):
 
 
 def test_qwen_initial_injection_baseloop_counts():
-    # App. A.1 "Initial-state injection models": Qwen BaseLoop counts ~187.05M, 218.51M, 265.70M, 375.82M
+    # App. C.1 "Initial-state injection models": Qwen BaseLoop counts ~187.05M, 218.51M, 265.70M, 375.82M
     got = [build_model(build_model_config(dict(backbone="qwen3-0.6b", core_layers=s, train_loops=28 // s)),
                        device="meta").num_parameters() for s in (2, 4, 7, 14)]
     assert [round(n / 1e6, 2) for n in got] == [187.05, 218.51, 265.70, 375.82]

@@ -14,7 +14,7 @@ RUN = dict(micro_batch_size=38, grad_accum=6, data_parallel_size=8, bf16=True, g
 def test_shipped_configs_resolve(stage):
     config = resolve_ds_config(load_ds_config(stage), **RUN)
     assert config["zero_optimization"]["stage"] == stage
-    # App. A.2: 38 x 6 micro-batches on 8 GPUs = 1,824 sequences
+    # App. C.2: 38 x 6 micro-batches on 8 GPUs = 1,824 sequences
     assert config["train_batch_size"] == 1824
     assert config["train_micro_batch_size_per_gpu"] == 38 and config["gradient_accumulation_steps"] == 6
     assert config["gradient_clipping"] == 1.0 and config["bf16"]["enabled"] is True

@@ -1,4 +1,4 @@
-"""WSD schedule (App. A.2 "Learning-rate scheduler", Table 7)."""
+"""WSD schedule (App. C.2 "Learning-rate scheduler", Table 3)."""
 
 from __future__ import annotations
 

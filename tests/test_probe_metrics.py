@@ -1,4 +1,4 @@
-"""App. A.4 metrics against hand computations on small tensors (no model)."""
+"""App. C.4 metrics against hand computations on small tensors (no model)."""
 
 from __future__ import annotations
 

@@ -145,5 +145,5 @@ def test_replot_recomputes_summaries_and_redraws_from_the_json(reports, tmp_path
 def test_sample_defaults_to_the_papers_100000_positions():
     parsed = cli.build_parser().parse_args(["--checkpoint", "c", "--valid-prefix", "v", "--output", "o"])
     assert cli._num_positions(parsed.num_positions) == 100_000 == cli.PAPER_NUM_POSITIONS
-    assert parsed.num_sequences == 49 and parsed.seq_length == 2048  # 49 x 2047 >= 100,000 (App. A.4)
+    assert parsed.num_sequences == 49 and parsed.seq_length == 2048  # 49 x 2047 >= 100,000 (App. C.4)
     assert cli._num_positions("all") is None

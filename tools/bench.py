@@ -56,7 +56,7 @@ from megatron_loop.perf import (count_host_syncs, matmul_peak_flops, peak_memory
 
 MODES = ("loop-vs-nonloop", "checkpointing", "optimizer", "data", "eval", "compile", "peers", "train", "profile",
          "loss", "backprop", "exit-decode")
-PAPER_GLOBAL_BATCH = 1824  # sequences of 2048 tokens (App. A.2): 38 micro x 6 accumulation x 8 ranks
+PAPER_GLOBAL_BATCH = 1824  # sequences of 2048 tokens (App. C.2): 38 micro x 6 accumulation x 8 ranks
 PAPER_DATA_PARALLEL = 8
 
 # CPU twins: the block structure of each family at widths a 2-core CPU steps in well under 1 s.
@@ -120,7 +120,7 @@ def build(cfg: ModelConfig, setup: Setup) -> torch.nn.Module:
 
 
 def muon_adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
-    """The paper's optimizer (App. A.2). Clipping stays with DeepSpeed in training (ZeRO >= 1),
+    """The paper's optimizer (App. C.2). Clipping stays with DeepSpeed in training (ZeRO >= 1),
     so it is off here; the optimizer's own clip would read the norm back to the host."""
     from megatron_loop.optim import OptimizerSettings, build_optimizer
 

@@ -22,7 +22,7 @@ from megatron_loop.config import BACKBONES, SECTIONS  # noqa: E402
 
 DESCRIPTIONS: dict[str, str] = {
     # ---- model (HF export vocabulary, SPEC.md)
-    "model.backbone": "Preset from App. A.1 (`llama3.1-1b`, `qwen3-0.6b`, `tiny-llama`, `tiny-qwen`); every other model key overrides it.",
+    "model.backbone": "Preset from App. C.1 (`llama3.1-1b`, `qwen3-0.6b`, `tiny-llama`, `tiny-qwen`); every other model key overrides it.",
     "model.prelude_layers": "p: Prelude blocks, run once before the loop.",
     "model.core_layers": "s: shared Core blocks, run `train_loops` times in training.",
     "model.train_loops": "K: loop count during training (the training horizon).",
@@ -39,7 +39,7 @@ DESCRIPTIONS: dict[str, str] = {
     "model.max_position_embeddings": "Maximum context; `train.seq_length` may not exceed it.",
     "model.qk_norm": "Per-head RMSNorm on queries and keys before RoPE (Qwen3).",
     "model.tie_word_embeddings": "Share the embedding and the LM head (Qwen3).",
-    "model.initializer_range": "Standard deviation of the N(0, sigma) init of linear and embedding weights (App. A.2: 0.02).",
+    "model.initializer_range": "Standard deviation of the N(0, sigma) init of linear and embedding weights (App. C.2: 0.02).",
     "model.initial_injection": "Initial-state injection I_phi(h, h0): `none`, `scalar`, `channel`, `residual_channel`, `dense`.",
     "model.history_injection": "History-state injection operators B_j: `none`, `scalar`, `channel`, `dense`.",
     "model.history_window": "w: number of past recurrent states in the history window.",
@@ -51,7 +51,7 @@ DESCRIPTIONS: dict[str, str] = {
     "model.loss_implementation": "LM head + cross-entropy: `chunked` (torch, fp32 logits per chunk: the reference), `fused` (Liger-Kernel's Triton kernel; CUDA), `auto` (fused on CUDA, chunked elsewhere). No host synchronisation in either.",
     "model.injection_init_noise": "Std of N(0, sigma^2) noise added to the identity init of `scalar` / `channel` / `residual_channel` initial injection (App. E.1 ablation: 0.03; the paper does not say how the noise enters: here, every coefficient). 0: exact identity.",
     "model.loop_gating_reference": "What Loop Gating mixes with the core output: `state` (h_l, Eq. loop_level_timestep_gating) or `injected` (the core's input u_l = I(h_l, h0) + history; Sec. 5.2 \"the difference between the shared stack's output and its input\"). Needs `timestep: loop_gating`; exported to HF.",
-    # ---- train (App. A.2, Table 7)
+    # ---- train (App. C.2, Table 3)
     "train.global_batch_size": "Sequences per optimizer update = micro_batch_size x accumulation x data-parallel size.",
     "train.micro_batch_size": "Sequences per rank per forward/backward; accumulation is derived.",
     "train.seq_length": "Packed sequence length in tokens (2,048 in the paper).",
@@ -94,7 +94,7 @@ DESCRIPTIONS: dict[str, str] = {
     "train.loop_sampling_min": "Smallest loop count drawn (`uniform`: lower bound; `poisson_lognormal`: draws below are raised to it).",
     "train.loop_sampling_max": "Largest loop count drawn; `null`: 2K - min for `uniform` (mean K), no cap for `poisson_lognormal`.",
     "train.backprop_loops": "Truncated backpropagation: only the last N loops of a step build a graph (the state still flows through the others); `null`: all loops (the paper). Needs an `initial_injection` when it truncates.",
-    # ---- data (App. A.1)
+    # ---- data (App. C.1)
     "data.train_prefixes": "Indexed dataset prefixes (P for P.bin/P.idx) to train on.",
     "data.train_weights": "Blending weights, one per train prefix (`null`: equal).",
     "data.valid_prefixes": "Held-out prefixes for validation loss; null: the `_valid` prefix next to the first "
@@ -132,7 +132,7 @@ def render() -> str:
             text = DESCRIPTIONS.get(f"{section}.{f.name}", "")
             lines.append(f"| `{f.name}` | `{_type_name(f.type)}` | `{default!r}` | {text} |")
         lines.append("")
-    lines += ["## Backbone presets (App. A.1, Table 5)", "", "| backbone | fields |", "|---|---|"]
+    lines += ["## Backbone presets (App. C.1, Table 1)", "", "| backbone | fields |", "|---|---|"]
     for name, fields in BACKBONES.items():
         lines.append(f"| `{name}` | " + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + " |")
     return "\n".join(lines) + "\n"

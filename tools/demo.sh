@@ -25,7 +25,7 @@ prepare_data "$RUN"
 train_model "$RUN" model "$STEPS" deepspeed "$CONFIG"
 export_and_eval "$RUN" model "$LOOPS" "$LIMIT"
 
-step "geometry probes (App. A.4)"
+step "geometry probes (App. C.4)"
 python tools/probe_geometry.py --checkpoint "$RUN/model/train/checkpoints" --valid-prefix "$RUN/data/corpus_valid" \
     --loops "1,$K,$(( 2 * K ))" --num-sequences 8 --num-positions 800 --seq-length 128 \
     --interaction-sources beyond_training --output "$RUN/model/probe" --no-progress

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Evaluate an exported LoopLM across inference loop counts r (paper Sec. 2.3, App. A.3).
+"""Evaluate an exported LoopLM across inference loop counts r (paper Sec. 2.3, App. C.3).
 
     python tools/eval_loops.py --model runs/tiny/hf --loops 1,2,4,8 --limit 200 --output runs/tiny/eval
     python tools/eval_loops.py --model HF --loops 1,3,6 --tasks clutrr=looplm_clutrr_local \\

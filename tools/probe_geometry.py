@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Geometry probes of recurrent dynamics, paper App. A.4 (see megatron_loop/probes/cli.py).
+"""Geometry probes of recurrent dynamics, paper App. C.4 (see megatron_loop/probes/cli.py).
 
     python tools/probe_geometry.py --checkpoint CKPT_DIR --valid-prefix data/val --loops 1,2,4,8 \
         --num-sequences 49 --num-positions 100000 --seq-length 2048 --output probe/

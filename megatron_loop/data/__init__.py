@@ -1,4 +1,4 @@
-"""Data pipeline (paper App. A.1): indexed datasets, packing, blending, sampling, corpus.
+"""Data pipeline (paper App. C.1): indexed datasets, packing, blending, sampling, corpus.
 
 Submodules import megatron-core and transformers (seconds each) only when used, so the names
 below are resolved lazily (``preprocess`` is the submodule; its function is

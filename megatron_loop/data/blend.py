@@ -1,6 +1,6 @@
 """Weighted, deterministic blending of several packed datasets.
 
-The paper trains on one corpus (App. A.1); blending serves mixes such as prose plus the
+The paper trains on one corpus (App. C.1); blending serves mixes such as prose plus the
 generated reasoning corpus. The schedule is megatron-core's deterministic greedy one: after any
 ``n`` samples each component has contributed ``n * w_k`` samples to within two, and nothing but
 the weights decides the order (the components are already seed-shuffled, see ``packed.py``).

@@ -1,7 +1,7 @@
 """A small, licence-clean corpus generated from templates, with depth-controlled reasoning.
 
-The paper pretrains on FineWeb-Edu (App. A.1) and measures reasoning on ProofWriter, CLUTRR
-and BBH ``tracking_shuffled_objects`` (App. A.3, Tab. "Reasoning group"), the three tasks whose
+The paper pretrains on FineWeb-Edu (App. C.1) and measures reasoning on ProofWriter, CLUTRR
+and BBH ``tracking_shuffled_objects`` (App. C.3, Table 5), the three tasks whose
 difficulty is set by an explicit compositional parameter. Nothing here is downloaded: prose is
 built from word lists in this file, and the three reasoning generators mirror those tasks
 with a ``depth`` knob (chain length, proof depth, number of swaps), so a tiny model trained

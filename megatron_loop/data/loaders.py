@@ -1,4 +1,4 @@
-"""Train/validation DataLoaders from the ``data:`` config section (App. A.1, SPEC "Data semantics").
+"""Train/validation DataLoaders from the ``data:`` config section (App. C.1, SPEC "Data semantics").
 
 ``data:`` keys (a mapping or an object with these attributes):
 

@@ -1,4 +1,4 @@
-"""Packed fixed-length training sequences over one indexed prefix (App. A.1).
+"""Packed fixed-length training sequences over one indexed prefix (App. C.1).
 
 "The resulting token stream is concatenated and packed into non-overlapping sequences of length
 2,048, and incomplete final sequences are discarded." Documents (indexed sequences, each ending

@@ -1,4 +1,4 @@
-"""Tokenise documents into Megatron indexed datasets (``P.bin``/``P.idx``), App. A.1.
+"""Tokenise documents into Megatron indexed datasets (``P.bin``/``P.idx``), App. C.1.
 
 Every document is encoded without BOS (``add_special_tokens=False``) and terminated with the
 tokenizer's EOS; one indexed sequence per document. Encoding is batched and spread over
@@ -281,7 +281,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--text-unit", choices=("file", "line"), default="file",
                     help=".txt inputs: one document per file or per non-empty line")
     ap.add_argument("--eos-token", default=None, help="override the tokenizer's EOS token")
-    hf = ap.add_argument_group("Hugging Face datasets (App. A.1: streaming, buffer 10000, seed 42)")
+    hf = ap.add_argument_group("Hugging Face datasets (App. C.1: streaming, buffer 10000, seed 42)")
     hf.add_argument("--hf-config", default=None, help="dataset config, e.g. sample-350BT")
     hf.add_argument("--split", default="train")
     hf.add_argument("--streaming", action="store_true")

@@ -1,6 +1,6 @@
 """Document sources for preprocessing: local files, folders, globs, or a Hugging Face dataset.
 
-App. A.1: the paper streams FineWeb-Edu (``sample-350BT``) and shuffles it with a buffer of
+App. C.1: the paper streams FineWeb-Edu (``sample-350BT``) and shuffles it with a buffer of
 10,000 documents and seed 42; ``iter_hf_documents`` reproduces that through ``datasets``.
 Local inputs keep their file order (sorted within folders) so a run is reproducible; document
 order for training is shuffled later, at packing time (see ``packed.py``).
@@ -22,7 +22,7 @@ _EXPECTED = "a .jsonl/.json/.parquet/.txt file, a folder or glob of them, or a H
 
 @dataclass(frozen=True)
 class HFSource:
-    """Where a Hugging Face dataset is read from and how it is shuffled (App. A.1 defaults)."""
+    """Where a Hugging Face dataset is read from and how it is shuffled (App. C.1 defaults)."""
 
     name: str
     config: str | None = None
@@ -142,7 +142,7 @@ def iter_local_documents(paths: Sequence[Path], json_key: str = "text",
 
 
 def iter_hf_documents(source: HFSource, json_key: str = "text") -> Iterator[str]:
-    """Documents of a hub dataset, shuffled as in App. A.1 (streaming: buffer of
+    """Documents of a hub dataset, shuffled as in App. C.1 (streaming: buffer of
     ``shuffle_buffer`` documents; otherwise a full shuffle; both with ``seed``)."""
     import datasets
 

@@ -1,4 +1,4 @@
-"""Tokenizers: loading a hub/local fast tokenizer (App. A.1) and training a small local BPE.
+"""Tokenizers: loading a hub/local fast tokenizer (App. C.1) and training a small local BPE.
 
 The paper uses the Llama-3.1-8B and Qwen3-0.6B tokenizers; tests and the quickstart use a
 byte-level BPE trained here on the generated corpus (no download), saved as a transformers
@@ -73,7 +73,7 @@ def load_tokenizer(name_or_dir: str, eos_token: str | None = None, source: str |
         tok.eos_token = eos_token
     if tok.eos_token_id is None:
         raise LoopDataError(f"tokenizer '{name_or_dir}' has no EOS token; expected eos_token to be "
-                            "set (documents are terminated with EOS, App. A.1), or pass --eos-token")
+                            "set (documents are terminated with EOS, App. C.1), or pass --eos-token")
     return tok
 
 

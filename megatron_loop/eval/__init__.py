@@ -1,4 +1,4 @@
-"""Loop-sweep evaluation of exported LoopLMs (paper Sec. 2.3, App. A.3).
+"""Loop-sweep evaluation of exported LoopLMs (paper Sec. 2.3, App. C.3).
 
 * ``tasks``   -- the task table: groups, headline metric per task, aggregation;
 * ``harness`` -- one lm-evaluation-harness pass at one r (+ accuracy per depth);

@@ -82,7 +82,7 @@ def _one_line(error: Exception) -> str:
 def load_tasks(specs: list[TaskSpec], manager) -> dict:
     """The lm-eval task objects of ``specs`` by name, built once for the whole sweep.
 
-    Each is set to zero shots (App. A.3) here, once, instead of lm-eval overriding (and warning)
+    Each is set to zero shots (App. C.3) here, once, instead of lm-eval overriding (and warning)
     at every r. Tasks whose dataset must come from the Hugging Face hub while the hub is
     unreachable are collected into one error that says how to run local tasks instead.
     """

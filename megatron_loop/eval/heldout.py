@@ -1,7 +1,7 @@
 """Held-out loss and perplexity at the model's loop count r on an indexed validation prefix.
 
 The prefix is packed exactly as in training (``data.packed.PackedDataset``: seed-shuffled
-documents, non-overlapping ``seq_length`` windows, App. A.1); the loss of a window is the
+documents, non-overlapping ``seq_length`` windows, App. C.1); the loss of a window is the
 mean next-token cross-entropy over its ``seq_length - 1`` predictions; the reported loss is
 the mean over windows and perplexity = exp(loss); ``stderr`` is the standard error of that mean
 over windows (sample standard deviation / sqrt(windows)).

@@ -1,4 +1,4 @@
-"""Loop sweep (paper Sec. 2.3, App. A.3): load an exported model once, then for every
+"""Loop sweep (paper Sec. 2.3, App. C.3): load an exported model once, then for every
 inference loop count r run the zero-shot suite and the held-out loss, and record scores
 against effective depth L(r) = p + r·s + c."""
 

@@ -1,7 +1,7 @@
-"""The paper's evaluation suite (App. A.3): task groups, headline metric per task, aggregation.
+"""The paper's evaluation suite (App. C.3): task groups, headline metric per task, aggregation.
 
 Every task is zero-shot multiple choice scored by log-likelihood in lm-evaluation-harness.
-Headline metric (App. A.3: "length-normalized accuracy for multiple-choice tasks whose options
+Headline metric (App. C.3: "length-normalized accuracy for multiple-choice tasks whose options
 differ in length, and plain accuracy for tasks with fixed-form options"):
 
 =============== ========================================== ========= =========================
@@ -20,7 +20,7 @@ CLUTRR          looplm_clutrr (shipped YAML)               acc_norm  kinship wor
 BBH             looplm_bbh_<subtask> x 14 (shipped YAMLs)  acc       (A), (B), ... / Yes, No
 =============== ========================================== ========= =========================
 
-Scores are percentages. BBH's score is the unweighted mean of its 14 subtasks (Table 10: every
+Scores are percentages. BBH's score is the unweighted mean of its 14 subtasks (Table 6: every
 subtask counts once, whatever its size); lm-eval's own ``bbh`` group weights subtasks by their
 item counts instead. The sweep reports both (results JSON ``subtask_averages``).
 Standard errors are lm-eval's per task, combined through every unweighted mean as sqrt(sum se^2) / n.

@@ -11,7 +11,7 @@ The model was trained with ``r = K = train_loops``; ``num_loops`` (config field 
 ``from_pretrained`` kwarg) sets the inference loop count r, which may be smaller or larger
 (extrapolation). Effective depth L(r) = p + r·s + c.
 
-Recurrence conditioning gamma_t (paper Sec. 4 and App. A.1), in any combination:
+Recurrence conditioning gamma_t (paper Sec. 5 and App. C.1), in any combination:
 
 * Initial-state injection   I_phi(h, h0)                    Eq. (initial_state_injection_variants)
 * History-state injection   sum_j B_j(h_{l-j} - h_l)        Eq. (history_state_injection)
@@ -88,7 +88,7 @@ def _checked_num_loops(value):
 
 
 def _check_prefix_grid(num_loops, train_loops, timestep, grid) -> None:
-    """The ``prefix`` grid is the training grid T = K, so it has no timestep for r > K (App. A.1)."""
+    """The ``prefix`` grid is the training grid T = K, so it has no timestep for r > K (App. C.1)."""
     if (grid == "prefix" and timestep not in (None, "none") and num_loops is not None and train_loops is not None
             and num_loops > train_loops):
         raise ValueError(f"LoopLMConfig.timestep_grid='prefix' with num_loops={num_loops}: the prefix grid is the "
@@ -357,7 +357,7 @@ class LoopLMMLP(nn.Module):
 
 
 # ======================================================================================
-# Recurrence conditioning (paper Sec. 4)
+# Recurrence conditioning (paper Sec. 5)
 # ======================================================================================
 
 

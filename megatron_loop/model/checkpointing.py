@@ -1,4 +1,4 @@
-"""Activation checkpointing of the recurrent core (App. A.2 "Recurrent backpropagation").
+"""Activation checkpointing of the recurrent core (App. C.2 "Recurrent backpropagation").
 
 Training backpropagates through all K loops, so without checkpointing the activations of
 L(K) = p + K s + c blocks are alive at the end of the forward. ``model.activation_checkpointing``:

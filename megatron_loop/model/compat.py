@@ -50,7 +50,7 @@ def transformer_config(*, num_layers: int, hidden_size: int, intermediate_size: 
     """megatron-core config for a pre-norm RMSNorm / GQA / RoPE / SwiGLU block without biases or dropout."""
 
     def init_method(weight: torch.Tensor) -> torch.Tensor:
-        # App. A.2: every linear weight ~ N(0, 0.02); no depth scaling of output layers.
+        # App. C.2: every linear weight ~ N(0, 0.02); no depth scaling of output layers.
         return nn.init.normal_(weight, mean=0.0, std=initializer_range)
 
     with warnings.catch_warnings():

@@ -1,11 +1,11 @@
-"""Recurrence conditioning (paper Sec. 4 and App. A.1).
+"""Recurrence conditioning (paper Sec. 5 and App. C.1).
 
 State conditioning:
   * :class:`InitialStateInjection` -- I_phi(h, h0), Eq. (initial_state_injection_variants).
   * :class:`HistoryStateInjection` -- sum_j B_j(h_{l-j} - h_l), Eq. (history_state_injection).
 Timestep conditioning:
   * :func:`timestep_features` -- psi(t, dt) in R^8, Eq. (timestep_features), with the
-    training / ``rescaled`` / ``prefix`` grids of App. A.1.
+    training / ``rescaled`` / ``prefix`` grids of App. C.1.
   * :class:`LoopGating` -- g_l = 1 + q^T psi_l, Eq. (loop_level_timestep_gating).
   * :class:`BranchGating` -- per core layer and branch scalar gate, Eq. (branch_level_timestep_gating).
   * :class:`AdaLN` -- [g - 1; s] = W psi_l, Eq. (adaln_timestep_parameters).
@@ -34,7 +34,7 @@ NUM_TIMESTEP_FEATURES = 8
 class InitialStateInjection(nn.Module):
     """Initial-state injection I_phi(h, h0), applied before every execution of the shared core.
 
-    Eq. (initial_state_injection_variants), App. A.1 "Initial-state injection models":
+    Eq. (initial_state_injection_variants), App. C.1 "Initial-state injection models":
       scalar           h + alpha h0                 alpha = 0          1 parameter
       channel          a * h + b * h0               a = 1, b = 0       2d
       residual_channel (1 + delta_a) * h + b * h0   delta_a = b = 0    2d
@@ -142,7 +142,7 @@ def timestep_features(num_loops: int, train_loops: int, grid: str,
     """psi(t_l, dt) for l = 0..r-1, shape [r, 8], Eq. (timestep_features).
 
     psi(t, dt) = (t, dt, t^2, dt^2, t dt, sin(pi t), cos(pi t) - 1, sin(2 pi t)),
-    t_l = l / T, dt = 1 / T. Training uses T = K. Inference grids (App. A.1):
+    t_l = l / T, dt = 1 / T. Training uses T = K. Inference grids (App. C.1):
     ``rescaled`` T = r (any r); ``prefix`` T = K, the first r steps, r <= K.
     """
     if num_loops < 1:

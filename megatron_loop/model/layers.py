@@ -1,6 +1,6 @@
 """The transformer block of every LoopLM: megatron-core SelfAttention + MLP in a pre-norm layer.
 
-One block class serves Prelude, Core and Coda (App. A.1 "Backbone architectures"): RMSNorm
+One block class serves Prelude, Core and Coda (App. C.1 "Backbone architectures"): RMSNorm
 before attention and before the MLP, causal GQA self-attention with RoPE (and per-head QK
 RMSNorm for Qwen3), SwiGLU MLP, no biases, no dropout. It is assembled from a megatron-core
 ``ModuleSpec`` (:func:`loop_block_spec`) so the attention/MLP implementations can be swapped

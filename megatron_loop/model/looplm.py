@@ -8,12 +8,12 @@ Paper Sec. 2.1, Eq. (loop-state-evolution):
 history-state injection and timestep conditioning (Loop Gating, Branch Gating, AdaLN), in
 any combination:
 
-    u_l     = I_phi(h_l, h0) + sum_j B_j(h_{l-j} - h_l)           (injection, Sec. 4.1)
+    u_l     = I_phi(h_l, h0) + sum_j B_j(h_{l-j} - h_l)           (injection, Sec. 5.1)
     y_l     = F(u_l; psi_l)                                          (core, BG/AdaLN inside F)
     h_{l+1} = h_l + g_l (y_l - h_l)   with LG,   y_l otherwise       (Loop Gating)
               (u_l in place of h_l with ``model.loop_gating_reference: injected``)
 
-Training runs exactly K loops with full backpropagation through all of them (App. A.2
+Training runs exactly K loops with full backpropagation through all of them (App. C.2
 "Recurrent backpropagation"); nothing is detached. Activation checkpointing (``per_loop``,
 ``selective``, ``auto`` with a memory budget, ``per_block``) lives in ``checkpointing.py``;
 gradients equal ``none`` in every mode.
@@ -104,7 +104,7 @@ class LoopLM(nn.Module):
             nn.init.normal_(self.lm_head.weight, mean=0.0, std=config.initializer_range)
             roles.set_role(self.lm_head.weight, roles.HEAD)
 
-        # ---- conditioning (Sec. 4); all of it starts as the identity
+        # ---- conditioning (Sec. 5); all of it starts as the identity
         self.initial_injection = (None if config.initial_injection == "none"
                                   else InitialStateInjection(config.initial_injection, d, config.injection_init_noise))
         self.history_injection = (None if config.history_injection == "none"
@@ -302,7 +302,7 @@ class LoopLM(nn.Module):
         return LoopLMOutput(logits=logits, loss=loss, trajectory=trajectory, exit_loops=exit_loops)
 
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy (App. A.2) from final hidden states ``[b, s, d]``.
+        """Mean next-token cross-entropy (App. C.2) from final hidden states ``[b, s, d]``.
 
         Chunked over tokens (``self.loss_chunk_tokens`` at a time); equal to ``F.cross_entropy`` of
         the full fp32 logits (``perf.chunked_linear_cross_entropy``). ``model.loss_implementation``

@@ -1,6 +1,6 @@
 """Parameter roles: the model's own knowledge of what each parameter is.
 
-The optimizer (App. A.2 "Optimizer") puts the matrix-valued attention and MLP projection
+The optimizer (App. C.2 "Optimizer") puts the matrix-valued attention and MLP projection
 weights of Prelude, Core and Coda into Muon and everything else (embeddings, LM head, norms,
 conditioning parameters) into AdamW. That split is decided here, when the model builds each
 parameter, never by matching parameter names.

@@ -1,4 +1,4 @@
-"""Optimizer, WSD schedule and DeepSpeed engine (App. A.2 "Optimizer", "Learning-rate
+"""Optimizer, WSD schedule and DeepSpeed engine (App. C.2 "Optimizer", "Learning-rate
 scheduler", "Gradient accumulation and clipping"; issue 5 items 2-4).
 
 Names are resolved lazily (as in ``megatron_loop.data``): ``megatron_loop.optim.schedule`` is

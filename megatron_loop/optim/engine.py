@@ -1,4 +1,4 @@
-"""DeepSpeed engine construction for the paper's optimizer (App. A.2; issue 5 items 2-4).
+"""DeepSpeed engine construction for the paper's optimizer (App. C.2; issue 5 items 2-4).
 
 Mechanism: we shard Muon ourselves. :class:`~megatron_loop.optim.optimizer.MuonAdamW` is a
 plain torch optimizer handed to ``deepspeed.initialize`` (``zero_allow_untested_optimizer``);
@@ -43,7 +43,7 @@ AUTO = "auto"
 
 @dataclass(frozen=True)
 class OptimizerSettings:
-    """App. A.2 recipe; ``lr`` is the peak learning rate shared by both groups."""
+    """App. C.2 recipe; ``lr`` is the peak learning rate shared by both groups."""
 
     lr: float
     weight_decay: float = 0.1
@@ -54,7 +54,7 @@ class OptimizerSettings:
     ns_steps: int = 5
     muon_scale: ScaleRule = "match_rms_adamw"
     grad_clip: float = 1.0
-    # WSD shape (App. A.2): warmup / stable fractions of the updates, final lr / peak.
+    # WSD shape (App. C.2): warmup / stable fractions of the updates, final lr / peak.
     warmup_fraction: float = WARMUP_FRACTION
     stable_fraction: float = STABLE_FRACTION
     min_lr_ratio: float = FINAL_FRACTION
@@ -118,7 +118,7 @@ def resolve_ds_config(
 ) -> dict:
     """Fill DeepSpeed's ``"auto"`` values from the run and check the batch arithmetic.
 
-    ``train_batch_size = micro_batch_size * grad_accum * data_parallel_size`` (App. A.2: 38 x 6
+    ``train_batch_size = micro_batch_size * grad_accum * data_parallel_size`` (App. C.2: 38 x 6
     x 8 = 1,824); a number already in the file must agree. ``bf16=None`` takes the file's value,
     where ``"auto"`` means bf16 on GPU and fp32 on CPU. The optimizer and scheduler come from
     code, so the file must not name any. Gradient clipping goes to ZeRO (stage >= 1, raw
@@ -258,7 +258,7 @@ def build_engine(
     """The DeepSpeed engine, base optimizer and WSD scheduler for ``model``.
 
     Training loop contract: ``loss = ...engine(batch)...; engine.backward(loss); engine.step()``
-    per micro-batch. ``engine.backward`` divides the loss by ``grad_accum`` (App. A.2), the engine
+    per micro-batch. ``engine.backward`` divides the loss by ``grad_accum`` (App. C.2), the engine
     steps the optimizer and scheduler at each accumulation boundary
     (``engine.is_gradient_accumulation_boundary()``), and ``engine.get_global_grad_norm()`` is the
     raw-gradient norm before clipping. ``engine.save_checkpoint`` / ``load_checkpoint`` carry the

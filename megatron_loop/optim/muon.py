@@ -1,4 +1,4 @@
-"""Muon update math (App. A.2 "Optimizer"): momentum, Newton-Schulz, per-projection scaling.
+"""Muon update math (App. C.2 "Optimizer"): momentum, Newton-Schulz, per-projection scaling.
 
 Pure tensor functions on FULL matrices; where the matrices come from (a plain parameter, or a
 ZeRO partition gathered back together) is :mod:`megatron_loop.optim.layout`'s job.

@@ -1,4 +1,4 @@
-"""``MuonAdamW``: one torch optimizer holding the paper's two groups (App. A.2 "Optimizer").
+"""``MuonAdamW``: one torch optimizer holding the paper's two groups (App. C.2 "Optimizer").
 
 * group ``"muon"`` (role ``matrix``): Muon, momentum 0.95, Nesterov, 5 Newton-Schulz steps,
   per-projection orthogonalisation and RMS scaling (:mod:`megatron_loop.optim.muon`);

@@ -1,4 +1,4 @@
-"""Warmup-stable-decay learning-rate schedule (App. A.2 "Learning-rate scheduler", Table 7).
+"""Warmup-stable-decay learning-rate schedule (App. C.2 "Learning-rate scheduler", Table 3).
 
 ``lambda(t) = t/T_w`` for ``0 <= t <= T_w``; ``1`` for ``T_w < t <= T_w+T_s``;
 ``1 - 0.9 (t - T_w - T_s)/T_d`` up to ``T_w+T_s+T_d``, so the last update runs at 0.1 x peak.
@@ -37,7 +37,7 @@ class WSDSplit(NamedTuple):
 def wsd_split(total_steps: int, warmup_fraction: float = WARMUP_FRACTION,
               stable_fraction: float = STABLE_FRACTION) -> WSDSplit:
     """Warmup / stable / decay update counts of a run of ``total_steps`` updates
-    (Table 7: 5394 -> 270/4585/539, 2860 -> 143/2431/286)."""
+    (Table 3: 5394 -> 270/4585/539, 2860 -> 143/2431/286)."""
     if total_steps < 1:
         raise ValueError(f"total_steps must be >= 1, got {total_steps}")
     warmup = round(warmup_fraction * total_steps)

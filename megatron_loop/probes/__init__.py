@@ -1,4 +1,4 @@
-"""Geometry probes of recurrent dynamics (paper App. A.4 "Geometry Probing").
+"""Geometry probes of recurrent dynamics (paper App. C.4 "Geometry Probing").
 
     from megatron_loop.probes import ProbeSettings, load_probe_sample, probe_geometry
     sample = load_probe_sample(prefix, seq_length=2048, num_sequences=49, num_positions=100_000)

@@ -1,4 +1,4 @@
-"""``tools/probe_geometry.py``: App. A.4 geometry probes of a checkpoint or an HF export.
+"""``tools/probe_geometry.py``: App. C.4 geometry probes of a checkpoint or an HF export.
 
     python tools/probe_geometry.py --checkpoint runs/qwen_4x7/checkpoints --valid-prefix data/val \
         --loops 7,14,21 --num-sequences 49 --num-positions 100000 --seq-length 2048 --output probe/
@@ -28,7 +28,7 @@ from megatron_loop.probes.sampling import load_probe_sample
 from megatron_loop.probes.summaries import parse_lag_sets
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-PAPER_NUM_POSITIONS = 100_000  # App. A.4: "exactly 100,000 selected next-token prediction positions"
+PAPER_NUM_POSITIONS = 100_000  # App. C.4: "exactly 100,000 selected next-token prediction positions"
 
 
 def _int_list(text: str, flag: str) -> list[int]:

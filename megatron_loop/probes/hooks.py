@@ -1,4 +1,4 @@
-"""Forward hooks that see every block occurrence of a LoopLM (App. A.4 effective positions).
+"""Forward hooks that see every block occurrence of a LoopLM (App. C.4 effective positions).
 
 Every call of a prelude, shared (core) or coda block is one occurrence at an effective position
 l = 1..D, numbered in call order: prelude, then loop 1's shared blocks, ..., then the coda.

@@ -1,4 +1,4 @@
-"""Effective layer positions of a looped layout ``a + s x L + b`` (App. A.4 "Execution and sampling").
+"""Effective layer positions of a looped layout ``a + s x L + b`` (App. C.4 "Execution and sampling").
 
 Repeated executions of a shared block have distinct effective positions l = 1..D,
 D = a + s L + b: the prelude blocks, then loop 1's shared blocks, ..., loop L's, then the coda.

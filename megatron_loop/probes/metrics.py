@@ -1,4 +1,4 @@
-"""Geometry metrics of App. A.4 "Geometry Probing", as pure functions on tensors.
+"""Geometry metrics of App. C.4 "Geometry Probing", as pure functions on tensors.
 
 Rows of every ``[n, m]`` tensor are state vectors (one token position each). Equation names
 follow the paper: Eq. (probing_angle), Eq. (probing_relative_update), Eq. (probing_variance),
@@ -46,7 +46,7 @@ def token_variance(h: torch.Tensor) -> torch.Tensor:
 
 
 def update_norm(h_in: torch.Tensor, h_out: torch.Tensor) -> torch.Tensor:
-    """|u_p| with u_p = h_out_p - h_in_p, the block update of App. A.4 "Computational interaction"."""
+    """|u_p| with u_p = h_out_p - h_in_p, the block update of App. C.4 "Computational interaction"."""
     return (h_out.double() - h_in.double()).norm(dim=-1)
 
 

@@ -3,7 +3,7 @@
 Figure labels follow the LaTeX source (its figures are numbered 1-8 in order: 3 is
 ``fig:baseloop_coreloop_geometry``, 8 ``fig:conditioning_responses``; the appendix figure is
 ``fig:appendix_composition_geometry``). Notation as in the evaluation figures: r inference loops,
-K training loops, L(r) = p + r·s + c effective depth (App. A.4 writes L for r and D for L(r)).
+K training loops, L(r) = p + r·s + c effective depth (App. C.4 writes L for r and D for L(r)).
 
 * :func:`trajectory_figure` (Fig. 3 and the appendix geometry figures): (a) block angle A_l over
   effective depth l, crosses on coda occurrences; (b) loop angle A_loop(t) at (t + 1) / K;

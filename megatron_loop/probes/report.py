@@ -43,7 +43,7 @@ def write_report(report: dict, output_dir: str | Path) -> dict:
 def probe_geometry(model: torch.nn.Module, sample: ProbeSample, settings: ProbeSettings,
                    output_dir: str | Path | None = None, lag_sets: Sequence[LagSet] | None = None,
                    reference: dict | None = None) -> dict:
-    """All App. A.4 metrics of ``model`` on ``sample`` at ``settings.loops``.
+    """All App. C.4 metrics of ``model`` on ``sample`` at ``settings.loops``.
 
     ``lag_sets`` default to the common cross-loop ranges (see ``summaries.default_lag_sets``);
     ``reference`` is another configuration's report (see :func:`summarise`). With ``output_dir``

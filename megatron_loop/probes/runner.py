@@ -1,6 +1,6 @@
 """Probe execution: one hooked forward per loop count and chunk, then batched skip runs.
 
-For each inference loop count L and each chunk of probe sequences (streaming, App. A.4):
+For each inference loop count L and each chunk of probe sequences (streaming, App. C.4):
 
 * one normal forward with :class:`~megatron_loop.probes.hooks.OccurrenceHooks` records, at
   every block occurrence, the block angle / relative update at p_n, the input and output
@@ -85,7 +85,7 @@ def _at_last(h: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
 
 
 class GeometryProbe:
-    """Runs the App. A.4 probes of one model over one :class:`ProbeSample`."""
+    """Runs the App. C.4 probes of one model over one :class:`ProbeSample`."""
 
     def __init__(self, model: torch.nn.Module, sample: ProbeSample, settings: ProbeSettings):
         self.model = model.eval()
@@ -198,7 +198,7 @@ class GeometryProbe:
 
 # ---------------------------------------------------------------------- reduction to metrics
 def summarize(sums: _Sums, layout: EffectiveLayout, train_loops: int, sources: list[int]) -> dict:
-    """Per-loop-count metrics of App. A.4 from the running sums (plain Python types)."""
+    """Per-loop-count metrics of App. C.4 from the running sums (plain Python types)."""
     n, tokens, L = sums.sequences, sums.tokens, layout.num_loops
     as_list = lambda x: [float(v) for v in x.cpu()]  # noqa: E731
     input_var = as_list(sums.input_variance / tokens)

@@ -1,4 +1,4 @@
-"""Probe examples and selection masks (App. A.4 "Execution and sampling").
+"""Probe examples and selection masks (App. C.4 "Execution and sampling").
 
 The first N packed sequences of the validation stream (``PackedDataset``: documents in a
 seed-determined order, cut into ``seq_length``-token windows) are read; the model sees

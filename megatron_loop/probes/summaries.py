@@ -1,4 +1,4 @@
-"""Pair-weighted interaction summaries C_D and configuration comparisons (App. A.4
+"""Pair-weighted interaction summaries C_D and configuration comparisons (App. C.4
 "Aggregation by loop lag"): C_D over a lag set, percent differences 100 (C_D^A / C_D^B - 1)
 and pointwise ratios R(d) = C_A(d) / C_B(d) (e.g. triple I+H+T over double H+T); the mean C per
 shared-block pair s:q over a lag set and its configuration ratio (appendix figure
@@ -147,7 +147,7 @@ def compare_reports(report_a: dict, report_b: dict) -> dict:
     C_D, N_D, B_D and the pointwise ratios R(d) of C, N and B (ratios of configuration means)."""
     if report_a["sampling"]["fingerprint"] != report_b["sampling"]["fingerprint"]:
         raise LoopConfigError("the reference report used different examples or selection masks "
-                              "(sampling fingerprints differ); App. A.4 compares identical samples")
+                              "(sampling fingerprints differ); App. C.4 compares identical samples")
     out = {}
     for L in sorted(set(report_a["loops"]) & set(report_b["loops"]), key=int):
         a, b = _by_lag(report_a["loops"][L]), _by_lag(report_b["loops"][L])

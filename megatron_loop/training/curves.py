@@ -80,7 +80,7 @@ def plot_runs(runs: list[RunCurves], x: str = "step"):
             loss_ax.plot(*zip(*pts), color=color, linestyle="--", marker=MARKERS[j % len(MARKERS)],
                          label=f"{run.label} validation r={r}")
         muon, adamw = ([r.get(k, math.nan) for r in run.train] for k in ("lr_muon", "lr_adamw"))
-        # one schedule drives both groups (App. A.2); draw AdamW's only where it differs
+        # one schedule drives both groups (App. C.2); draw AdamW's only where it differs
         split = any(a != m for a, m in zip(adamw, muon) if not (math.isnan(a) and math.isnan(m)))
         lr_ax.plot(xs, muon, color=color, label=f"{run.label} Muon" if split else run.label)
         if split:

@@ -1,4 +1,4 @@
-"""The training loop (App. A.2 "Training"; issue 5 items 1, 5, 6; issue 9 items 1-4).
+"""The training loop (App. C.2 "Training"; issue 5 items 1, 5, 6; issue 9 items 1-4).
 
 One step = one global batch: ``accumulation`` micro-batches per rank, each run through exactly
 K loops with full backpropagation (the paper; ``train.loop_sampling`` / ``train.backprop_loops``
@@ -76,7 +76,7 @@ class Run:
 
 
 def seed_everything(seed: int) -> None:
-    """App. A.2: seed 42 everywhere (model init is identical on every rank)."""
+    """App. C.2: seed 42 everywhere (model init is identical on every rank)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -173,7 +173,7 @@ def universal_copy(root: Path, point: SelectedCheckpoint, info: D.DistInfo) -> P
 
 
 def build_engine(cfg: Config, ds_config: Path | dict, accumulation: int, total_steps: int):
-    """The LoopLM in a DeepSpeed engine with Muon + AdamW and the WSD schedule (App. A.2)."""
+    """The LoopLM in a DeepSpeed engine with Muon + AdamW and the WSD schedule (App. C.2)."""
     from megatron_loop.model import build_model
     from megatron_loop.optim import OptimizerSettings
     from megatron_loop.optim import build_engine as build_optim_engine
@@ -326,7 +326,7 @@ def train_step(run: Run, k: int | None = None) -> tuple[float, float, dict[str, 
     for _ in range(run.accumulation):
         tokens = next(run.train_iter)["tokens"].to(engine.device)
         loss = engine(tokens, num_loops=k, labels=tokens, compute_logits=False, **depth).loss
-        engine.backward(loss)  # divides by the accumulation steps (App. A.2)
+        engine.backward(loss)  # divides by the accumulation steps (App. C.2)
         engine.step()  # optimizer + schedule only at the accumulation boundary
         losses.append(loss.detach().float())
     local = torch.stack(losses).mean().item()

@@ -1,6 +1,6 @@
 """Loop count per optimizer step (issue 15 item 1): ``train.loop_sampling``.
 
-The paper trains every step with exactly K = ``model.train_loops`` loops (App. A.2). Recurrent-
+The paper trains every step with exactly K = ``model.train_loops`` loops (App. C.2). Recurrent-
 depth models in the wild sample the count instead, so that the model sees many depths and can
 be run at any r afterwards:
 

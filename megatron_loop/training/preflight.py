@@ -1,6 +1,6 @@
 """Checks that run before anything is written (issue 9 item 5: one clear error, nothing partial).
 
-Batch arithmetic (App. A.2 "Gradient accumulation": micro x accumulation x data-parallel =
+Batch arithmetic (App. C.2 "Gradient accumulation": micro x accumulation x data-parallel =
 global, derived, never duplicated by hand), loop counts of the validation sweep, vocabulary of
 the tokenized data and tokenizer against the model, and the output folder (what it holds, and
 that rank 0 can write there: :func:`check_writable`, right after it took the run lock and before
@@ -36,7 +36,7 @@ def accumulation_steps(cfg: Config, data_parallel_size: int) -> int:
 
 
 def check_eval_loops(cfg: Config) -> list[int]:
-    """Loop counts of the periodic validation; the prefix grid cannot run past K (App. A.1)."""
+    """Loop counts of the periodic validation; the prefix grid cannot run past K (App. C.1)."""
     loops = list(cfg.train.eval_loops or [])
     if any(r < 1 for r in loops):
         raise LoopConfigError(f"train.eval_loops={loops}: expected loop counts >= 1")
