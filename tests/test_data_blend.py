@@ -11,6 +11,7 @@ import torch
 from data_fixtures import data_assets
 from megatron_loop.data.blend import BlendedDataset, blend_index, max_blend_samples
 from megatron_loop.data.loaders import build_train_valid_loaders, parse_blend
+from megatron_loop.data.packed import PackedDataset
 from megatron_loop.errors import LoopConfigError, LoopDataError
 
 
@@ -74,16 +75,18 @@ def test_loaders_blend_two_prefixes(tmp_path):
         for suffix in (".bin", ".idx"):
             shutil.copy(src + suffix, tmp_path / f"{name}{suffix}")
     cfg = {"train": [{"prefix": str(tmp_path / "a"), "weight": 3}, {"prefix": str(tmp_path / "b"), "weight": 1}]}
+    one_pass = len(PackedDataset(src, 64, seed=5))
+    samples = 2 * one_pass  # component a (weight 3/4) needs 1.5 passes
     loaders = build_train_valid_loaders(cfg, seq_length=64, global_batch_size=8, micro_batch_size=4,
-                                        seed=5, train_samples=2000)
+                                        seed=5, train_samples=samples)
     ds = loaders.train_dataset
-    assert isinstance(ds, BlendedDataset) and len(ds) == 2000
-    share = np.bincount(ds.dataset_index[:2000]) / 2000
+    assert isinstance(ds, BlendedDataset) and len(ds) == samples
+    share = np.bincount(ds.dataset_index[:samples]) / samples
     np.testing.assert_allclose(share, [0.75, 0.25], atol=1e-3)
     # The two copies get different seeds, so their document orders differ.
     assert not np.array_equal(ds.datasets[0].index.doc_order, ds.datasets[1].index.doc_order)
-    # Component a needs 1500 sequences: more than one pass over the data.
-    assert ds.datasets[0].num_epochs > 1 and len(ds.datasets[0]) >= 1500
+    # Component a needs 1.5 passes' worth of sequences: more than one pass over the data.
+    assert ds.datasets[0].num_epochs > 1 and len(ds.datasets[0]) >= 1.5 * one_pass
     first = next(iter(loaders.train))["tokens"]
     k, j = int(ds.dataset_index[0]), int(ds.dataset_sample_index[0])
     assert torch.equal(first[0], ds.datasets[k][j]["tokens"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from data_fixtures import copy_prefix
+from data_fixtures import copy_prefix, data_assets
 from megatron_loop.data.indexed import check_token_ids, max_token_id, open_indexed
 from megatron_loop.errors import LoopDataError
 
@@ -17,7 +17,7 @@ def prefix_copy(tmp_path) -> str:
 
 def test_valid_prefix_opens(prefix_copy):
     ds = open_indexed(prefix_copy)
-    assert len(ds) == 850  # documents in the fixture's train prefix
+    assert len(ds) == len(data_assets().documents) - 50  # the fixture's train prefix: all but 50 validation documents
 
 
 def test_missing_prefix(tmp_path):

@@ -148,7 +148,8 @@ def test_stream_order_packs_the_preprocessing_stream(tmp_path, monkeypatch):
 
 
 def test_seq_length_longer_than_data(prefix):
-    with pytest.raises(LoopDataError, match=rf"indexed dataset '{prefix}': \d+ tokens in 850 documents "
+    documents = len(data_assets().documents) - 50  # the train prefix holds all but 50 validation documents
+    with pytest.raises(LoopDataError, match=rf"indexed dataset '{prefix}': \d+ tokens in {documents} documents "
                                             r"cannot fill one sequence of seq_length 1000000; expected "
                                             r"at least 1000000 tokens"):
         PackedDataset(prefix, 1_000_000, seed=0)
