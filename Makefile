@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Test files run on two pytest-xdist workers (one file per worker at a time, so module fixtures are
+# built once); one torch thread each. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 
 .PHONY: install test demo clean
 
@@ -17,8 +20,8 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 test: $(STAMP)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
-		$(PY) -m pytest -q tests
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 demo: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash tools/demo.sh
