@@ -96,14 +96,10 @@ def peak_flops_per_device(cfg: Config) -> float:
         from megatron_loop.flops import H100_BF16_PEAK_FLOPS
 
         return H100_BF16_PEAK_FLOPS
-    n = 512
-    a = torch.randn(n, n)
-    a @ a
-    start = time.perf_counter()
-    reps = 8
-    for _ in range(reps):
-        a @ a
-    return 2 * n**3 * reps / (time.perf_counter() - start)
+    from megatron_loop.perf import matmul_peak_flops
+
+    # best of the repetitions: a probe slowed by a busy neighbour must not understate the peak
+    return matmul_peak_flops(torch.device("cpu"), torch.float32, size=512, reps=8)
 
 
 def total_train_steps(cfg: Config) -> int:
