@@ -264,9 +264,14 @@ def time_calls(fn: Callable[[], object], device: torch.device, steps: int, warmu
 def peak_memory_delta(fn: Callable[[], object], device: torch.device) -> int:
     """Peak bytes allocated during one call of ``fn`` above what was allocated when it started.
 
-    CUDA: ``max_memory_allocated`` after a reset. CPU: the running sum of torch's allocation
-    and free events recorded by ``torch.profiler`` (``profile_memory=True``) -- exact tensor
-    bytes, independent of the malloc arena and of other processes (RSS is neither).
+    CUDA: ``max_memory_allocated`` after a reset. CPU: the running sum of the allocations made
+    during the call and their frees, from ``torch.profiler`` (``profile_memory=True``) -- exact
+    tensor bytes, independent of the malloc arena and of other processes (RSS is neither).
+    Frees of blocks allocated before the call (last step's gradients under
+    ``zero_grad(set_to_none=True)``) are not counted: torch's CPU allocator sizes them from a table
+    that keeps stale entries of earlier profiled windows, so their sizes depend on address reuse
+    and the measurement would vary from run to run. The CPU figure is therefore the peak of what
+    the call itself allocates (gradients included), the quantity the memory model predicts.
     """
     if device.type == "cuda":
         synchronize(device)
@@ -275,14 +280,27 @@ def peak_memory_delta(fn: Callable[[], object], device: torch.device) -> int:
         fn()
         synchronize(device)
         return torch.cuda.max_memory_allocated(device) - base
+    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == "[memory]")
+    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:  # the allocation events sit at every depth of the op tree
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag == _EventType.Allocation:
+            events.append((node.start_time_ns, node.extra_fields.alloc_size < 0, node.extra_fields.ptr,
+                           node.extra_fields.alloc_size))
+    live: dict[int, int] = {}  # ptr -> bytes of the blocks allocated inside the window
     current = peak = 0
-    for _, nbytes in events:
+    for _, _, ptr, nbytes in sorted(events):  # at equal times an allocation precedes a free
+        if nbytes > 0:
+            live[ptr] = nbytes
+        elif ptr in live:
+            nbytes = -live.pop(ptr)
+        else:
+            continue  # allocated before the window
         current += nbytes
         peak = max(peak, current)
     return peak
