@@ -19,11 +19,12 @@ print(load_config(sys.argv[1], [a for a in args if a != "--set"]).model.train_lo
 PY
 }
 
-# prepare_data RUN: corpus -> tokenizer -> RUN/data/corpus{,_valid}
+# prepare_data RUN [make_corpus.py flags]: corpus -> tokenizer -> RUN/data/corpus{,_valid}
 prepare_data() {
   local run=$1
-  step "generate the bundled corpus (prose, facts, depth-controlled reasoning; held-out lm-eval items)"
-  python tools/make_corpus.py --output-dir "$run/corpus" --seed 0
+  shift
+  step "generate the bundled corpus (prose, facts, depth-controlled reasoning; held-out lm-eval items) $*"
+  python tools/make_corpus.py --output-dir "$run/corpus" --seed 0 "$@"
   step "train a byte-level BPE tokenizer"
   python tools/train_tokenizer.py --input "$run/corpus/train.jsonl" --output "$run/tokenizer" --vocab-size 2048
   step "tokenise into Megatron indexed datasets (EOS appended, no BOS): train split, validation split"
