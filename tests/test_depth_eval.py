@@ -33,8 +33,14 @@ def _args(tmp, *extra):
             "--no-progress", *extra]
 
 
-def test_eval_json_has_loops_per_token_per_threshold(tmp_path):
+def test_eval_json_has_loops_per_token_per_threshold(tmp_path, monkeypatch):
+    from megatron_loop.eval import sweep
+
+    loads = []
+    load = sweep.load_hf_model
+    monkeypatch.setattr(sweep, "load_hf_model", lambda *a, **k: loads.append(a) or load(*a, **k))
     assert _eval_loops_main()(_args(tmp_path, "--exit-criterion", "kl", "--exit-thresholds", "0,1e9")) == 0
+    assert len(loads) == 1  # the fixed-r and the adaptive sweep share one loaded export
     res = json.loads((tmp_path / "eval" / "results.json").read_text())
     adaptive = res["adaptive"]
     assert adaptive["criterion"] == "kl" and adaptive["max_loops"] == 3 and adaptive["thresholds"] == [0, 1e9]
@@ -67,6 +73,20 @@ def test_bad_exit_arguments_are_one_error_line(tmp_path, capsys, extra, message)
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and message in err[-1]
     assert not (tmp_path / "eval").exists()  # refused before any work
+
+
+def test_adaptive_exit_on_a_native_export_is_refused_before_any_evaluation(tmp_path, capsys, monkeypatch):
+    from megatron_loop.eval import sweep
+
+    monkeypatch.setattr(sweep, "run_sweep", lambda *a, **k: pytest.fail("the fixed-r sweep ran"))
+    args = ["--model", str(hf_assets().exports["nonloop_llama"]), "--loops", "1", "--tasks", "none",
+            "--valid-prefix", data_assets().prefix + "_valid", "--seq-length", "32", "--output", str(tmp_path / "eval"),
+            "--no-progress", "--exit-criterion", "kl", "--exit-thresholds", "1e-3"]
+    assert _eval_loops_main()(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == ("error: --exit-criterion kl: a native llama export is NonLoop (one loop); adaptive exit needs a "
+                   "LoopLM export")
+    assert not (tmp_path / "eval").exists()
 
 
 def test_bench_backprop_and_exit_decode_modes(tmp_path):

@@ -97,7 +97,7 @@ def _run(argv: Sequence[str] | None) -> int:
 
     from megatron_loop.eval.plots import write_all_plots
     from megatron_loop.eval.report import format_table, read_results, write_results
-    from megatron_loop.eval.sweep import SweepSettings, run_sweep
+    from megatron_loop.eval.sweep import SweepSettings, open_session, run_sweep
     from megatron_loop.eval.tasks import resolve_tasks
 
     tasks = [] if args.tasks == "none" else resolve_tasks(args.tasks.split(",") if args.tasks else None)
@@ -116,12 +116,15 @@ def _run(argv: Sequence[str] | None) -> int:
         thresholds = parse_thresholds(args.exit_thresholds or "")
         if args.exit_max_loops is not None and args.exit_max_loops < 1:
             raise LoopConfigError(f"--exit-max-loops {args.exit_max_loops}: expected an integer >= 1")
-    results = run_sweep(args.model, settings, label=args.label)
+    session = open_session(args.model, settings)  # one load for the fixed-r and the adaptive sweeps
     if thresholds is not None:
-        from megatron_loop.eval.adaptive import run_adaptive_sweep
+        from megatron_loop.eval.adaptive import check_adaptive, run_adaptive_sweep
 
-        results["adaptive"] = run_adaptive_sweep(args.model, settings, args.exit_criterion, thresholds,
-                                                 args.exit_max_loops or max(settings.loops))
+        max_loops = args.exit_max_loops or max(settings.loops)
+        check_adaptive(session, args.exit_criterion, max_loops)  # before the fixed-r sweep spends any time
+    results = run_sweep(session, settings, label=args.label)
+    if thresholds is not None:
+        results["adaptive"] = run_adaptive_sweep(session, settings, args.exit_criterion, thresholds, max_loops)
     output = Path(args.output) if args.output else default_output(args.model)
     paths = write_results(results, output)
     plots = write_all_plots(results, output, others)

@@ -36,7 +36,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from megatron_loop.errors import LoopConfigError  # noqa: E402
-from megatron_loop.eval.sweep import SweepSettings, architecture, load_hf_model  # noqa: E402
+from megatron_loop.eval.sweep import SweepSession, SweepSettings, architecture  # noqa: E402
 from megatron_loop.eval.tasks import aggregate, aggregate_stderr  # noqa: E402
 
 EXIT_CRITERIA = ("kl", "cosine")
@@ -93,28 +93,27 @@ def threshold_key(threshold: float) -> str:
     return f"{threshold:g}"
 
 
-def run_adaptive_sweep(model_dir: str | Path, settings: SweepSettings, criterion: str, thresholds: list[float],
-                       max_loops: int) -> dict:
-    """Scores, held-out loss and loops per token of the export at each threshold (cap ``max_loops``)."""
-    from tqdm.auto import tqdm
-
+def check_adaptive(session: SweepSession, criterion: str, max_loops: int) -> None:
+    """Refuse an adaptive sweep that cannot run, before any evaluation."""
     if criterion not in EXIT_CRITERIA:
         raise LoopConfigError(f"--exit-criterion {criterion!r}: expected one of {EXIT_CRITERIA} (or none)")
     if max_loops < 1:
         raise LoopConfigError(f"--exit-max-loops {max_loops}: expected an integer >= 1")
-    model, tokenizer = load_hf_model(model_dir, settings.device, settings.dtype)
-    if model.config.model_type != "looplm":
-        raise LoopConfigError(f"--exit-criterion {criterion}: a native {model.config.model_type} export is NonLoop "
-                              "(one loop); adaptive exit needs a LoopLM export")
+    if session.model.config.model_type != "looplm":
+        raise LoopConfigError(f"--exit-criterion {criterion}: a native {session.model.config.model_type} export is "
+                              "NonLoop (one loop); adaptive exit needs a LoopLM export")
+
+
+def run_adaptive_sweep(session: SweepSession, settings: SweepSettings, criterion: str, thresholds: list[float],
+                       max_loops: int) -> dict:
+    """Scores, held-out loss and loops per token of the export at each threshold (cap ``max_loops``),
+    on the model, tasks and lm-eval wrapper the fixed-r sweep loaded (``session``)."""
+    from tqdm.auto import tqdm
+
+    check_adaptive(session, criterion, max_loops)
+    model, manager, tasks, lm = session.model, session.manager, session.tasks, session.lm
     arch = architecture(model.config)
     p, s, c = arch["prelude_layers"], arch["core_layers"], arch["coda_layers"]
-    lm = manager = tasks = None
-    if settings.tasks:
-        from megatron_loop.eval.harness import load_tasks, make_lm, task_manager
-
-        manager = task_manager(settings.include_paths)
-        tasks = load_tasks(settings.tasks, manager)  # once: datasets read once for every threshold
-        lm = make_lm(model, tokenizer, settings.batch_size, settings.progress)
     out = {"criterion": criterion, "max_loops": max_loops, "thresholds": list(thresholds), "by_threshold": {}}
     model.config.num_loops, model.config.exit_criterion = max_loops, criterion
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.eval.tasks import GROUPS, TaskSpec, aggregate, aggregate_stderr
@@ -86,9 +87,22 @@ def set_loops(model, r: int) -> None:
         raise LoopConfigError(f"--loops {r}: a native {model.config.model_type} export is NonLoop; only r = 1 runs")
 
 
-def run_sweep(model_dir: str | Path, settings: SweepSettings, label: str | None = None) -> dict:
-    from tqdm.auto import tqdm
+@dataclass
+class SweepSession:
+    """What every sweep of one ``eval_loops.py`` call shares, loaded once: the export, its
+    tokenizer, lm-eval's task objects (datasets read once) and lm-eval's wrapper of the model.
+    The fixed-r sweep and the adaptive-exit sweep (``adaptive.py``) only change the model's
+    config (``num_loops``, ``exit_*``) between evaluations."""
 
+    model_dir: Path
+    model: Any
+    tokenizer: Any
+    manager: Any = None  # lm-eval TaskManager (None without tasks)
+    tasks: dict | None = None
+    lm: Any = None       # lm-eval HFLM around ``model``
+
+
+def open_session(model_dir: str | Path, settings: SweepSettings) -> SweepSession:
     if not settings.progress:  # no download / weight-loading bars either (one readable log per sweep)
         import datasets
         import transformers
@@ -104,11 +118,23 @@ def run_sweep(model_dir: str | Path, settings: SweepSettings, label: str | None 
     model, tokenizer = load_hf_model(model_dir, settings.device, settings.dtype)
     for r in settings.loops:  # refuse before spending any time
         set_loops(model, r)
+    lm = None
+    if settings.tasks:
+        from megatron_loop.eval.harness import make_lm
+
+        lm = make_lm(model, tokenizer, settings.batch_size, settings.progress)
+    return SweepSession(Path(model_dir), model, tokenizer, manager, tasks, lm)
+
+
+def run_sweep(session: SweepSession, settings: SweepSettings, label: str | None = None) -> dict:
+    from tqdm.auto import tqdm
+
+    model, manager, tasks, lm = session.model, session.manager, session.tasks, session.lm
     arch = architecture(model.config)
     p, s, c, k = arch["prelude_layers"], arch["core_layers"], arch["coda_layers"], arch["train_loops"]
     depth = {r: p + r * s + c for r in settings.loops}
     results = {
-        "model": str(model_dir), "label": label, "layout": f"{p}+{s}x{k}+{c}", **arch,
+        "model": str(session.model_dir), "label": label, "layout": f"{p}+{s}x{k}+{c}", **arch,
         "training_depth": p + k * s + c, "loops": list(settings.loops), "effective_depth": depth,
         "metrics": {t.key: t.metric for t in settings.tasks}, "groups_of": {t.key: t.group for t in settings.tasks},
         "lm_eval_tasks": {t.key: list(t.lm_eval_tasks) for t in settings.tasks}, "limit": settings.limit,
@@ -117,12 +143,10 @@ def run_sweep(model_dir: str | Path, settings: SweepSettings, label: str | None 
         "chance": {}, "groups_chance": {}, "per_depth": {}, "depth_axes": {}, "trained_depths": {}, "heldout": {},
         "subtask_averages": {},
     }
-    lm = None
     if settings.tasks:
-        from megatron_loop.eval.harness import make_lm, trained_depths
+        from megatron_loop.eval.harness import trained_depths
 
         results["trained_depths"] = trained_depths(settings.tasks, tasks)
-        lm = make_lm(model, tokenizer, settings.batch_size, settings.progress)
     for r in tqdm(settings.loops, desc="loop sweep", unit="r", disable=not settings.progress):
         set_loops(model, r)
         if settings.tasks:
