@@ -67,6 +67,8 @@ def test_eval_json_has_loops_per_token_per_threshold(tmp_path, monkeypatch):
     (["--exit-thresholds", "1e-3"], "--exit-thresholds: expected --exit-criterion kl or cosine with it"),
     (["--exit-criterion", "kl", "--exit-thresholds", "small"], "--exit-thresholds 'small': expected comma-separated"),
     (["--exit-criterion", "cosine"], "--exit-thresholds '': expected comma-separated"),
+    (["--exit-criterion", "kl", "--exit-thresholds", "1e-3", "--exit-max-loops", "0"],
+     "--exit-max-loops 0: expected an integer >= 1"),
 ])
 def test_bad_exit_arguments_are_one_error_line(tmp_path, capsys, extra, message):
     assert _eval_loops_main()(_args(tmp_path, *extra)) == 2

@@ -114,13 +114,11 @@ def _run(argv: Sequence[str] | None) -> int:
         if args.exit_criterion == "none":
             raise LoopConfigError("--exit-thresholds: expected --exit-criterion kl or cosine with it")
         thresholds = parse_thresholds(args.exit_thresholds or "")
-        if args.exit_max_loops is not None and args.exit_max_loops < 1:
-            raise LoopConfigError(f"--exit-max-loops {args.exit_max_loops}: expected an integer >= 1")
     session = open_session(args.model, settings)  # one load for the fixed-r and the adaptive sweeps
     if thresholds is not None:
         from megatron_loop.eval.adaptive import check_adaptive, run_adaptive_sweep
 
-        max_loops = args.exit_max_loops or max(settings.loops)
+        max_loops = max(settings.loops) if args.exit_max_loops is None else args.exit_max_loops
         check_adaptive(session, args.exit_criterion, max_loops)  # before the fixed-r sweep spends any time
     results = run_sweep(session, settings, label=args.label)
     if thresholds is not None:
