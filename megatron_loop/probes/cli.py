@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-length", type=int, default=2048, help="packed window length in tokens")
     p.add_argument("--seed", type=int, default=0, help="document-order seed of the packing")
     p.add_argument("--output", required=True, help="output folder for geometry.json and the figures")
+    p.add_argument("--label", default=None, help="the model's name on the figures (default: the run folder "
+                                                 "of --checkpoint / --model, e.g. NAME of runs/NAME/train/checkpoints)")
     p.add_argument("--interaction-sources", default="all",
                    help="skipped occurrences: all | beyond_training | none | comma-separated positions")
     p.add_argument("--lag-sets", default=None, help="lag sets for C_D, e.g. '1-6,2-6' (default: common range)")
@@ -113,6 +115,16 @@ def load_model(checkpoint: str | None, hf_dir: str | None) -> torch.nn.Module:
     return load_looplm_from_hf(hf_dir)
 
 
+def run_name(path: str) -> str:
+    """NAME of runs/NAME/train/checkpoints[/global_stepN] or runs/NAME/hf: the first folder up the
+    path that is not one of the pipeline's fixed folder names."""
+    folder = Path(path).resolve()
+    while folder.parent != folder and (folder.name in ("checkpoints", "train", "hf")
+                                       or folder.name.startswith("global_step")):
+        folder = folder.parent
+    return folder.name
+
+
 def _reference(path: str | None) -> dict | None:
     return None if path is None else read_report(path, "--reference-json")
 
@@ -122,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lag_sets = parse_lag_sets(args.lag_sets) if args.lag_sets else None
     reference = _reference(args.reference_json)
     if args.replot:
-        report = replot(args.replot, args.output, lag_sets, reference)
+        report = replot(args.replot, args.output, lag_sets, reference, args.label)
         print(f"redrew {', '.join(report['files'])} in {args.output} from {args.replot}")
         return 0
     if not args.valid_prefix:
@@ -139,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_token_ids(args.valid_prefix, model.config.vocab_size)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(device=device, dtype=DTYPES[args.dtype])
-    report = probe_geometry(model, sample, settings, args.output, lag_sets, reference)
+    report = probe_geometry(model, sample, settings, args.output, lag_sets, reference,
+                            args.label or run_name(args.checkpoint or args.model))
     print(f"wrote {Path(args.output) / JSON_NAME} and {', '.join(report['files'])} "
           f"(N={report['sampling']['num_sequences']}, |T|={report['sampling']['num_positions']}, "
           f"loops {','.join(report['loops'])})")
