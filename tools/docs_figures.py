@@ -71,6 +71,11 @@ def tables_after(lines: list[str], heading: str) -> list[list[list[str]]]:
     return found
 
 
+def _missing(heading: str):
+    raise SystemExit(f"error: no table after a line starting with {heading!r}; expected the tables of "
+                     "docs/REPRODUCE.md (a renamed heading must be renamed here too)")
+
+
 def _model(results: dict, name: str) -> dict:
     if name not in results:
         p, s, k, c = layout_of(name)
@@ -89,7 +94,7 @@ def _number(text: str) -> float:
 def read_groups(lines: list[str], results: dict) -> None:
     """The Knowledge / Reasoning / Overall tables: ``L=`` columns, ``score ± stderr`` cells."""
     for heading, group in GROUP_HEADINGS:
-        (table,) = [t for t in tables_after(lines, heading + " (") if t and t[0][0] == "model"]
+        (table,) = [t for t in tables_after(lines, heading + " (") if t and t[0][0] == "model"] or _missing(heading)
         chance = float(re.search(r"chance ([\d.]+)", next(x for x in lines if x.startswith(heading + " ("))).group(1))
         depths = [int(h.split("=")[1]) for h in table[0][1:]]
         for row in table[1:]:
@@ -107,7 +112,7 @@ def read_groups(lines: list[str], results: dict) -> None:
 
 def read_loss(lines: list[str], heading: str, results: dict) -> None:
     """A held-out loss table: ``r=`` columns (``**r=3 (=K)**`` allowed), one number per cell."""
-    (table,) = tables_after(lines, heading)
+    (table,) = tables_after(lines, heading) or _missing(heading)
     loops = [int(re.search(r"r=(\d+)", h).group(1)) for h in table[0][1:]]
     for row in table[1:]:
         res = _model(results, row[0].split()[0].strip("`"))
