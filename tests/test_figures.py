@@ -236,3 +236,32 @@ def test_training_curves_label_runs_by_folder_and_keep_the_legend_off_the_data(t
     assert legend == ["small: training loss", "small: validation loss at r = 1", "small: validation loss at r = 3",
                       "big: training loss", "big: validation loss at r = 1", "big: validation loss at r = 3"]
     plt.close(fig)
+
+
+# ------------------------------------------------------------------------------- docs/figures
+def test_docs_figures_are_drawn_from_the_reproduce_tables(tmp_path):
+    """tools/docs_figures.py reads the numbers of docs/REPRODUCE.md's tables into the figures: the
+    CoreLoop's r = 5 lands at L = 6 next to the BaseLoops' r = 3, with the table's score ± stderr."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("docs_figures", root / "tools" / "docs_figures.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    lines = (root / "docs" / "REPRODUCE.md").read_text().splitlines()
+    study: dict = {}
+    tool.read_groups(lines, study)
+    tool.read_loss(lines, "Held-out loss (nats/token) by loop count r", study)
+    core = study["coreloop_0+1x5+1"]
+    assert core["training_depth"] == 6 and core["effective_depth"][5] == 6 and core["effective_depth"][10] == 11
+    row = next(x for x in lines if x.startswith("| `coreloop_0+1x5+1` | 27.3"))  # the Overall table
+    assert f"**{core['groups']['overall'][5]} ± {core['groups_stderr']['overall'][5]}**" in row
+    assert core["groups_chance"] == {"knowledge": 25.0, "reasoning": 36.1, "overall": 33.3}
+    assert study["nonloop_6x1"]["heldout"] == {1: {"loss": 1.094, "stderr": None}}
+    fig = plots.loss_figure(list(study.values()))
+    assert _series_x(fig.axes[0])["coreloop_0+1x5+1 (0+1x5+1)"] == list(range(2, 12))
+    plt.close(fig)
+    assert tool.main(["--output-dir", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["depth_loss_vs_loops.png", "study_groups_vs_depth.png",
+                                                          "study_loss_vs_loops.png"]
