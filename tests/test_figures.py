@@ -185,6 +185,11 @@ def test_trajectory_figure_one_legend_sample_size_bands_and_short_runs_on_top(pr
     assert max(ys) == pytest.approx(max(a + e for a, e in zip(deep["block"]["angle"], deep["block"]["angle_stderr"])))
     assert fig.axes[2].get_yscale() == "log" and fig.axes[3].get_yscale() == "log"
     plt.close(fig)
+    fig = probe_plots.interaction_figure(report)
+    assert fig._suptitle.get_text() == "a (1+2x3+1): computational interaction by loop lag, N = 3 sequences of " \
+                                       "13 tokens, |T| = 36 positions"
+    assert _legend(fig) == ["r=6, L(r)=14"] and fig.axes[0].get_xlabel() == "loop lag $d$"
+    plt.close(fig)
 
 
 def test_comparison_figure_names_both_models_and_draws_categories_as_points(probed):
