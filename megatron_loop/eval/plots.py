@@ -186,7 +186,7 @@ def loss_figure(results_list: list[dict], log_y: bool = True):
     for ax in (full, zoom):
         for index, res in drawn:
             rs = sorted(res["heldout"])
-            _series(ax, index, len(drawn), [res["effective_depth"][r] for r in rs],
+            _series(ax, index, len(results_list), [res["effective_depth"][r] for r in rs],
                     [res["heldout"][r]["loss"] for r in rs], [res["heldout"][r].get("stderr") for r in rs],
                     model_label(res))
         _training_marks(ax, drawn, depths_of=lambda res: [res["effective_depth"][r] for r in res["heldout"]])

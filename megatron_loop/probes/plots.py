@@ -8,7 +8,8 @@ K training loops, L(r) = p + r·s + c effective depth (App. C.4 writes L for r a
 * :func:`trajectory_figure` (Fig. 3 and the appendix geometry figures): (a) block angle A_l over
   effective depth l, crosses on coda occurrences; (b) loop angle A_loop(t) at (t + 1) / K;
   (c) loop update rho_loop(t) at (t + 1) / K, log y; (d) normalised variance V~(t) at t / K
-  (t = 0 included), log y. A dashed line at t = K in (b)-(d).
+  (t = 0 included), log y. A dashed line at t = K in (b)-(d); bands of mean ± standard error
+  over the N sequences ((d): over the |T| positions); shorter runs drawn above longer ones.
 * :func:`interaction_figure` (Fig. 8 b,c and appendix a): C(d) and N(d) against loop lag d.
 * :func:`terminal_response_figure` (Fig. 8 a): the response to skipping the occurrences just past
   the training depth, relative to the final loop's mean, over the later targets; crosses on coda
@@ -16,10 +17,13 @@ K training loops, L(r) = p + r·s + c effective depth (App. C.4 writes L for r a
 * :func:`comparison_figure` (needs ``--reference-json``): (a) R(d) = C_A(d) / C_B(d) (Fig. 8 d);
   (b) ratios of the pair-weighted means of C, N and B over each lag set (appendix c); (c) the
   ratio of mean C per shared-block pair s:q over each lag set, separators between source blocks
-  (appendix b, d).
+  (appendix b, d). (b) and (c) have categories on x: points, no joining lines. The title names
+  A (this report) and B (the reference).
 
 Depths alternate between dashed lines with open circles and solid lines with filled triangles, as
-in the paper; the reference at one is a legend entry. Each ``*_figure`` returns the Figure (or
+in the paper; the reference at one is a legend entry. Every figure names the model (the report's
+``label`` and layout) and the probe sample (N sequences, |T| positions) in its title and has one
+legend, outside the axes. Each ``*_figure`` returns the Figure (or
 None when the report holds no data for it); :func:`write_figures` saves every one available.
 """
 

@@ -12,7 +12,9 @@ For each inference loop count L and each chunk of probe sequences (streaming, Ap
   each later occurrence j the change |u^(-i)_j - u_j| is summed over T.
 
 Sums are kept in float64 and divided at the end, so the result does not depend on the chunk
-size. Runs on whatever device the model is on.
+size. The per-sequence terms at p_n (block and loop angles, loop updates) and the per-token state
+variances are also summed squared, which gives each mean's standard error (``*_stderr``: over the
+N sequences, or over the |T| positions for the variance) for the figures' bands. Runs on whatever device the model is on.
 """
 
 from __future__ import annotations
