@@ -1,10 +1,11 @@
-"""Layout helpers shared by every figure of the project (evaluation, probes, training curves):
-matplotlib with the Agg backend (PNG files, no display), the legend outside the axes, log axes
-with plain-number ticks."""
+"""Helpers shared by every figure of the project (evaluation, probes, training curves): matplotlib
+with the Agg backend (PNG files, no display), the legend outside the axes, log axes with
+plain-number ticks, and the name a run goes by on a figure."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import matplotlib
 
@@ -45,3 +46,15 @@ def log_y(ax, count: int = 7) -> None:
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
     ax.yaxis.set_minor_locator(NullLocator())
     ax.set_ylim(low, high)
+
+
+PIPELINE_FOLDERS = ("train", "checkpoints", "hf")  # tools/pipeline.sh: runs/NAME/{train/checkpoints,hf}
+
+
+def run_name(path: str | Path) -> str:
+    """NAME of runs/NAME/train[/checkpoints[/global_stepN]] or runs/NAME/hf: the first folder up the
+    path that is not one of the pipeline's fixed folder names."""
+    folder = Path(path).resolve()
+    while folder.parent != folder and (folder.name in PIPELINE_FOLDERS or folder.name.startswith("global_step")):
+        folder = folder.parent
+    return folder.name

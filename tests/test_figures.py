@@ -23,7 +23,7 @@ from probe_fixtures import tiny_model, write_prefix
 
 from megatron_loop.eval import plots
 from megatron_loop.probes import plots as probe_plots
-from megatron_loop.probes.cli import run_name
+from megatron_loop.plotting import run_name
 from megatron_loop.probes.report import probe_geometry
 from megatron_loop.probes.runner import ProbeSettings
 from megatron_loop.probes.sampling import ProbeSample, load_probe_sample
@@ -208,7 +208,7 @@ def test_comparison_figure_names_both_models_and_draws_categories_as_points(prob
     plt.close(fig)
 
 
-def test_probe_label_defaults_to_the_run_folder(tmp_path):
+def test_runs_are_named_after_their_run_folder(tmp_path):
     assert run_name(str(tmp_path / "runs" / "demo" / "train" / "checkpoints" / "global_step600")) == "demo"
     assert run_name(str(tmp_path / "runs" / "study" / "baseloop_2x3" / "hf")) == "baseloop_2x3"
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from megatron_loop import plotting
 from megatron_loop.data.cli import parse_loop_counts
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.probes.report import JSON_NAME, probe_geometry, read_report, replot
@@ -115,16 +116,6 @@ def load_model(checkpoint: str | None, hf_dir: str | None) -> torch.nn.Module:
     return load_looplm_from_hf(hf_dir)
 
 
-def run_name(path: str) -> str:
-    """NAME of runs/NAME/train/checkpoints[/global_stepN] or runs/NAME/hf: the first folder up the
-    path that is not one of the pipeline's fixed folder names."""
-    folder = Path(path).resolve()
-    while folder.parent != folder and (folder.name in ("checkpoints", "train", "hf")
-                                       or folder.name.startswith("global_step")):
-        folder = folder.parent
-    return folder.name
-
-
 def _reference(path: str | None) -> dict | None:
     return None if path is None else read_report(path, "--reference-json")
 
@@ -152,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(device=device, dtype=DTYPES[args.dtype])
     report = probe_geometry(model, sample, settings, args.output, lag_sets, reference,
-                            args.label or run_name(args.checkpoint or args.model))
+                            args.label or plotting.run_name(args.checkpoint or args.model))
     print(f"wrote {Path(args.output) / JSON_NAME} and {', '.join(report['files'])} "
           f"(N={report['sampling']['num_sequences']}, |T|={report['sampling']['num_positions']}, "
           f"loops {','.join(report['loops'])})")

@@ -22,7 +22,6 @@ from megatron_loop.training.metrics import METRICS_NAME
 
 X_AXES = {"step": "step", "tokens": "tokens (M)"}
 MARKERS = "osD^v<>ph*"
-GENERIC_FOLDERS = ("train", "checkpoints")  # the pipeline's runs/NAME/train: the run's name is NAME
 
 
 @dataclass
@@ -40,6 +39,8 @@ def read_run(path: str | os.PathLike, label: str | None = None) -> RunCurves:
     if not file.is_file():
         raise LoopDataError(f"{p}: no {METRICS_NAME}; expected a run folder (train.output_dir) or its "
                             f"{METRICS_NAME}")
+    from megatron_loop.plotting import run_name
+
     run = RunCurves(label or run_name(file.parent), file)
     for line in file.read_text().splitlines():
         try:
@@ -54,14 +55,6 @@ def read_run(path: str | os.PathLike, label: str | None = None) -> RunCurves:
         raise LoopDataError(f"{file}: no training steps recorded; expected 'train' records written by "
                             "pretrain_loop.py")
     return run
-
-
-def run_name(folder: Path) -> str:
-    """The run folder's name, skipping the pipeline's fixed folder names (runs/NAME/train -> NAME)."""
-    folder = folder.resolve()
-    while folder.name in GENERIC_FOLDERS and folder.parent != folder:
-        folder = folder.parent
-    return folder.name
 
 
 def _x(record: dict, x: str, tokens_per_step: float | None) -> float:
