@@ -203,7 +203,7 @@ def test_plots_draw_the_json_numbers(sweep):
     fig = groups_figure([res, other])
     for ax, key in zip(fig.axes, ("overall", "knowledge", "reasoning")):
         (label_a, xa, ya, ea), (label_b, xb, *_) = _errorbars(ax)
-        assert label_a == "tiny" and label_b == "copy"
+        assert label_a == f"tiny ({res['layout']})" and label_b == f"copy ({res['layout']})"
         assert ya == pytest.approx([res["groups"][key][r] for r in LOOPS])
         assert ea == pytest.approx([res["groups_stderr"][key][r] for r in LOOPS])
         assert [round(x) for x in xa] == [r + 2 for r in LOOPS] and all(b > a for a, b in zip(xa, xb))
@@ -211,7 +211,8 @@ def test_plots_draw_the_json_numbers(sweep):
         assert chance[0].get_ydata()[0] == pytest.approx(res["groups_chance"][key])
         assert isinstance(ax.xaxis.get_major_locator(), MaxNLocator)
     legend = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
-    assert {"chance level", "training effective depth L(K) = 5", "extrapolation (r > K)"} <= set(legend)
+    assert {"chance level (mean 1/#choices)", "training depth L(K) = 5",
+            "extrapolation L(r) > L(K) (r > K)"} <= set(legend)
     plt.close(fig)
 
     fig = per_depth_figure(res, "piqa")  # the tracking items: depths 1-3 trained, 4 not
@@ -224,9 +225,10 @@ def test_plots_draw_the_json_numbers(sweep):
 
     fig = loss_figure([res])
     ((_, x, y, e),) = _errorbars(fig.axes[0])
-    assert x == list(LOOPS) and y == pytest.approx([res["heldout"][r]["loss"] for r in LOOPS])
+    assert x == [res["effective_depth"][r] for r in LOOPS]
+    assert y == pytest.approx([res["heldout"][r]["loss"] for r in LOOPS])
     assert e == pytest.approx([res["heldout"][r]["stderr"] for r in LOOPS])
-    assert "nats" in fig.axes[0].get_ylabel() and fig.axes[0].get_xlabel() == "loop count r"
+    assert "nats" in fig.axes[0].get_ylabel() and fig.axes[0].get_xlabel() == "effective depth L(r) = p + r·s + c"
     plt.close(fig)
 
 

@@ -107,7 +107,8 @@ def test_figures_plot_the_json_numbers(reports):
     assert list(by_label[0]["r=9, L(r)=20"].get_xdata()) == entry["ratio_by_lag"]["C"]["lags"]
     assert list(by_label[1]["r=9, L(r)=20, lags 2-2"].get_ydata()) == [entry["ratio"]["2-2"][k] for k in "CNB"]
     pairs = by_label[2]["r=9, L(r)=20, lags 1-2"]
-    assert list(pairs.get_xdata()) == entry["block_pair_ratio"]["1-2"]["pairs"]
+    ticks = [t.get_text() for t in fig.axes[2].get_xticklabels()]
+    assert [ticks[round(x)] for x in pairs.get_xdata()] == entry["block_pair_ratio"]["1-2"]["pairs"]
     assert list(pairs.get_ydata()) == entry["block_pair_ratio"]["1-2"]["C"]
     separators = [line for line in fig.axes[2].get_lines() if list(line.get_xdata()) == [1.5, 1.5]]
     assert len(separators) == 1  # between source block 1 (1:1, 1:2) and source block 2 (2:1, 2:2)

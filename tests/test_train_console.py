@@ -174,14 +174,14 @@ def test_plot_metrics_draws_several_runs_on_one_figure(tmp_path, capsys):
     _write_metrics(tmp_path / "a", [5.0, 4.0, 3.5, 3.0], 1e-3)
     _write_metrics(tmp_path / "b", [6.0, 5.0], 2e-3)
     fig = plot_runs([read_run(tmp_path / "a"), read_run(tmp_path / "b" / "metrics.jsonl", "B")], x="tokens")
-    loss_ax, lr_ax, mfu_ax = fig.axes
+    loss_ax, lr_ax, _, _, mfu_ax, _ = fig.axes
     lines = {line.get_label(): line for line in loss_ax.get_lines()}
-    assert set(lines) == {"a train", "a validation r=1", "a validation r=2", "B train", "B validation r=1",
-                          "B validation r=2"}
-    assert list(lines["a train"].get_xdata()) == [256, 512, 768, 1024]
-    assert list(lines["a train"].get_ydata()) == [5.0, 4.0, 3.5, 3.0]
-    assert list(lines["a validation r=2"].get_ydata()) == [4.5, 3.5]
-    assert list(lines["B validation r=1"].get_xdata()) == [512]
+    assert set(lines) == {"a: training loss", "a: validation loss at r = 1", "a: validation loss at r = 2",
+                          "B: training loss", "B: validation loss at r = 1", "B: validation loss at r = 2"}
+    assert list(lines["a: training loss"].get_xdata()) == [256e-6, 512e-6, 768e-6, 1024e-6]  # millions of tokens
+    assert list(lines["a: training loss"].get_ydata()) == [5.0, 4.0, 3.5, 3.0]
+    assert list(lines["a: validation loss at r = 2"].get_ydata()) == [4.5, 3.5]
+    assert list(lines["B: validation loss at r = 1"].get_xdata()) == [512e-6]
     assert [list(line.get_ydata()) for line in lr_ax.get_lines()] == [[1e-3, 2e-3, 3e-3, 4e-3], [2e-3, 4e-3]]
     assert list(mfu_ax.get_lines()[0].get_ydata()) == pytest.approx([1, 2, 3, 4])
     assert "nats" in loss_ax.get_ylabel() and mfu_ax.get_ylabel() == "MFU (%)"

@@ -36,8 +36,8 @@ export_and_eval "$RUN" model "$LOOPS" "$LIMIT"
 
 step "geometry probes (App. C.4)"
 python tools/probe_geometry.py --checkpoint "$RUN/model/train/checkpoints" --valid-prefix "$RUN/data/corpus_valid" \
-    --loops "1,$K,$(( 2 * K ))" --num-sequences 8 --num-positions 800 --seq-length 128 \
-    --interaction-sources beyond_training --output "$RUN/model/probe" --no-progress
+    --loops "1,$K,$(( 2 * K ))" --num-sequences 8 --num-positions all --seq-length 128 \
+    --interaction-sources beyond_training --label "demo $(basename "$CONFIG" .yaml)" --output "$RUN/model/probe" --no-progress
 
 python - "$RUN" <<'PY'
 import json, sys

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Draw training curves from metrics.jsonl: loss (with validation loss per r), learning rate and
-MFU, one colour per run, several runs on one figure.
+"""Draw training curves from metrics.jsonl: loss (log y, with validation loss per r), learning rate,
+gradient norm, throughput and MFU, one colour per run, several runs on one figure.
 
     python tools/plot_metrics.py runs/tiny_2x3 --output runs/tiny_2x3/curves.png
     python tools/plot_metrics.py runs/a runs/b/metrics.jsonl --labels "2x3,1+2x3+1" --x tokens --output cmp.png
@@ -22,8 +22,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", metavar="RUN", help="run folder (train.output_dir) or metrics.jsonl")
     ap.add_argument("--output", default="metrics.png", help="PNG to write (default: metrics.png)")
-    ap.add_argument("--labels", default=None, help="comma-separated legend labels, one per RUN (default: folder names)")
-    ap.add_argument("--x", default="step", help="x axis: step (default) or tokens")
+    ap.add_argument("--labels", default=None,
+                    help="comma-separated legend labels, one per RUN "
+                         "(default: the run folder names, NAME for runs/NAME/train)")
+    ap.add_argument("--x", default="step", help="x axis: step (default) or tokens (in millions)")
     args = ap.parse_args(argv)
 
     from megatron_loop.errors import LoopConfigError, LoopDataError

@@ -46,7 +46,7 @@ while IFS=$'\t' read -r name config loops probe; do
   if [ "$probe" != - ]; then
     step "geometry probes of $name at r = $probe (App. C.4)"
     python tools/probe_geometry.py --checkpoint "$RUN/$name/train/checkpoints" --valid-prefix "$RUN/data/corpus_valid" \
-        --loops "$probe" --num-sequences 8 --num-positions 800 --seq-length 128 --output "$RUN/$name/probe" --no-progress
+        --loops "$probe" --num-sequences 8 --num-positions all --seq-length 128 --output "$RUN/$name/probe" --no-progress
   fi
 done <<< "$PLAN"
 step "figures comparing the study's models: $RUN/$last/eval/*.png"

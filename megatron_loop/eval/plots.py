@@ -5,15 +5,20 @@
   region L(r) > L(K) shaded (paper Fig. 2 style).
 * :func:`plot_per_depth` -- accuracy per proof depth / chain length against L(r), one line
   per depth (Fig. 1 b,c style); depths the task declares as trained are marked in the legend.
-* :func:`plot_loss` -- held-out loss against r.
+* :func:`plot_loss` -- held-out loss against L(r), log y by default, with the loss of a
+  uniform prediction, ln|V|, as a reference line.
 
 Notation shared with the probe figures: r is the inference loop count, K the training loop
-count, L(r) = p + r·s + c the effective depth. Every score point carries its standard error
-(lm-eval's) as an error bar, every score panel the chance level of its items; the training
-depth, the extrapolation shading and the chance line are legend entries. Series are told apart
-by marker and line style and nudged sideways a little, so equal values do not hide each other.
-Each ``*_figure`` function returns the Figure (tests read the plotted numbers back from it);
-``plot_*`` save it.
+count, L(r) = p + r·s + c the effective depth. Every figure puts models of different layouts on
+the same x axis, L(r), so a CoreLoop's r = 5 lines up with a BaseLoop's r = 3 when both are
+L = 6 layers deep. Where the models share their training depth L(K), one dashed line marks it
+and the region beyond is shaded as extrapolation (r > K); where they do not, each model gets
+its own dashed line and a strip of shading in its colour along the bottom of the axes.
+Every score point is the mean with its standard error (lm-eval's) as an error bar, as the y
+labels say; every score panel has a dotted line at the chance level of its items, whose value
+the title gives. Series are told apart by colour, marker and line style and nudged sideways
+a little, so equal values do not hide each other. Each ``*_figure`` function returns the Figure
+(tests read the plotted numbers back from it); ``plot_*`` save it.
 """
 
 from __future__ import annotations
@@ -21,25 +26,48 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from megatron_loop import plotting
 
 PANELS = (("overall", "Overall"), ("knowledge", "Knowledge"), ("reasoning", "Reasoning"))
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
 LINESTYLES = ("-", "--", "-.", ":")
 DODGE = 0.12  # sideways offset between series, in effective-depth units (points stay on their integer L(r))
+DEPTH_AXIS = "effective depth L(r) = p + r·s + c"
+ACCURACY_AXIS = "accuracy (%), mean ± standard error"
+LOSS_AXIS = "held-out loss (nats / token), mean ± standard error"
+CHANCE = "chance level (mean 1/#choices)"
+EXTRAPOLATION = "extrapolation L(r) > L(K) (r > K)"
+# Display names of the task keys (App. C.3 spelling); a bundled stand-in is named after its own items.
+TASK_NAMES = {"sciq": "SciQ", "arc_easy": "ARC-Easy", "piqa": "PIQA", "arc_challenge": "ARC-Challenge",
+              "winogrande": "WinoGrande", "openbookqa": "OpenBookQA", "hellaswag": "HellaSwag",
+              "commonsense_qa": "CommonsenseQA", "proofwriter": "ProofWriter", "clutrr": "CLUTRR", "bbh": "BBH",
+              "facts": "facts (bundled knowledge items)"}
+BUNDLED_NAMES = {"clutrr": "CLUTRR-style", "proofwriter": "ProofWriter-style", "tracking": "tracking-style"}
 
 
-def _label(results: dict) -> str:
-    return results.get("label") or results.get("layout") or Path(results["model"]).name
+def model_label(results: dict) -> str:
+    """The sweep's ``--label`` with its layout p+s×K+c (so K is on the figure), else the layout."""
+    name = results.get("label") or Path(results["model"]).name
+    layout = results.get("layout")
+    return f"{name} ({layout})" if layout and layout != name else name
+
+
+def task_title(results: dict, task: str) -> str:
+    """``CLUTRR``, or ``CLUTRR-style (bundled)`` when a local lm-eval task ran in the paper task's slot."""
+    lm_eval = results.get("lm_eval_tasks", {}).get(task) or []
+    if len(lm_eval) == 1 and lm_eval[0].startswith("looplm_") and lm_eval[0].endswith("_local") and task != "facts":
+        items = lm_eval[0][len("looplm_"):-len("_local")]
+        name = f"{BUNDLED_NAMES.get(items, items)} (bundled)"
+        return name if items == task else f"{name[:-1]}, in the {TASK_NAMES.get(task, task)} slot)"
+    return TASK_NAMES.get(task, task)
 
 
 def _series_style(index: int) -> dict:
     return dict(marker=MARKERS[index % len(MARKERS)], linestyle=LINESTYLES[index % len(LINESTYLES)],
-                markersize=5, capsize=2, linewidth=1.4, elinewidth=0.9)
+                color=f"C{index % 10}", markersize=5, capsize=2, linewidth=1.4, elinewidth=0.9)
 
 
 def _offset(index: int, count: int) -> float:
@@ -51,55 +79,73 @@ def _nan(value) -> float:
 
 
 def _series(ax, index: int, count: int, xs, ys, errs, label: str, **style):
-    """One line with error bars (NaN bars are not drawn), nudged by its series index."""
+    """One line with error bars (NaN bars are not drawn), nudged by its series index; colour,
+    marker and line style follow the index, so a model keeps them across panels."""
     dx = _offset(index, count)
     return ax.errorbar([x + dx for x in xs], ys, yerr=[_nan(e) for e in errs], label=label,
                        **{**_series_style(index), **style})
 
 
-def _training_marks(ax, results_list: list[dict], key: str = "training_depth", name: str = "L(K)",
-                    what: str = "effective depth") -> None:
-    """Dashed line at each training depth and the extrapolation region beyond it, both in the legend."""
-    train_depths = sorted({r[key] for r in results_list})
-    xs = [x for r in results_list for x in (r["effective_depth"].values() if key == "training_depth" else r["loops"])]
-    for depth in train_depths:
-        ax.axvline(depth, color="0.3", linestyle="--", linewidth=1, label=f"training {what} {name} = {depth}")
+def _training_marks(ax, models: list[tuple[int, dict]], depths_of=lambda res: res["effective_depth"].values()) -> None:
+    """The training depth L(K) and the extrapolation region beyond it, as legend entries.
+
+    ``models`` are (series index, results) pairs. One shared L(K): one dashed line and the region
+    L(r) > L(K) shaded. Different L(K): a dashed line in each model's colour and, for each model
+    that was run past its L(K), a strip of shading in its colour along the bottom of the axes
+    (a shared shading would call a model's r <= K points extrapolation)."""
+    xs = [x for _, res in models for x in depths_of(res)]
     left, right = min(xs), max(xs)
-    if right > train_depths[0]:  # loop extrapolation: r > K
-        ax.axvspan(train_depths[0], right + 0.5, color="gold", alpha=0.15, lw=0, label="extrapolation (r > K)")
+    train_depths = sorted({res["training_depth"] for _, res in models})
+    if len(train_depths) == 1:
+        depth = train_depths[0]
+        ax.axvline(depth, color="0.3", linestyle="--", linewidth=1, label=f"training depth L(K) = {depth}")
+        if right > depth:
+            ax.axvspan(depth, right + 0.5, color="gold", alpha=0.15, lw=0, label=EXTRAPOLATION)
+    else:
+        strip = 0.03
+        for row, (index, res) in enumerate(models):
+            color, depth = f"C{index % 10}", res["training_depth"]
+            ax.axvline(depth, color=color, linestyle="--", linewidth=1, label=f"L(K) = {depth}: {model_label(res)}")
+            top = max(depths_of(res))
+            if top > depth:
+                ax.axvspan(depth, top + 0.5, ymin=row * strip, ymax=(row + 1) * strip, color=color, alpha=0.45, lw=0,
+                           label=f"extrapolation (r > K): {model_label(res)}")
     ax.set_xlim(left - 0.5, right + 0.5)
 
 
-def _chance_lines(ax, values: list[float]) -> None:
-    """A dotted line at each distinct chance level (mean over items of 1 / number of choices), its
-    value written on the line; one legend entry for all of them."""
-    for i, value in enumerate(sorted({round(v, 6) for v in values})):
-        ax.axhline(value, color="0.45", linestyle=":", linewidth=1.2, label="chance level" if i == 0 else None)
-        ax.annotate(f"{value:.1f}%", (0.005, value), xycoords=("axes fraction", "data"), fontsize=6,
-                    color="0.35", va="bottom")
+def _chance_lines(ax, values: list[float]) -> str:
+    """A dotted line at each distinct chance level (mean over items of 1 / number of choices), one
+    legend entry for all of them; returns their values as text for the title (a label written on
+    the line would sit on the markers)."""
+    levels = sorted({round(v, 6) for v in values})
+    for i, value in enumerate(levels):
+        ax.axhline(value, color="0.45", linestyle=":", linewidth=1.2, label=CHANCE if i == 0 else None)
+    return ", ".join(f"{v:.1f}%" for v in levels)
 
 
 def groups_figure(results_list: list[dict]):
     """Fig. 2 style: three panels (Overall, Knowledge, Reasoning) vs effective depth."""
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.9))
+    count = len(results_list)
     for ax, (key, title) in zip(axes, PANELS):
-        drawn = [res for res in results_list if any(v is not None for v in res["groups"][key].values())]
-        for index, res in enumerate(drawn):
+        drawn = [(i, res) for i, res in enumerate(results_list)
+                 if any(v is not None for v in res["groups"][key].values())]
+        for index, res in drawn:
             rs = sorted(r for r, v in res["groups"][key].items() if v is not None)
             errs = res.get("groups_stderr", {}).get(key, {})
-            _series(ax, index, len(drawn), [res["effective_depth"][r] for r in rs], [res["groups"][key][r] for r in rs],
-                    [errs.get(r) for r in rs], _label(res))
+            _series(ax, index, count, [res["effective_depth"][r] for r in rs], [res["groups"][key][r] for r in rs],
+                    [errs.get(r) for r in rs], model_label(res))
         if not drawn:
             ax.text(0.5, 0.5, "no tasks of this group evaluated", ha="center", va="center",
                     transform=ax.transAxes, color="0.4")
-        _chance_lines(ax, [res["groups_chance"][key] for res in drawn
-                           if res.get("groups_chance", {}).get(key) is not None])
-        _training_marks(ax, results_list)
-        ax.set_title(title)
-        ax.set_xlabel("effective depth L(r)")
+        chance = _chance_lines(ax, [res["groups_chance"][key] for _, res in drawn
+                                    if res.get("groups_chance", {}).get(key) is not None])
+        _training_marks(ax, list(enumerate(results_list)))
+        ax.set_title(f"{title} (chance {chance})" if chance else title)
+        ax.set_xlabel(DEPTH_AXIS)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("accuracy (%)")
-    _legend_right(axes[-1], fig)
+    axes[0].set_ylabel(ACCURACY_AXIS)
+    _legend_right(axes[-1], fig, every_axis=True)
     return fig
 
 
@@ -119,29 +165,53 @@ def per_depth_figure(results: dict, task: str):
                 [c.get("stderr") for c in cells], f"{axis} {depth}{suffix}",
                 **({} if not trained else {"linestyle": "-" if depth in trained else "--"}))
         chance += [c["chance"] for c in cells if c.get("chance") is not None]
-    _chance_lines(ax, chance)
-    _training_marks(ax, [results])
-    ax.set_title(f"{task} by {axis} ({_label(results)})")
-    ax.set_xlabel("effective depth L(r)")
-    ax.set_ylabel("accuracy (%)")
+    chance_text = _chance_lines(ax, chance)
+    _training_marks(ax, [(0, results)])
+    ax.set_title(f"{task_title(results, task)}: accuracy by {axis}\n{model_label(results)}"
+                 + (f", chance {chance_text}" if chance_text else ""), fontsize=10)
+    ax.set_xlabel(DEPTH_AXIS)
+    ax.set_ylabel(ACCURACY_AXIS)
     ax.grid(alpha=0.3)
     _legend_right(ax, fig)
     return fig
 
 
-def loss_figure(results_list: list[dict]):
-    """Held-out loss vs loop count r, one line per model; dashed line at each model's K."""
-    fig, ax = plt.subplots(figsize=(7.5, 4))
-    drawn = [res for res in results_list if res.get("heldout")]
-    for index, res in enumerate(drawn):
-        rs = sorted(res["heldout"])
-        _series(ax, index, len(drawn), rs, [res["heldout"][r]["loss"] for r in rs],
-                [res["heldout"][r].get("stderr") for r in rs], _label(res))
-    _training_marks(ax, drawn, key="train_loops", name="K", what="loops")
-    ax.set_xlabel("loop count r")
-    ax.set_ylabel("held-out loss (nats / token)")
-    ax.grid(alpha=0.3)
-    _legend_right(ax, fig)
+def loss_figure(results_list: list[dict], log_y: bool = True):
+    """Held-out loss vs effective depth L(r), one line per model, in two panels: (a) every r, log y
+    by default (an under-unrolled r = 1 can sit an order of magnitude above the rest) with a dotted
+    line at ln|V|, the loss of a uniform prediction over the vocabulary; (b) the same lines on a
+    linear y cut to the band the r >= K points span, where models differ by hundredths of a nat."""
+    fig, (full, zoom) = plt.subplots(1, 2, figsize=(12, 4.2))
+    drawn = [(i, res) for i, res in enumerate(results_list) if res.get("heldout")]
+    for ax in (full, zoom):
+        for index, res in drawn:
+            rs = sorted(res["heldout"])
+            _series(ax, index, len(results_list), [res["effective_depth"][r] for r in rs],
+                    [res["heldout"][r]["loss"] for r in rs], [res["heldout"][r].get("stderr") for r in rs],
+                    model_label(res))
+        _training_marks(ax, drawn, depths_of=lambda res: [res["effective_depth"][r] for r in res["heldout"]])
+        ax.set_xlabel(DEPTH_AXIS)
+        ax.grid(alpha=0.3)
+    for vocab in sorted({res["vocab_size"] for _, res in drawn if res.get("vocab_size")}):
+        full.axhline(math.log(vocab), color="0.45", linestyle=":", linewidth=1.2,
+                     label=f"uniform prediction: ln|V| = ln {vocab} = {math.log(vocab):.2f}")
+    full.set_title("(a) every r" + (", log scale" if log_y else ""), fontsize=10)
+    with_errors = any(cell.get("stderr") is not None for _, res in drawn for cell in res["heldout"].values())
+    full.set_ylabel(LOSS_AXIS if with_errors else LOSS_AXIS.split(",")[0])
+    if log_y:
+        plotting.log_y(full)
+    losses = [(res["effective_depth"][r] >= res["training_depth"], cell["loss"], cell.get("stderr") or 0.0)
+              for _, res in drawn for r, cell in res["heldout"].items()]
+    top = max(loss + err for past, loss, err in losses if past) if any(p for p, _, _ in losses) else \
+        max(loss + err for _, loss, err in losses)
+    bottom = min(loss - err for _, loss, err in losses)
+    pad = 0.08 * (top - bottom or top * 0.01)
+    zoom.set_ylim(bottom - pad, top + pad)
+    above = sum(loss > top + pad for _, loss, _ in losses)
+    zoom.set_title("(b) zoom on r ≥ K, linear y" + (f" ({above} point{'s' * (above > 1)} above: see (a))"
+                                                    if above else ""), fontsize=10)
+    fig.suptitle("Held-out loss against effective depth", fontsize=11)
+    _legend_right(zoom, fig, every_axis=True)
     return fig
 
 
@@ -153,8 +223,8 @@ def plot_per_depth(results: dict, task: str, path: str | Path) -> Path:
     return _save(per_depth_figure(results, task), path)
 
 
-def plot_loss(results_list: list[dict], path: str | Path) -> Path:
-    return _save(loss_figure(results_list), path)
+def plot_loss(results_list: list[dict], path: str | Path, log_y: bool = True) -> Path:
+    return _save(loss_figure(results_list, log_y), path)
 
 
 def write_all_plots(results: dict, output: str | Path, others: list[dict] | None = None) -> list[Path]:
@@ -171,13 +241,11 @@ def write_all_plots(results: dict, output: str | Path, others: list[dict] | None
     return paths
 
 
-def _legend_right(ax, fig) -> None:
-    """Legend outside the axes (so it never covers a line); integer ticks on the x axes, which are
-    effective depths or loop counts."""
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+def _legend_right(ax, fig, every_axis: bool = False) -> None:
+    """The legend outside the axes; integer ticks on the x axes, which are effective depths."""
     for each in fig.axes:
         each.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.tight_layout()
+    plotting.legend_outside(ax, fig, every_axis)
 
 
 def _save(fig, path: str | Path) -> Path:

@@ -2,7 +2,7 @@
 
 ``results.json``::
 
-    {"model", "layout", "prelude_layers", "core_layers", "coda_layers", "train_loops",
+    {"model", "layout", "prelude_layers", "core_layers", "coda_layers", "train_loops", "vocab_size",
      "training_depth", "loops": [r...], "effective_depth": {r: L(r)},
      "metrics": {task: metric}, "groups_of": {task: group},
      "tasks": {task: {r: percent}}, "tasks_stderr": {task: {r: percent}},

@@ -73,11 +73,13 @@ def load_hf_model(model_dir: str | Path, device: str | None = None, dtype: str =
 
 
 def architecture(config) -> dict:
-    """p, s, c, K of a LoopLM export; a native Llama/Qwen3 export is NonLoop L×1."""
+    """p, s, c, K of a LoopLM export (a native Llama/Qwen3 export is NonLoop L×1) and its vocabulary
+    size |V| (the loss figure's ln|V| line: the loss of a uniform prediction)."""
     if config.model_type == "looplm":
         return {"prelude_layers": config.prelude_layers, "core_layers": config.core_layers,
-                "coda_layers": config.coda_layers, "train_loops": config.train_loops}
-    return {"prelude_layers": 0, "core_layers": config.num_hidden_layers, "coda_layers": 0, "train_loops": 1}
+                "coda_layers": config.coda_layers, "train_loops": config.train_loops, "vocab_size": config.vocab_size}
+    return {"prelude_layers": 0, "core_layers": config.num_hidden_layers, "coda_layers": 0, "train_loops": 1,
+            "vocab_size": config.vocab_size}
 
 
 def set_loops(model, r: int) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from megatron_loop import plotting
 from megatron_loop.data.cli import parse_loop_counts
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.probes.report import JSON_NAME, probe_geometry, read_report, replot
@@ -75,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-length", type=int, default=2048, help="packed window length in tokens")
     p.add_argument("--seed", type=int, default=0, help="document-order seed of the packing")
     p.add_argument("--output", required=True, help="output folder for geometry.json and the figures")
+    p.add_argument("--label", default=None, help="the model's name on the figures (default: the run folder "
+                                                 "of --checkpoint / --model, e.g. NAME of runs/NAME/train/checkpoints)")
     p.add_argument("--interaction-sources", default="all",
                    help="skipped occurrences: all | beyond_training | none | comma-separated positions")
     p.add_argument("--lag-sets", default=None, help="lag sets for C_D, e.g. '1-6,2-6' (default: common range)")
@@ -122,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lag_sets = parse_lag_sets(args.lag_sets) if args.lag_sets else None
     reference = _reference(args.reference_json)
     if args.replot:
-        report = replot(args.replot, args.output, lag_sets, reference)
+        report = replot(args.replot, args.output, lag_sets, reference, args.label)
         print(f"redrew {', '.join(report['files'])} in {args.output} from {args.replot}")
         return 0
     if not args.valid_prefix:
@@ -139,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_token_ids(args.valid_prefix, model.config.vocab_size)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(device=device, dtype=DTYPES[args.dtype])
-    report = probe_geometry(model, sample, settings, args.output, lag_sets, reference)
+    report = probe_geometry(model, sample, settings, args.output, lag_sets, reference,
+                            args.label or plotting.run_name(args.checkpoint or args.model))
     print(f"wrote {Path(args.output) / JSON_NAME} and {', '.join(report['files'])} "
           f"(N={report['sampling']['num_sequences']}, |T|={report['sampling']['num_positions']}, "
           f"loops {','.join(report['loops'])})")

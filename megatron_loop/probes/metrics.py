@@ -77,6 +77,16 @@ def normalized_variance(variances: Sequence[float], reference: float) -> list[fl
     return [safe_ratio(v, reference) for v in variances]
 
 
+def standard_error(total: torch.Tensor, total_sq: torch.Tensor, count: int) -> torch.Tensor | None:
+    """Standard error of a mean from the running sum and sum of squares of its ``count`` terms:
+    sqrt(s^2 / count) with the sample variance s^2 (correction one); None for a single term."""
+    if count < 2:
+        return None
+    mean = total / count
+    variance = torch.clamp((total_sq - count * mean.square()) / (count - 1), min=0.0)
+    return (variance / count).sqrt()
+
+
 # ----------------------------------------------------------------------------- amplification
 def amplification_factors(state_var: Sequence[float], injected_var: Sequence[float],
                           core_out_var: Sequence[float]) -> dict[str, list[float]]:

@@ -29,6 +29,7 @@ def summarise(report: dict, lag_sets: Sequence[LagSet] | None = None, reference:
     if reference is not None:
         add_summaries(reference, used)
         report["comparison"] = compare_reports(report, reference)
+        report["comparison_reference"] = plots.model_name(reference)  # B, named on the comparison figure
     return report
 
 
@@ -42,14 +43,16 @@ def write_report(report: dict, output_dir: str | Path) -> dict:
 
 def probe_geometry(model: torch.nn.Module, sample: ProbeSample, settings: ProbeSettings,
                    output_dir: str | Path | None = None, lag_sets: Sequence[LagSet] | None = None,
-                   reference: dict | None = None) -> dict:
+                   reference: dict | None = None, label: str | None = None) -> dict:
     """All App. C.4 metrics of ``model`` on ``sample`` at ``settings.loops``.
 
     ``lag_sets`` default to the common cross-loop ranges (see ``summaries.default_lag_sets``);
     ``reference`` is another configuration's report (see :func:`summarise`). With ``output_dir``
-    the report is written as ``geometry.json`` next to the PNG figures.
+    the report is written as ``geometry.json`` next to the PNG figures. ``label`` names the model
+    on the figures (with its layout).
     """
-    report = summarise(GeometryProbe(model, sample, settings).run(), lag_sets, reference)
+    report = {"label": label, **GeometryProbe(model, sample, settings).run()}
+    report = summarise(report, lag_sets, reference)
     return write_report(report, output_dir) if output_dir is not None else report
 
 
@@ -60,8 +63,11 @@ def read_report(path: str | Path, flag: str) -> dict:
 
 
 def replot(path: str | Path, output_dir: str | Path, lag_sets: Sequence[LagSet] | None = None,
-           reference: dict | None = None) -> dict:
+           reference: dict | None = None, label: str | None = None) -> dict:
     """Recompute the summaries of an existing report (and its comparison, given ``reference``; else
-    the stored one is kept) and redraw every figure into ``output_dir``, without the model or data."""
+    the stored one is kept) and redraw every figure into ``output_dir``, without the model or data;
+    ``label`` renames the model."""
     report = read_report(path, "--replot")
+    if label:
+        report["label"] = label
     return write_report(summarise(report, lag_sets, reference), output_dir)

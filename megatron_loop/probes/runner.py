@@ -12,7 +12,9 @@ For each inference loop count L and each chunk of probe sequences (streaming, Ap
   each later occurrence j the change |u^(-i)_j - u_j| is summed over T.
 
 Sums are kept in float64 and divided at the end, so the result does not depend on the chunk
-size. Runs on whatever device the model is on.
+size. The per-sequence terms at p_n (block and loop angles, loop updates) and the per-token state
+variances are also summed squared, which gives each mean's standard error (``*_stderr``: over the
+N sequences, or over the |T| positions for the variance) for the figures' bands. Runs on whatever device the model is on.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ class _Sums:
         self.block_angle, self.block_update = z(depth), z(depth)
         self.input_variance, self.output_variance, self.update_norm = z(depth), z(depth), z(depth)
         self.loop_angle, self.loop_update, self.state_variance = z(loops), z(loops), z(loops + 1)
+        # sums of squares of the same per-sequence (per-token for the variance) terms: their spread
+        self.block_angle_sq, self.loop_angle_sq, self.loop_update_sq = z(depth), z(loops), z(loops)
+        self.state_variance_sq = z(loops + 1)
         self.response = z(depth, depth)  # N sums, [source - 1, target - 1]
         self.sequences = 0
         self.tokens = 0
@@ -107,7 +112,9 @@ class GeometryProbe:
         def record(pos: int, h_in: torch.Tensor, h_out: torch.Tensor) -> None:
             i = pos - 1
             a_in, a_out = _at_last(h_in.transpose(0, 1), last), _at_last(h_out.transpose(0, 1), last)
-            sums.block_angle[i] += metrics.angular_distance(a_in, a_out).sum()
+            angle = metrics.angular_distance(a_in, a_out)
+            sums.block_angle[i] += angle.sum()
+            sums.block_angle_sq[i] += angle.square().sum()
             sums.block_update[i] += metrics.relative_update(a_in, a_out).sum()
             t_in, t_out = _selected(h_in, mask), _selected(h_out, mask)
             sums.input_variance[i] += metrics.token_variance(t_in).sum()
@@ -126,10 +133,16 @@ class GeometryProbe:
             raise LoopConfigError(f"saw {hooks.position} block occurrences, expected D={layout.depth}")
         states = [_at_last(x, last) for x in out.trajectory]
         for t in range(layout.num_loops):
-            sums.loop_angle[t] += metrics.angular_distance(states[t], states[t + 1]).sum()
-            sums.loop_update[t] += metrics.relative_update(states[t], states[t + 1]).sum()
+            angle = metrics.angular_distance(states[t], states[t + 1])
+            update = metrics.relative_update(states[t], states[t + 1])
+            sums.loop_angle[t] += angle.sum()
+            sums.loop_update[t] += update.sum()
+            sums.loop_angle_sq[t] += angle.square().sum()
+            sums.loop_update_sq[t] += update.square().sum()
         for t, x in enumerate(out.trajectory):
-            sums.state_variance[t] += metrics.token_variance(x[mask].float()).sum()
+            variance = metrics.token_variance(x[mask].float())
+            sums.state_variance[t] += variance.sum()
+            sums.state_variance_sq[t] += variance.square().sum()
         sums.sequences += tokens.shape[0]
         sums.tokens += int(mask.sum())
         return updates
@@ -200,7 +213,7 @@ class GeometryProbe:
 def summarize(sums: _Sums, layout: EffectiveLayout, train_loops: int, sources: list[int]) -> dict:
     """Per-loop-count metrics of App. C.4 from the running sums (plain Python types)."""
     n, tokens, L = sums.sequences, sums.tokens, layout.num_loops
-    as_list = lambda x: [float(v) for v in x.cpu()]  # noqa: E731
+    as_list = lambda x: None if x is None else [float(v) for v in x.cpu()]  # noqa: E731
     input_var = as_list(sums.input_variance / tokens)
     output_var = as_list(sums.output_variance / tokens)
     state_var = as_list(sums.state_variance / tokens)
@@ -213,9 +226,14 @@ def summarize(sums: _Sums, layout: EffectiveLayout, train_loops: int, sources: l
         "segments": layout.segments(),
         "loop_of": layout.loops_of(),
         "block": {"angle": as_list(sums.block_angle / n), "relative_update": as_list(sums.block_update / n),
-                  "input_variance": input_var, "output_variance": output_var},
+                  "input_variance": input_var, "output_variance": output_var,
+                  "angle_stderr": as_list(metrics.standard_error(sums.block_angle, sums.block_angle_sq, n))},
         "loop": {"angle": as_list(sums.loop_angle / n), "relative_update": as_list(sums.loop_update / n),
-                 "state_variance": state_var},
+                 "state_variance": state_var,
+                 "angle_stderr": as_list(metrics.standard_error(sums.loop_angle, sums.loop_angle_sq, n)),
+                 "relative_update_stderr": as_list(metrics.standard_error(sums.loop_update, sums.loop_update_sq, n)),
+                 "state_variance_stderr": as_list(metrics.standard_error(sums.state_variance,
+                                                                         sums.state_variance_sq, tokens))},
         "amplification": {**factors, "injected_variance": z_var, "core_output_variance": y_var},
         "interaction": interaction_summary(sums, layout, train_loops, sources),
     }
@@ -261,3 +279,6 @@ def normalize_variance(result: dict, train_loops: int, reference: float | None) 
     loop["variance_reference_source"] = "same run" if own else f"run with L={train_loops}"
     loop["normalized_state_variance"] = (None if ref is None
                                          else metrics.normalized_variance(loop["state_variance"], ref))
+    if loop.get("state_variance_stderr") is not None:  # none with one position, or in older reports
+        loop["normalized_state_variance_stderr"] = (
+            None if ref is None else metrics.normalized_variance(loop["state_variance_stderr"], ref))

@@ -1,9 +1,12 @@
-"""Training curves from ``metrics.jsonl`` (``tools/plot_metrics.py``): loss, learning rate and MFU
-against step or tokens, several runs on one figure (matplotlib, Agg backend, PNG).
+"""Training curves from ``metrics.jsonl`` (``tools/plot_metrics.py``): loss, learning rate, gradient
+norm, throughput and MFU against step or tokens (millions), several runs on one figure
+(matplotlib, Agg backend, PNG).
 
-Each run is a ``train.output_dir`` (or its ``metrics.jsonl``); its ``train`` records give the
-curves and its ``eval`` records the held-out loss per loop count r (markers on the loss panel,
-one marker shape per r, the run's colour).
+Each run is a ``train.output_dir`` (or its ``metrics.jsonl``), named after its run folder (the
+pipeline's ``runs/NAME/train`` is NAME); its ``train`` records give the curves and its ``eval``
+records the held-out loss per loop count r (markers on the loss panel, one marker shape per r,
+the run's colour). The loss panel has a log y axis: the first steps sit near ln|V| and would
+otherwise flatten the rest of the run. The legend has a panel of its own, so it covers no curve.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.training.metrics import METRICS_NAME
 
-X_AXES = {"step": "step", "tokens": "tokens"}
+X_AXES = {"step": "step", "tokens": "tokens (M)"}
 MARKERS = "osD^v<>ph*"
 
 
@@ -36,7 +39,9 @@ def read_run(path: str | os.PathLike, label: str | None = None) -> RunCurves:
     if not file.is_file():
         raise LoopDataError(f"{p}: no {METRICS_NAME}; expected a run folder (train.output_dir) or its "
                             f"{METRICS_NAME}")
-    run = RunCurves(label or (p.name if p.is_dir() else p.parent.name), file)
+    from megatron_loop.plotting import run_name
+
+    run = RunCurves(label or run_name(file.parent), file)
     for line in file.read_text().splitlines():
         try:
             record = json.loads(line)
@@ -55,47 +60,65 @@ def read_run(path: str | os.PathLike, label: str | None = None) -> RunCurves:
 def _x(record: dict, x: str, tokens_per_step: float | None) -> float:
     if x == "step":
         return record["step"]
-    return record["tokens"] if "tokens" in record else record["step"] * (tokens_per_step or 0)
+    return (record["tokens"] if "tokens" in record else record["step"] * (tokens_per_step or 0)) / 1e6
 
 
 def plot_runs(runs: list[RunCurves], x: str = "step"):
-    """A figure with three panels (loss with validation markers, learning rate, MFU) over ``x``."""
+    """A figure with five panels over ``x`` (loss with validation markers, learning rate, gradient
+    norm, throughput, MFU) and a sixth holding the legend."""
     if x not in X_AXES:
         raise LoopConfigError(f"--x {x!r}: expected one of {sorted(X_AXES)}")
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (loss_ax, lr_ax, mfu_ax) = plt.subplots(1, 3, figsize=(15, 4.2))
+    from megatron_loop import plotting
+
+    fig, grid = plt.subplots(2, 3, figsize=(15, 7.5))
+    loss_ax, lr_ax, grad_ax, speed_ax, mfu_ax, legend_ax = grid.flat
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, run in enumerate(runs):
         color = colors[i % len(colors)]
         per_token = (run.train[-1]["tokens"] / run.train[-1]["step"]) if "tokens" in run.train[-1] else None
         xs = [_x(r, x, per_token) for r in run.train]
-        loss_ax.plot(xs, [r["loss"] for r in run.train], color=color, label=f"{run.label} train")
+        loss_ax.plot(xs, [r["loss"] for r in run.train], color=color, linewidth=1, label=f"{run.label}: training loss")
         loops = sorted({int(k[len("val_loss_r"):]) for e in run.evals for k in e if k.startswith("val_loss_r")})
         for j, r in enumerate(loops):
             pts = [(_x(e, x, per_token), e[f"val_loss_r{r}"]) for e in run.evals if f"val_loss_r{r}" in e]
             loss_ax.plot(*zip(*pts), color=color, linestyle="--", marker=MARKERS[j % len(MARKERS)],
-                         label=f"{run.label} validation r={r}")
+                         label=f"{run.label}: validation loss at r = {r}")
         muon, adamw = ([r.get(k, math.nan) for r in run.train] for k in ("lr_muon", "lr_adamw"))
         # one schedule drives both groups (App. C.2); draw AdamW's only where it differs
         split = any(a != m for a, m in zip(adamw, muon) if not (math.isnan(a) and math.isnan(m)))
-        lr_ax.plot(xs, muon, color=color, label=f"{run.label} Muon" if split else run.label)
+        lr_ax.plot(xs, muon, color=color, label=f"{run.label}: Muon learning rate" if split else None)
         if split:
-            lr_ax.plot(xs, adamw, color=color, linestyle=":", label=f"{run.label} AdamW")
-        mfu_ax.plot(xs, [100 * r.get("mfu", math.nan) for r in run.train], color=color, label=run.label)
-    loss_ax.set_ylabel("loss (cross-entropy, nats/token)")
-    lr_ax.set_ylabel("learning rate")
-    mfu_ax.set_ylabel("MFU (%)")
-    for ax, title in ((loss_ax, "Loss"), (lr_ax, "Learning rate"), (mfu_ax, "Model FLOPs utilisation")):
+            lr_ax.plot(xs, adamw, color=color, linestyle=":", label=f"{run.label}: AdamW learning rate")
+        for ax, key, scale in ((grad_ax, "grad_norm", 1), (speed_ax, "tokens_per_s", 1), (mfu_ax, "mfu", 100)):
+            ax.plot(xs, [scale * _nan(r.get(key)) for r in run.train], color=color, linewidth=1)
+    panels = ((loss_ax, "Loss (log scale)", "cross-entropy (nats / token)"),
+              (lr_ax, "Learning rate", "learning rate"),
+              (grad_ax, "Gradient norm (log scale)", "global L2 norm, before clipping"),
+              (speed_ax, "Throughput", "tokens / s (all ranks)"),
+              (mfu_ax, "Model FLOPs utilisation", "MFU (%)"))
+    for ax, title, ylabel in panels:
         ax.set_title(title)
         ax.set_xlabel(X_AXES[x])
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    plotting.log_y(loss_ax)
+    if any(line.get_ydata().size and min(line.get_ydata()) > 0 for line in grad_ax.get_lines()):
+        plotting.log_y(grad_ax)
+    legend_ax.axis("off")
+    handles = {}
+    for ax in (loss_ax, lr_ax):
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    legend_ax.legend(list(handles.values()), list(handles.keys()), loc="upper left", fontsize=8,
+                     title="colour = run")
     fig.tight_layout()
     return fig
+
+
+def _nan(value) -> float:
+    return math.nan if value is None else value
 
 
 def save_figure(fig, output: str | os.PathLike) -> Path:
