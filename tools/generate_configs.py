@@ -46,9 +46,11 @@ def reproduce_table() -> str:
         else:
             how = (f"`python tools/generate_configs.py --study {s.name} --commands` (paper scale); "
                    f"`bash tools/small_study.sh {s.name}` (CPU twins)")
-        if s.name == "toy":
-            runs = ", ".join(f"`{t.name}` (twin of `{t.twin_of}`)" for t in s.toys())
-            how = "`bash tools/small_study.sh` (default)"
+        if s.toy_runs:
+            runs = ", ".join(f"`{t.name}`" + (f" (twin of `{t.twin_of}`)" if t.twin_of else "") for t in s.toys())
+            seeds = f" x seeds {', '.join(map(str, s.seeds))}" if s.seeds else ""
+            runs += seeds
+            how = "`bash tools/small_study.sh` (default)" if s.name == "toy" else f"`bash tools/small_study.sh {s.name}`"
         title = s.title + (" (probes)" if s.probes else "") + (f"; up to {s.depth_multiple}x L(K)"
                                                               if s.depth_multiple != 2 else "")
         lines.append(f"| {s.paper or '—'} | `{s.name}` | {title} | {runs} | {how} |")
