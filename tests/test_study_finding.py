@@ -86,7 +86,7 @@ def _results(layout: str, loops: list[int], depth: dict, knowledge: list[float],
                        "overall": {k: (a + b) / 2 for k, a, b in zip(keys, knowledge, reasoning)}},
             "groups_chance": {"knowledge": 25.0, "reasoning": 10.0, "overall": 17.5},
             "heldout": {k: {"loss": x} for k, x in zip(keys, loss)},
-            "per_depth": {"arith": {"3": {k: {"accuracy": x} for k, x in zip(keys, reasoning)}}}}
+            "per_depth": {"arith": {k: {"3": {"accuracy": x}} for k, x in zip(keys, reasoning)}}}  # r -> depth
 
 
 def test_seed_summary_means_and_standard_errors(tmp_path, capsys):

@@ -62,11 +62,11 @@ def summarise(results: dict[str, list[dict]]) -> dict:
             entry[group] = [dict(zip(("mean", "se"), mean_se(v)), values=v) for v in per_seed]
         losses = [[s["heldout"][r]["loss"] for s in seeds] for r in loops if r in first.get("heldout", {})]
         entry["heldout_loss"] = [dict(zip(("mean", "se"), mean_se(v)), values=v) for v in losses]
-        strata = {}
-        for task, by_depth in first.get("per_depth", {}).items():
-            strata[task] = {d: [dict(zip(("mean", "se"), mean_se([s["per_depth"][task][d][r]["accuracy"]
+        strata = {}  # results.json per_depth: {task: {r: {depth: {accuracy, ...}}}}
+        for task, by_loops in first.get("per_depth", {}).items():
+            strata[task] = {d: [dict(zip(("mean", "se"), mean_se([s["per_depth"][task][r][d]["accuracy"]
                                                                   for s in seeds]))) for r in loops]
-                            for d in by_depth}
+                            for d in by_loops[loops[0]]}
         entry["per_depth"] = strata
         models[model] = entry
     chance = next(iter(results.values()))[0]["groups_chance"]
