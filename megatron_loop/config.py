@@ -224,7 +224,13 @@ class TrainConfig:
     # for every parameter (the optimizer ablation of App. D.1, Table 7).
     optimizer: str = "muon_adamw"
     # Whether the dense injection matrices (dense initial-state W = [W_h W_0], dense history
-    # B_j) go to Muon (true) or AdamW (false, the original reading of App. C.2).
+    # B_j) go to Muon (true) or AdamW (false). The paper reads both ways: Sec. 2.2 gives Muon
+    # "hidden matrix parameters" and AdamW "embeddings, output heads, biases, and other non-matrix
+    # parameters" (-> Muon: they are d x 2d / d x d matrices acting on hidden states); App. C.2
+    # gives Muon "the matrix-valued attention and feed-forward projection weights" and AdamW
+    # the rest (-> AdamW: they are no attention/MLP projection), the default kept here. AdaLN's
+    # W_k^b (2d x 8, Eq. adaln_timestep_parameters) goes to AdamW under either value: it maps the 8
+    # fixed timestep features psi_l, not a hidden state (model/roles.py, set_conditioning_matrix).
     muon_conditioning_matrices: bool = False
     train_tokens: int | None = None
     max_steps: int | None = None
@@ -315,9 +321,10 @@ class DataConfig:
     valid_prefixes: list[str] | None = None
     tokenizer: str | None = None
     num_workers: int = 1
-    # ``shuffled``: documents packed in a seed-determined permutation (per epoch); ``stream``: in
-    # the order preprocessing wrote them (the paper shuffles once, at streaming time, App. C.1).
-    order: str = "shuffled"
+    # ``stream`` (the paper, App. C.1): documents packed in the order preprocessing wrote them,
+    # i.e. FineWeb-Edu streamed through a 10,000-document shuffle buffer with seed 42; the paper
+    # shuffles once, at streaming time. ``shuffled``: a further seed-determined permutation per epoch.
+    order: str = "stream"
 
     def validation_prefixes(self) -> list[str]:
         """The prefixes validation reads: ``valid_prefixes``, or by default the train prefix's sibling."""

@@ -189,6 +189,10 @@ class Run:
     def fam(self) -> Family:
         return FAMILIES[self.family]
 
+    @property
+    def layout_tuple(self) -> tuple[int, int, int, int]:
+        return (self.prelude, self.core, self.loops, self.coda)
+
     def model_fields(self, backbone: str | None = None) -> dict[str, Any]:
         return dict(backbone=backbone or self.fam.backbone, prelude_layers=self.prelude, core_layers=self.core,
                     train_loops=self.loops, coda_layers=self.coda, **self.conditioning.model_fields())
@@ -286,17 +290,32 @@ def _runs() -> list[Run]:
 
 PILOT_NOTE = ("App. D.1 names neither backbone nor budget for the pilot: Qwen3-0.6B widths and recipe with "
               "the Chinchilla budget of the L(K)-layer NonLoop are assumed")
+# The pilot's recipe values that App. D.1 does not give ("the same pre-training setup" only): what
+# the generated files assume, marked in their comments and in --list-configs.
+PILOT_ASSUMPTIONS: dict[tuple[str, str], str] = {
+    ("model", "backbone"): "assumed (App. D.1 names no backbone): Qwen3-0.6B widths",
+    ("train", "global_batch_size"): "assumed: the Qwen recipe's batch (App. C.2)",
+    ("train", "lr"): "assumed: the Qwen peak lr (Table 3) for AdamW and Muon alike",
+    ("train", "seq_length"): "assumed: the main runs' 2,048",
+    ("train", "optimizer"): "the pilot's variable (App. D.1, Table 7)",
+}
+PILOT_BUDGET = ("train_tokens unset = 20 tokens per parameter of the run's L(K)-layer NonLoop "
+                "(train.tokens_per_parameter)")
+OURO_NOTE = ("Ouro read as BaseLoop 3x4 without its learned exit gate: App. D.1 names 'Ouro (3x4)' and "
+             "'the same pre-training setup' only, and says nothing of the gate; Ouro's exit gate, trained with an "
+             "entropy-regularised objective (Zhu et al. 2025), is not implemented in this stack, so this config "
+             "trains the same model as pilot_baseloop_3x4 under its own name")
 
 
 def _pilot_runs() -> list[Run]:
     """The optimizer pilot (App. D.1, Table 7), AdamW vs Muon. LoopFormer is read as BaseLoop +
     AdaLN (Sec. 5.2: AdaLN "adopts LoopFormer's modulation structure"), Huginn as CoreLoop +
     dense initial injection (Sec. 5.1: "Huginn implements I_phi by concatenating h and h0
-    followed by a linear projection"). Ouro 3x4 is not registered: its learned exit gate is
-    not part of this stack."""
+    followed by a linear projection"), Ouro as BaseLoop 3x4 without its exit gate (OURO_NOTE)."""
     archs = [("nonloop_12x1", (0, 12, 1, 0), NONE, ""), ("nonloop_3x1", (0, 3, 1, 0), NONE, ""),
              ("baseloop_3x4", (0, 3, 4, 0), NONE, ""),
              ("loopformer_3x4", (0, 3, 4, 0), Conditioning(timestep="adaln"), "LoopFormer read as BaseLoop + AdaLN"),
+             ("ouro_3x4", (0, 3, 4, 0), NONE, OURO_NOTE),
              ("huginn_1+2x5+1", (1, 2, 5, 1), Conditioning(initial="dense"),
               "Huginn read as CoreLoop + dense initial injection (without its sampled loop counts)")]
     runs = []
@@ -306,6 +325,11 @@ def _pilot_runs() -> list[Run]:
                                  train=(("optimizer", opt), ("train_tokens", None)),
                                  note="; ".join(x for x in (PILOT_NOTE, note) if x)))
     return runs
+
+
+def is_pilot(run: Run) -> bool:
+    """A run of the optimizer pilot (App. D.1), whose recipe values are assumptions."""
+    return run.name.startswith("pilot_")
 
 
 RUNS: dict[str, Run] = {}
@@ -344,6 +368,19 @@ class Study:
     params_only: bool = False  # a parameter-count table: --list-configs / --dry-run reproduce it
     toy_runs: tuple[ToyRun, ...] | None = None  # explicit twins; default: each run at tiny width
     note: str = ""
+    # per-family exceptions to depth_multiple (Fig. 8: Llama at D = 40, Qwen up to 84)
+    family_depth_multiple: tuple[tuple[str, int], ...] = ()
+    # runs the study's figure shows but its table does not (Table 10 has no NonLoop row)
+    figure_only: tuple[str, ...] = ()
+    # CPU-twin settings of tools/small_study.sh (defaults: the bundled corpus and tasks, one seed)
+    seeds: tuple[int, ...] = ()  # train.seed of each twin's copies (NAME-seedS); () = TOY_TRAIN's one
+    toy_train: tuple[tuple[str, Any], ...] = ()  # train.* overrides of the twins (TOY_TRAIN otherwise)
+    corpus_args: str = ""  # tools/make_corpus.py flags of the study's corpus
+    eval_tasks: str = ""  # tools/eval_loops.py --tasks ('' = the bundled tasks, tools/pipeline.sh)
+
+    def multiple_for(self, family: str) -> int:
+        """How far the sweep of a run of ``family`` goes in this study (multiple of L(K))."""
+        return dict(self.family_depth_multiple).get(family, self.depth_multiple)
 
     def toys(self) -> tuple[ToyRun, ...]:
         if self.toy_runs is not None:
@@ -418,7 +455,7 @@ STUDY_LIST: list[Study] = [
     Study("fig5", "Fig. 5, Table 10", "History-state injection on Qwen 4x7, w = 1, 2, 4",
           _q47(C(), *(C(initial=k) for k in ("scalar", "channel", "dense")),
                *(C(history=k, window=w) for k in ("scalar", "channel", "dense") for w in WINDOWS)) + _QWEN_REF,
-          depth_multiple=3),
+          depth_multiple=3, figure_only=_QWEN_REF),
     Study("fig6", "Fig. 6, Table 12", "Timestep conditioning (LG, BG, AdaLN) on Qwen BaseLoops",
           _QWEN_BASE + _select(family="qwen", kind="BaseLoop", timestep=lambda t: t != "none", initial="none",
                                history="none", **_PAPER_STUDY) + _QWEN_REF),
@@ -426,7 +463,7 @@ STUDY_LIST: list[Study] = [
           _SINGLES + _PAIRS + _TRIPLES, depth_multiple=3),
     Study("fig8", "Fig. 8", "Computational interaction: Llama phys-4 at D = 40, Qwen 4x7 injection and pairs",
           _phys("llama", 4) + _q47(*(C(initial=i) for i in INITIAL)) + _PAIRS + _TRIPLES, depth_multiple=3,
-          probes=True),
+          probes=True, family_depth_multiple=(("llama", 2),)),
     Study("fig9", "Fig. 9", "Qwen BaseLoop vs CoreLoop with 4 physical layers (App. D.2)", _phys("qwen", 4)),
     Study("fig10", "Fig. 10", "Geometry, Llama 2 physical layers (App. D.2)", _phys("llama", 2), probes=True),
     Study("fig11", "Fig. 11", "Geometry, Llama 5 physical layers (App. D.2)", _phys("llama", 5), probes=True),
@@ -434,8 +471,9 @@ STUDY_LIST: list[Study] = [
     Study("fig13", "Fig. 13, Table 8", "Initial-state injection on Llama BaseLoops (App. D.3)",
           _LLAMA_BASE + _select(family="llama", kind="BaseLoop", initial=lambda i: i != "none") + _LLAMA_REF),
     Study("table7", "Table 7", "Optimizer pilot: AdamW vs Muon (App. D.1)",
-          _select(name=lambda n: n.startswith("pilot_")),
-          note=PILOT_NOTE + "; Ouro 3x4 not registered (learned exit gate)"),
+          _select(name=lambda n: n.startswith("pilot_")), depth_multiple=1,
+          note=PILOT_NOTE + "; Ouro 3x4 is BaseLoop 3x4 without its learned exit gate; Table 7 reports each model "
+               "at its training depth"),
     Study("table11", "Table 11", "Timestep conditioning on Llama 4x5 (App. D.5)",
           ("llama_4x5", "llama_4x5_lg", "llama_4x5_bg", "llama_4x5_adaln") + _LLAMA_REF),
     Study("fig14", "Fig. 14", "Scalar initial + history injection, w = 1, 2, 4 (App. D.6)", _ih("scalar"),
@@ -481,14 +519,32 @@ STUDY_LIST: list[Study] = [
                     ToyRun("baseloop_2x3_hist_lg", "llama", (0, 2, 3, 0),
                            C(history="channel", window=2, timestep="loop_gating"), "qwen_4x7_hist_channel_w2+lg")),
           note="scaled layouts on the tiny-llama backbone; r = 1..2K"),
+    # The paper's first finding (Sec. 1, Fig. 1: extra loops help reasoning, not knowledge) at CPU
+    # scale, with tasks a 2-core CPU can teach in minutes: recall of stored facts (Knowledge) and
+    # chained arithmetic (Reasoning), 3 seeds each: the looped model against the NonLoop of equal
+    # unique parameters (2x1) and the NonLoop of equal effective depth and compute (6x1).
+    Study("finding1", "Fig. 1 (scaled)", "Knowledge vs reasoning: BaseLoop 2x3 against NonLoop 2x1 (same unique "
+          "parameters) and NonLoop 6x1 (same effective depth), 3 seeds",
+          ("llama_2x10", "llama_20x1"),
+          toy_runs=(ToyRun("nonloop_2x1", "llama", (0, 2, 1, 0), NONE, ""),
+                    ToyRun("baseloop_2x3", "llama", (0, 2, 3, 0), NONE, "llama_2x10"),
+                    ToyRun("nonloop_6x1", "llama", (0, 6, 1, 0), NONE, "llama_20x1")),
+          seeds=(1, 2, 3), toy_train=(("lr", 1.0e-2), ("max_steps", 800), ("micro_batch_size", 16)),
+          corpus_args=("--prose-docs 0 --reasoning-tasks arith --reasoning-docs-per-task 20000 "
+                       "--follow-up-questions 3 --train-max-depth 4 --eval-min-depth 3 --eval-max-depth 6 --eval-items-per-depth 50 "
+                       "--knowledge-people 150 --knowledge-mentions 0 --knowledge-qa-fraction 1.0 "
+                       "--knowledge-eval trained --knowledge-qa-mentions 50 --valid-docs 300"),
+          eval_tasks="facts,arith",
+          note="tiny-llama backbone; facts: the 450 trained facts of 150 people; arith: held-out mod-10 chains of "
+               "3-6 steps (1-4 in training; every 1-step chain and most 2-step ones are in train); r = 1..2K"),
 ]
 STUDIES: dict[str, Study] = {s.name: s for s in STUDY_LIST}
 
 
 def paper_refs(name: str) -> list[str]:
     """The paper figures, then tables, a run belongs to (from the studies that contain it)."""
-    refs = {ref.strip() for s in STUDY_LIST if name in s.runs and s.paper and s.name != "toy"
-            for ref in s.paper.split(",")}
+    refs = {ref.strip() for s in STUDY_LIST if name in s.runs and s.paper and not s.toy_runs
+            for ref in s.paper.split(",") if name not in s.figure_only or ref.strip().startswith("Fig.")}
     return sorted(refs, key=lambda ref: (not ref.startswith("Fig."), int(ref.split()[-1])))
 
 
@@ -516,24 +572,28 @@ def run_config(run: Run) -> dict[str, dict[str, Any]]:
         model=dict(run.model_fields(), activation_checkpointing=ex["activation_checkpointing"], compile=ex["compile"]),
         train=train,
         data=dict(train_prefixes=[fam.data_prefix], valid_prefixes=[fam.data_prefix + "_valid"],
-                  tokenizer=fam.tokenizer),
+                  tokenizer=fam.tokenizer, order="stream"),
         logging=dict(wandb_project="megatron_loop", wandb_run_name=run.name),
     )
 
 
-def toy_config(toy: ToyRun, run_dir: str) -> dict[str, dict[str, Any]]:
-    """The full YAML mapping of a CPU twin trained on the bundled corpus prepared in ``run_dir``."""
+def toy_config(toy: ToyRun, run_dir: str, train: dict[str, Any] | None = None,
+               name: str | None = None) -> dict[str, dict[str, Any]]:
+    """The full YAML mapping of a CPU twin trained on the bundled corpus prepared in ``run_dir``
+    (``train``: overrides of TOY_TRAIN; ``name``: the run folder, default the twin's name)."""
     p, s, k, c = toy.layout
     ex = EXECUTION["toy"]
+    name = name or toy.name
     return dict(
         model=dict(backbone=FAMILIES[toy.family].toy_backbone, prelude_layers=p, core_layers=s, train_loops=k,
                    coda_layers=c, **toy.conditioning.model_fields(),
                    activation_checkpointing=ex["activation_checkpointing"], compile=ex["compile"]),
-        train=dict(TOY_TRAIN, micro_batch_size=ex["micro_batch_size"], deepspeed_config=ex["deepspeed_config"],
-                   output_dir=f"{run_dir}/{toy.name}/train"),
+        train={**TOY_TRAIN, "micro_batch_size": ex["micro_batch_size"], "deepspeed_config": ex["deepspeed_config"],
+               **(train or {}), "output_dir": f"{run_dir}/{name}/train"},
+        # the generated corpus is read for several epochs: a fresh permutation each (data.order)
         data=dict(train_prefixes=[f"{run_dir}/data/corpus"], valid_prefixes=[f"{run_dir}/data/corpus_valid"],
-                  tokenizer=f"{run_dir}/tokenizer"),
-        logging=dict(wandb_run_name=toy.name, progress_bar=False),
+                  tokenizer=f"{run_dir}/tokenizer", order="shuffled"),
+        logging=dict(wandb_run_name=name, progress_bar=False),
     )
 
 
@@ -558,9 +618,12 @@ def _comments(run: Run) -> dict[tuple[str, str], str]:
     accumulation = fam.global_batch_size // (micro * DATA_PARALLEL)
     out = {("train", "micro_batch_size"): f"x {accumulation} accumulation steps x {DATA_PARALLEL} data-parallel "
                                           "ranks (accumulation is derived)",
-           ("train", "lr"): "one peak lr for Muon and AdamW"}
+           ("train", "lr"): "one peak lr for Muon and AdamW",
+           ("data", "order"): "App. C.1: the preprocessing stream (shuffle buffer 10,000, seed 42), not re-permuted"}
     if dict(run.train).get("train_tokens", 0) is not None:
         out[("train", "train_tokens")] = fam.tokens_note
+    if is_pilot(run):
+        out.update(PILOT_ASSUMPTIONS)
     return out
 
 
@@ -597,25 +660,82 @@ def render_run(run: Run) -> str:
               _params_line(run)]
     if run.note:
         header.append(f"Note: {run.note}.")
+    if is_pilot(run):
+        header.append(f"Budget (assumed): {PILOT_BUDGET}; the other assumed values are marked 'assumed' below.")
     header += ["Recipe: App. C.2 / Table 3. Check with: python pretrain_loop.py --config THIS --dry-run",
                GENERATED_NOTE]
     return dump_yaml(run_config(run), header, _comments(run))
 
 
-def render_toy(toy: ToyRun, run_dir: str, study: Study) -> str:
-    header = [f"CPU twin {toy.name} of {toy.twin_of} ({study.paper or study.name}, study '{study.name}')",
+def toy_copies(study: Study) -> list[tuple[ToyRun, str, int | None]]:
+    """(twin, run name, seed) of every model tools/small_study.sh trains: each twin once, or once
+    per seed of the study as ``NAME-seedS`` (seed by seed: an interrupted study has whole seeds)."""
+    if not study.seeds:
+        return [(toy, toy.name, None) for toy in study.toys()]
+    return [(toy, f"{toy.name}-seed{seed}", seed) for seed in study.seeds for toy in study.toys()]
+
+
+def render_toy(toy: ToyRun, run_dir: str, study: Study, name: str | None = None, seed: int | None = None) -> str:
+    twin = f" of {toy.twin_of}" if toy.twin_of else ""
+    header = [f"CPU twin {name or toy.name}{twin} ({study.paper or study.name}, study '{study.name}')",
               GENERATED_NOTE.replace("edit the registry, not this file", "written by tools/small_study.sh")]
-    return dump_yaml(toy_config(toy, run_dir), header)
+    train = dict(study.toy_train, **({"seed": seed} if seed is not None else {}))
+    return dump_yaml(toy_config(toy, run_dir, train, name), header)
 
 
-def sweep_loops(loops: int, depth_multiple: int) -> list[int]:
-    """Inference loop counts r = 1 .. m·K (NonLoop: r = 1)."""
-    return [1] if loops == 1 else list(range(1, depth_multiple * loops + 1))
+Layout = tuple[int, int, int, int]  # (p, s, K, c) of p+s×K+c
 
 
-def probe_loops(loops: int, depth_multiple: int) -> list[int]:
-    """r for the geometry probes: 1, K/2, K, 2K, mK (App. C.4 compares under-unrolling, K, extrapolation)."""
-    return sorted({1, max(1, loops // 2), loops, 2 * loops, depth_multiple * loops})
+def matched_depths(layout: Layout, depth_multiple: int) -> list[int]:
+    """The effective depths a study compares its models at (Sec. 2.2 (iii): inference depth is
+    matched in every comparison): the training depth L(K) and its multiples up to m·L(K)
+    (D = 20, 40 for Llama; 28, 56 and, in Sec. 6 / App. D.6, 84 for Qwen). NonLoop: L only."""
+    p, s, k, c = layout
+    base = p + k * s + c
+    return [base] if k == 1 else [j * base for j in range(1, depth_multiple + 1)]
+
+
+def loops_for_depth(layout: Layout, depth: int) -> int:
+    """The first r whose L(r) = p + r·s + c reaches ``depth``: r = ceil((D - p - c) / s) (>= 1).
+    L(r) equals D whenever s divides D - p - c (every CoreLoop but the 3-layer cores at D = 40,
+    where it is D + 1)."""
+    p, s, _, c = layout
+    return max(1, -(-(depth - p - c) // s))
+
+
+def sweep_loops(layout: Layout, depth_multiple: int) -> list[int]:
+    """Inference loop counts r = 1 .. the r that reaches m·L(K) (NonLoop: r = 1). For a BaseLoop
+    that is m·K; a CoreLoop needs more (0+2x9+2 at D = 40: r = 19, not 2K = 18)."""
+    if layout[2] == 1:
+        return [1]
+    return list(range(1, loops_for_depth(layout, matched_depths(layout, depth_multiple)[-1]) + 1))
+
+
+def probe_loops(layout: Layout, depth_multiple: int) -> list[int]:
+    """r for the geometry probes (App. C.4 compares under-unrolling, K, extrapolation): 1, K/2 and
+    the r reaching each matched depth (K, then e.g. 19 for 0+2x9+2 at D = 40, Fig. 8(a))."""
+    k = layout[2]
+    return sorted({1, max(1, k // 2)} | {loops_for_depth(layout, d) for d in matched_depths(layout, depth_multiple)})
+
+
+def sweep_summary(layout: Layout, depth_multiple: int) -> str:
+    """``r 1-19 (D 20 @ r 9, 40 @ r 19)``: the sweep and the r at each matched depth (its L(r) when
+    it overshoots), as --list-configs and docs/REPRODUCE.md show it."""
+    p, s, _, c = layout
+    loops = sweep_loops(layout, depth_multiple)
+    hits = []
+    for d in matched_depths(layout, depth_multiple):
+        r = loops_for_depth(layout, d)
+        reached = p + r * s + c
+        hits.append(f"{d} @ r {r}" + (f" (L = {reached})" if reached != d else ""))
+    span = "r 1" if len(loops) == 1 else f"r 1-{loops[-1]}"
+    return f"{span} (D {', '.join(hits)})"
+
+
+def run_depth_multiple(name: str) -> int:
+    """The largest depth multiple among the studies that evaluate ``name`` (2 when none)."""
+    family = RUNS[name].family
+    return max((s.multiple_for(family) for s in STUDY_LIST if name in s.runs and not s.params_only), default=2)
 
 
 # --------------------------------------------------------------------------------------
@@ -633,16 +753,24 @@ def parameter_counts(model_fields: dict[str, Any]) -> tuple[int, int]:
 
 def list_configs() -> str:
     """The table ``pretrain_loop.py --list-configs`` prints."""
-    rows = [("name", "family", "kind", "layout", "L_phys", "L(K)", "conditioning", "params", "paper")]
+    rows = [("name", "family", "kind", "layout", "L_phys", "L(K)", "conditioning", "params", "loop sweep", "paper")]
     for run in RUNS.values():
         params, _ = parameter_counts(run.model_fields())
         rows.append((run.name, run.fam.label, run.kind, f"{run.prelude}+{run.core}x{run.loops}+{run.coda}",
                      str(run.physical_depth), str(run.effective_depth), run.conditioning.label, f"{params:,}",
-                     ", ".join(paper_refs(run.name)) or "— (" + ", ".join(
-                         s.name for s in STUDY_LIST if run.name in s.runs) + ")"))
+                     sweep_summary(run.layout_tuple, run_depth_multiple(run.name)),
+                     (", ".join(paper_refs(run.name)) or "— (" + ", ".join(
+                         s.name for s in STUDY_LIST if run.name in s.runs) + ")")
+                     + (" (assumed recipe*)" if is_pilot(run) else "")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     figures = {ref for run in RUNS for ref in paper_refs(run)}
+    lines.append("* optimizer pilot (App. D.1 gives no recipe): " + "; ".join(
+        f"{section}.{key} {note.removeprefix('assumed: ').removeprefix('assumed ')}"
+        for (section, key), note in PILOT_ASSUMPTIONS.items() if note.startswith("assumed"))
+        + f"; budget: {PILOT_BUDGET}")
+    lines.append("loop sweep: r swept at inference and the r at which L(r) = p + r·s + c reaches each matched "
+                 "depth D (Sec. 2.2 (iii)); L is shown where it overshoots D")
     lines.append(f"{len(RUNS)} runs behind {len(figures)} paper figures/tables; studies: {', '.join(STUDIES)} "
                  "(bash tools/small_study.sh STUDY)")
     return "\n".join(lines)

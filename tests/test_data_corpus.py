@@ -15,7 +15,9 @@ from megatron_loop.data.corpus import (
     FEMALE_NAMES,
     GENERATORS,
     KNOWLEDGE_ATTRIBUTES,
+    KNOWLEDGE_TASK,
     TASK_NAMES,
+    TASKS,
     CorpusSpec,
     generate_corpus,
 )
@@ -61,7 +63,17 @@ def _solve_clutrr(query: str) -> str:
     return base if hops == 1 else "great-" * (hops - 2) + "grand" + base
 
 
-SOLVERS = {"tracking": _solve_tracking, "proofwriter": _solve_proofwriter, "clutrr": _solve_clutrr}
+def _solve_arith(query: str) -> str:
+    value = int(re.search(r"Start with (\d)", query).group(1))
+    steps = re.findall(r"then (plus|times) (\d)", query)
+    upto = int(re.search(r"after step (\d+)\?", query).group(1))
+    for op, n in steps[:upto]:
+        value = value + int(n) if op == "plus" else value * int(n)
+    return str(value % 10)
+
+
+SOLVERS = {"tracking": _solve_tracking, "proofwriter": _solve_proofwriter, "clutrr": _solve_clutrr,
+           "arith": _solve_arith}
 
 
 @pytest.mark.parametrize("task", sorted(GENERATORS))
@@ -74,7 +86,8 @@ def test_generated_answers_match_independent_solver(task):
             assert item.depth == depth
             assert SOLVERS[task](item.query) == item.choices[item.gold]
             assert len(set(item.choices)) == len(item.choices) >= 2
-            assert item.follow_ups or (task, depth) == ("clutrr", 1)  # a one-hop chain has no intermediate
+            # a one-hop chain / one-step computation has no intermediate
+            assert item.follow_ups or (task in ("clutrr", "arith") and depth == 1)
             assert len({q for q, _ in item.follow_ups}) == len(item.follow_ups)
             for question, answer in item.follow_ups:
                 assert question != item.question
@@ -186,7 +199,9 @@ def test_lm_eval_loads_local_tasks(monkeypatch, tmp_path):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
     a = data_assets()
     tm = TaskManager(include_path=str(a.corpus / "eval"), include_defaults=False)
-    assert set(TASK_NAMES.values()) <= set(tm.all_tasks)
+    # the default corpus's tasks: the three reasoning generators and facts (arith only on request)
+    assert {TASK_NAMES[t] for t in (*TASKS, KNOWLEDGE_TASK)} <= set(tm.all_tasks)
+    assert TASK_NAMES["arith"] not in tm.all_tasks
     task = tm.load_task_or_group(["looplm_tracking_local"])["looplm_tracking_local"]
     docs = list(task.test_docs())
     assert len(docs) == 8 * 4

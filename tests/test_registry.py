@@ -62,7 +62,7 @@ def test_every_run_builds_with_the_papers_parameter_count():
             assert abs(backbone - run.paper_params) * 2 <= run.paper_params_precision, (run.name, backbone)
         if not run.train:  # the optimizer pilot has its own depths (App. D.1)
             assert run.effective_depth == run.fam.effective_depth, run.name
-    assert with_paper == len(registry.RUNS) - 10  # all but the pilot
+    assert with_paper == len(registry.RUNS) - 12  # all but the pilot
     # the count is the built model's, not a formula: spot-check one run against a real build
     model = build_model(build_model_config(registry.RUNS["qwen_4x7_hist_dense_w2+lg"].model_fields()),
                         device="meta")
@@ -99,7 +99,13 @@ def test_registry_covers_the_issue_list():
                   "I(scalar)+H(scalar, w=4)", "I(dense)+H(dense, w=1)", "I(channel, noise 0.03)"):
         assert label in combos, label
     pilot = [r for r in runs if r.train]
-    assert collections.Counter(dict(r.train)["optimizer"] for r in pilot) == {"adamw": 5, "muon_adamw": 5}
+    assert collections.Counter(dict(r.train)["optimizer"] for r in pilot) == {"adamw": 6, "muon_adamw": 6}
+    # Table 7's six architectures, Ouro included (BaseLoop 3x4 without its exit gate, said in its note)
+    assert {r.name.rsplit("_", 1)[0] for r in pilot} == {f"pilot_{a}" for a in (
+        "nonloop_12x1", "nonloop_3x1", "baseloop_3x4", "loopformer_3x4", "ouro_3x4", "huginn_1+2x5+1")}
+    ouro = registry.RUNS["pilot_ouro_3x4_muon"]
+    assert ouro.model_fields() == registry.RUNS["pilot_baseloop_3x4_muon"].model_fields()
+    assert "exit gate" in ouro.note and "App. D.1" in ouro.note
 
 
 def test_studies_resolve_and_cover_every_run():
@@ -131,7 +137,9 @@ def test_toy_twins_load_with_the_execution_settings(tmp_path):
         cfg = load_config(path)
         assert cfg.model.backbone == "tiny-llama"
         assert cfg.model.layout == f"{run.prelude}+{run.core}x{run.loops}+{run.coda}"
-        assert loops.split(",")[-1] == str(2 * run.loops) and probe != "-"
+        last = int(loops.split(",")[-1])  # the first r reaching 2 L(K) (19 for 2x9 CoreLoops, not 2K = 18)
+        assert run.prelude + last * run.core + run.coda >= 2 * run.effective_depth > (
+            run.prelude + (last - 1) * run.core + run.coda) and probe != "-"
 
 
 def test_study_commands_and_cli_errors(capsys):
@@ -153,10 +161,18 @@ def test_list_configs_cli_prints_every_run(monkeypatch, capsys):
     monkeypatch.setattr(registry, "parameter_counts", lambda fields: seen.append(fields) or (1234567, 1))
     assert pretrain_loop.main(["--list-configs"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(seen) == len(registry.RUNS) and len(out) == len(registry.RUNS) + 2
+    assert len(seen) == len(registry.RUNS) and len(out) == len(registry.RUNS) + 4
     row = next(line for line in out if line.startswith("qwen_4x7_hist_channel_w2+lg "))
-    for cell in ("Qwen3-0.6B", "BaseLoop", "0+4x7+0", "H(channel, w=2)+LG", "1,234,567", "Fig. 7", "Fig. 20"):
+    for cell in ("Qwen3-0.6B", "BaseLoop", "0+4x7+0", "H(channel, w=2)+LG", "1,234,567", "Fig. 7", "Fig. 20",
+                 "r 1-21 (D 28 @ r 7, 56 @ r 14, 84 @ r 21)"):
         assert cell in row, cell
+    # the depths each run is evaluated at; the pilot's assumed recipe marked as such
+    assert "r 1-19 (D 20 @ r 9, 40 @ r 19)" in next(line for line in out if line.startswith("llama_0+2x9+2 "))
+    pilots = [line for line in out if line.startswith("pilot_")]
+    assert len(pilots) == 12 and all("Table 7 (assumed recipe*)" in line for line in pilots)
+    footnote = next(line for line in out if line.startswith("* optimizer pilot"))
+    for key in ("model.backbone", "train.lr", "train.global_batch_size", "train.seq_length", "budget"):
+        assert key in footnote, key
     assert pretrain_loop.main([]) == 2
 
 
@@ -164,3 +180,99 @@ def test_list_configs_cli_prints_every_run(monkeypatch, capsys):
 def test_existing_names_keep_working(name):
     cfg = load_config(REPO / "examples" / f"{name}.yaml")
     assert cfg.model.backbone in BACKBONES and cfg.train.seq_length == 2048
+
+
+def _loops_of(line: str, flag: str) -> list[int]:
+    return [int(r) for r in line.split(f"{flag} ")[1].split()[0].split(",")]
+
+
+def test_every_sweep_reaches_each_depth_its_figure_plots():
+    """Sec. 2.2 (iii): every comparison is at matched inference depth. For every run of every
+    study, the generated loop sweep (and, for geometry figures, the probe loops) contain the
+    first r whose L(r) = p + r·s + c reaches each depth the figure compares at: L(K) and its
+    multiples up to the study's (2x; 3x for Sec. 6 / App. D.6; Fig. 8 Llama at D = 40)."""
+    checked = 0
+    for study in registry.STUDY_LIST:
+        if study.params_only or study.toy_runs:
+            continue
+        lines = generate_configs.study_commands(study)
+        for name in study.runs:
+            run = registry.RUNS[name]
+            p, s, k, c = run.layout_tuple
+            sweep = _loops_of(next(line for line in lines if f"--model hf/{name} " in line), "--loops")
+            probe = ([_loops_of(line, "--loops") for line in lines if f"--checkpoint runs/{name}/" in line
+                      and "probe_geometry" in line] or [None])[0]
+            multiple = study.multiple_for(run.family) if k > 1 else 1
+            depths = [j * run.effective_depth for j in range(1, multiple + 1)]
+            assert max(p + r * s + c for r in sweep) >= depths[-1], (study.name, name)
+            for depth in depths:
+                first = next(r for r in range(1, 10 * depth) if p + r * s + c >= depth)
+                assert first in sweep, (study.name, name, depth, sweep)
+                assert probe is None or first in probe, (study.name, name, depth, probe)
+                checked += 1
+    assert checked > 400
+    # the issue's examples: x+2x9+y reaches D = 40 at r = 19, the Qwen 2x13 CoreLoops D = 56 at r = 27,
+    # Fig. 8(a) probes the Llama 2x9 CoreLoops at D = 40 and does not sweep Llama to 3x
+    fig2 = generate_configs.study_commands(registry.STUDIES["fig2"])
+    assert _loops_of(next(x for x in fig2 if "--model hf/llama_1+2x9+1 " in x), "--loops")[-1] == 19
+    assert _loops_of(next(x for x in fig2 if "--model hf/llama_0+3x6+2 " in x), "--loops")[-1] == 13  # L = 41
+    fig9 = generate_configs.study_commands(registry.STUDIES["fig9"])
+    assert _loops_of(next(x for x in fig9 if "--model hf/qwen_2+2x13+0 " in x), "--loops")[-1] == 27
+    fig8 = generate_configs.study_commands(registry.STUDIES["fig8"])
+    assert _loops_of(next(x for x in fig8 if "probe_geometry" in x and "llama_0+2x9+2/" in x), "--loops") == [1, 4, 9, 19]
+    assert _loops_of(next(x for x in fig8 if "--model hf/qwen_4x7_init_dense " in x), "--loops")[-1] == 21
+    # the toy twins too: the CoreLoop 0+1x5+1 reaches 2 L(K) = 12 at r = 11
+    assert registry.sweep_loops((0, 1, 5, 1), 2)[-1] == 11
+    assert registry.probe_loops((0, 3, 6, 2), 2) == [1, 3, 6, 13]
+
+
+def test_docs_show_the_depths_each_layout_is_evaluated_at():
+    table = generate_configs.reproduce_table()
+    assert "| Llama3.1-1B | CoreLoop | 0+2x9+2 | r 1-19 (D 20 @ r 9, 40 @ r 19) |" in table
+    assert "| Qwen3-0.6B | CoreLoop | 1+2x13+1 | r 1-27 (D 28 @ r 13, 56 @ r 27) |" in table
+    assert "| Llama3.1-1B | CoreLoop | 2+3x6+0 | r 1-13 (D 20 @ r 6, 40 @ r 13 (L = 41)) |" in table
+
+
+def test_paper_configs_use_the_papers_data_order(tmp_path):
+    """App. C.1: the preprocessing stream (10,000-document buffer, seed 42) is the training order:
+    ``data.order: stream``, the default; the toy twins re-permute the generated corpus per epoch."""
+    from megatron_loop.config import DataConfig
+
+    assert DataConfig().order == "stream"
+    for name in registry.RUNS:
+        assert load_config(REPO / "examples" / f"{name}.yaml").data.order == "stream", name
+    assert "data.order: stream" not in (REPO / "examples" / "llama_4x5.yaml").read_text()  # a section key
+    assert "  order: stream  # App. C.1" in (REPO / "examples" / "llama_4x5.yaml").read_text()
+    generate_configs.write_toys(registry.STUDIES["toy"], str(tmp_path))
+    assert load_config(tmp_path / "configs" / "baseloop_2x3.yaml").data.order == "shuffled"
+    for tiny in sorted((REPO / "examples").glob("tiny_*.yaml")):
+        assert load_config(tiny).data.order == "shuffled", tiny.name
+    reference = (REPO / "docs" / "CONFIG.md").read_text()
+    row = next(line for line in reference.splitlines() if line.startswith("| `order` |"))
+    assert "`'stream'`" in row and "10,000-document" in row and "`shuffled`" in row
+
+
+def test_table_refs_follow_the_papers_tables():
+    """Fig. 5 shows the NonLoop reference, Table 10 has no NonLoop row."""
+    assert registry.paper_refs("qwen_28x1") == ["Fig. 4", "Fig. 5", "Fig. 6", "Table 1", "Table 9", "Table 12"]
+    assert "Table 10" in registry.paper_refs("qwen_4x7_hist_dense_w2")
+
+
+def test_seeded_study_twins(tmp_path, capsys):
+    """finding1: every twin once per seed (seed-major), its own lr/steps/micro-batch, and the
+    corpus flags and tasks tools/small_study.sh reads (--toy-env)."""
+    study = registry.STUDIES["finding1"]
+    plan = generate_configs.write_toys(study, str(tmp_path))
+    names = [line.split("\t")[0] for line in plan]
+    assert names[:3] == ["nonloop_2x1-seed1", "baseloop_2x3-seed1", "nonloop_6x1-seed1"] and len(names) == 9
+    cfg = load_config(tmp_path / "configs" / "baseloop_2x3-seed3.yaml")
+    assert (cfg.model.layout, cfg.train.seed, cfg.train.lr, cfg.train.max_steps, cfg.train.micro_batch_size) == (
+        "0+2x3+0", 3, 1.0e-2, 800, 16)
+    assert cfg.train.output_dir == f"{tmp_path}/baseloop_2x3-seed3/train"
+    assert plan[1].split("\t")[2:] == ["1,2,3,4,5,6", "-"] and plan[0].split("\t")[2] == "1"
+    assert generate_configs.main(["--study", "finding1", "--toy-env"]) == 0
+    env = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
+    assert env["STUDY_TASKS"] == "facts,arith" and env["STUDY_SEEDS"] == "'1 2 3'"
+    assert env["STUDY_DEFAULT_STEPS"] == "800" and "--reasoning-tasks arith" in env["STUDY_CORPUS_ARGS"]
+    assert generate_configs.main(["--study", "toy", "--toy-env"]) == 0
+    assert "STUDY_SEEDS=''" in capsys.readouterr().out

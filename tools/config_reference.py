@@ -69,7 +69,7 @@ DESCRIPTIONS: dict[str, str] = {
     "train.muon_scale": "`match_rms_adamw` (0.2 sqrt(max(rows, cols))) or `original` (sqrt(max(1, rows/cols))).",
     "train.grad_clip": "Clip the global L2 norm of the raw gradients to this value (1.0).",
     "train.optimizer": "`muon_adamw` (Muon for hidden matrices, AdamW for the rest, App. C.2) or `adamw` (every parameter in AdamW: the pilot of App. D.1, Table 7).",
-    "train.muon_conditioning_matrices": "Dense injection matrices (dense initial W = [W_h W_0] as one projection, dense history B_j one per lag) to Muon instead of AdamW. App. C.2 gives Muon the attention/MLP projections and AdamW the vector/scalar parameters; these are neither. Default false.",
+    "train.muon_conditioning_matrices": "Dense injection matrices (dense initial W = [W_h W_0] as one projection, dense history B_j one per lag) to Muon instead of AdamW. The paper reads both ways: Sec. 2.2 gives Muon the \"hidden matrix parameters\" and AdamW \"other non-matrix parameters\" (these are hidden matrices: Muon, `true`); App. C.2 gives Muon \"the matrix-valued attention and feed-forward projection weights\" and AdamW the vector/scalar parameters (these are neither: the default `false` keeps them on AdamW). AdaLN's W_k^b (2d x 8, acting on the 8 timestep features, not a hidden state) stays on AdamW under either value.",
     "train.train_tokens": "Token budget; `null`: tokens_per_parameter x parameters of the NonLoop L(K) model.",
     "train.max_steps": "Number of updates; overrides the token budget.",
     "train.tokens_per_parameter": "Chinchilla ratio for the default token budget (20).",
@@ -101,7 +101,7 @@ DESCRIPTIONS: dict[str, str] = {
                            "train prefix when it exists; `[]`: no validation.",
     "data.tokenizer": "Tokenizer folder or hub name (vocabulary check, HF export).",
     "data.num_workers": "DataLoader worker processes.",
-    "data.order": "`shuffled`: documents packed in a seeded permutation per epoch; `stream`: in the order preprocessing wrote them, as the paper (App. C.1: streamed and shuffled once with a 10,000-document buffer, seed 42, by `tools/preprocess_data.py --streaming`).",
+    "data.order": "`stream` (default, the paper's order, App. C.1): documents packed in the order preprocessing wrote them; `tools/preprocess_data.py --streaming --shuffle-buffer 10000 --seed 42` streams FineWeb-Edu through the paper's 10,000-document shuffle buffer with seed 42, and later epochs repeat that order. `shuffled`: a further seeded permutation of the documents per epoch (`train.seed`), for corpora written in a meaningful order or read for several epochs; the bundled toy configs (`examples/tiny_*.yaml`, the `tools/small_study.sh` twins) use it because they read the generated corpus for several epochs.",
     # ---- logging
     "logging.wandb_project": "Weights & Biases project (`null`: no wandb).",
     "logging.wandb_run_name": "Weights & Biases run name.",

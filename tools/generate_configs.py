@@ -6,6 +6,7 @@
     python tools/generate_configs.py --list-studies      # every study: paper figure/table, runs
     python tools/generate_configs.py --study fig4 --commands        # paper-scale commands of a study
     python tools/generate_configs.py --study toy --toy-dir runs/study   # CPU twins (tools/small_study.sh)
+    python tools/generate_configs.py --study toy --toy-env   # their corpus, tasks, steps, seeds (shell)
 
 ``--toy-dir`` writes ``DIR/configs/NAME.yaml`` for each twin of the study and prints one line
 per twin: ``NAME<TAB>CONFIG<TAB>LOOPS<TAB>PROBE_LOOPS`` (``-`` when the study needs no probes).
@@ -14,6 +15,7 @@ per twin: ``NAME<TAB>CONFIG<TAB>LOOPS<TAB>PROBE_LOOPS`` (``-`` when the study ne
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -44,13 +46,39 @@ def reproduce_table() -> str:
         else:
             how = (f"`python tools/generate_configs.py --study {s.name} --commands` (paper scale); "
                    f"`bash tools/small_study.sh {s.name}` (CPU twins)")
-        if s.name == "toy":
-            runs = ", ".join(f"`{t.name}` (twin of `{t.twin_of}`)" for t in s.toys())
-            how = "`bash tools/small_study.sh` (default)"
+        if s.toy_runs:
+            runs = ", ".join(f"`{t.name}`" + (f" (twin of `{t.twin_of}`)" if t.twin_of else "") for t in s.toys())
+            seeds = f" x seeds {', '.join(map(str, s.seeds))}" if s.seeds else ""
+            runs += seeds
+            how = "`bash tools/small_study.sh` (default)" if s.name == "toy" else f"`bash tools/small_study.sh {s.name}`"
         title = s.title + (" (probes)" if s.probes else "") + (f"; up to {s.depth_multiple}x L(K)"
                                                               if s.depth_multiple != 2 else "")
         lines.append(f"| {s.paper or '—'} | `{s.name}` | {title} | {runs} | {how} |")
-    return "\n".join([TABLE_START, *lines, TABLE_END])
+    return "\n".join([TABLE_START, *lines, "", *sweep_table(), TABLE_END])
+
+
+def sweep_table() -> list[str]:
+    """Each layout's loop sweep and the r at which it reaches each depth its studies compare at
+    (Sec. 2.2 (iii)), with the studies that evaluate it."""
+    rows: dict[tuple, list[str]] = {}
+    for s in R.STUDY_LIST:
+        if s.params_only or s.toy_runs:
+            continue
+        for name in s.runs:
+            run = R.RUNS[name]
+            # a NonLoop is evaluated at its own depth whatever the study's multiple
+            key = (run.fam.label, run.kind, run.layout_tuple, s.multiple_for(run.family) if run.loops > 1 else 1)
+            if s.name not in rows.setdefault(key, []):
+                rows[key].append(s.name)
+    lines = ["Loop sweeps at matched effective depth: every run of a layout is swept over the same r, up to the r "
+             "whose L(r) = p + r·s + c reaches the largest depth its studies compare at (r = ceil((D - p - c) / s); "
+             "`python pretrain_loop.py --list-configs` shows it per run).", "",
+             "| Backbone | Kind | Layout | Sweep (D @ r) | Studies |", "|---|---|---|---|---|"]
+    for (label, kind, layout, multiple), studies in rows.items():
+        p, s, k, c = layout
+        lines.append(f"| {label} | {kind} | {p}+{s}x{k}+{c} | {R.sweep_summary(layout, multiple)} | "
+                     + ", ".join(f"`{n}`" for n in studies) + " |")
+    return lines
 
 
 def _with_table(text: str) -> str:
@@ -99,7 +127,7 @@ def study_commands(study: R.Study) -> list[str]:
     results = []
     for name in study.runs:
         run = R.RUNS[name]
-        loops = ",".join(map(str, R.sweep_loops(run.loops, study.depth_multiple)))
+        loops = ",".join(map(str, R.sweep_loops(run.layout_tuple, study.multiple_for(run.family))))
         valid = run.fam.data_prefix + "_valid"
         lines += [f"deepspeed pretrain_loop.py --config examples/{name}.yaml",
                   f"python tools/convert_to_hf.py --checkpoint runs/{name}/checkpoints --output hf/{name}"]
@@ -108,7 +136,7 @@ def study_commands(study: R.Study) -> list[str]:
                      f"--label {name} --output runs/{name}/eval{compare}")
         results.append(f"runs/{name}/eval/results.json")
         if study.probes:
-            probe = ",".join(map(str, R.probe_loops(run.loops, study.depth_multiple)))
+            probe = ",".join(map(str, R.probe_loops(run.layout_tuple, study.multiple_for(run.family))))
             lines.append(f"python tools/probe_geometry.py --checkpoint runs/{name}/checkpoints --valid-prefix {valid} "
                          f"--loops {probe} --num-sequences 49 --num-positions 100000 --seq-length 2048 "
                          f"--output runs/{name}/probe")
@@ -120,14 +148,22 @@ def write_toys(study: R.Study, run_dir: str) -> list[str]:
     folder = Path(run_dir) / "configs"
     folder.mkdir(parents=True, exist_ok=True)
     plan = []
-    for toy in study.toys():
-        path = folder / f"{toy.name}.yaml"
-        path.write_text(R.render_toy(toy, run_dir, study))
+    for toy, name, seed in R.toy_copies(study):
+        path = folder / f"{name}.yaml"
+        path.write_text(R.render_toy(toy, run_dir, study, name, seed))
         k = toy.layout[2]
-        loops = ",".join(map(str, R.sweep_loops(k, study.depth_multiple)))
-        probe = ",".join(map(str, R.probe_loops(k, study.depth_multiple))) if study.probes and k > 1 else "-"
-        plan.append(f"{toy.name}\t{path}\t{loops}\t{probe}")
+        loops = ",".join(map(str, R.sweep_loops(toy.layout, study.multiple_for(toy.family))))
+        probe = ",".join(map(str, R.probe_loops(toy.layout, study.multiple_for(toy.family)))) if study.probes and k > 1 else "-"
+        plan.append(f"{name}\t{path}\t{loops}\t{probe}")
     return plan
+
+
+def toy_env(study: R.Study) -> list[str]:
+    """Shell assignments of a study's CPU settings: corpus flags, eval tasks, default steps, seeds."""
+    values = {"STUDY_CORPUS_ARGS": study.corpus_args, "STUDY_TASKS": study.eval_tasks,
+              "STUDY_DEFAULT_STEPS": str(dict(study.toy_train).get("max_steps", 400)),
+              "STUDY_SEEDS": " ".join(map(str, study.seeds))}
+    return [f"{key}={shlex.quote(value)}" for key, value in values.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--study", help="a study name (see --list-studies)")
     p.add_argument("--commands", action="store_true", help="with --study: print the paper-scale commands")
     p.add_argument("--toy-dir", help="with --study: write the CPU twins' configs under TOY_DIR/configs, print the plan")
+    p.add_argument("--toy-env", action="store_true",
+                   help="with --study: print the study's CPU settings as shell assignments (tools/small_study.sh)")
     args = p.parse_args(argv)
     if args.check:
         found = problems()
@@ -162,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.commands:
             print("\n".join(study_commands(study)))
+            return 0
+        if args.toy_env:
+            print("\n".join(toy_env(study)))
             return 0
         print("error: --study needs --commands or --toy-dir", file=sys.stderr)
         return 2

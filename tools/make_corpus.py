@@ -14,7 +14,7 @@ import sys
 from typing import Sequence
 
 from megatron_loop.data.cli import run_cli
-from megatron_loop.data.corpus import CorpusSpec, generate_corpus
+from megatron_loop.data.corpus import GENERATORS, KNOWLEDGE_EVAL, CorpusSpec, generate_corpus
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,6 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--eval-items-per-depth", type=int, default=d.eval_items_per_depth)
     ap.add_argument("--train-max-depth", type=int, default=d.train_max_depth)
     ap.add_argument("--eval-max-depth", type=int, default=d.eval_max_depth)
+    ap.add_argument("--eval-min-depth", type=int, default=d.eval_min_depth,
+                    help="shallowest depth of the held-out reasoning items")
     ap.add_argument("--follow-up-questions", type=int, default=d.follow_up_questions,
                     help="further questions about the same context in each reasoning training document")
     ap.add_argument("--knowledge-people", type=int, default=d.knowledge_people,
@@ -36,7 +38,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="training biographies per person")
     ap.add_argument("--knowledge-qa-fraction", type=float, default=d.knowledge_qa_fraction,
                     help="share of the people whose Q&A is also in train (the others' are the held-out items)")
+    ap.add_argument("--reasoning-tasks", default=",".join(d.reasoning_tasks),
+                    help=f"comma-separated reasoning generators among {','.join(GENERATORS)}")
+    ap.add_argument("--knowledge-eval", choices=KNOWLEDGE_EVAL, default=d.knowledge_eval,
+                    help="heldout: ask about the people without Q&A in train; trained: ask the trained "
+                         "Q&A (recall of stored facts)")
+    ap.add_argument("--knowledge-qa-mentions", type=int, default=d.knowledge_qa_mentions,
+                    help="copies of each Q&A person's question-answer document in train")
     a = ap.parse_args(argv)
+    a.reasoning_tasks = tuple(t for t in a.reasoning_tasks.split(",") if t)
     spec = CorpusSpec(**{k: v for k, v in vars(a).items() if k != "output_dir"})
     print(json.dumps(generate_corpus(a.output_dir, spec)))
     return 0

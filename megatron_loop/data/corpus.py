@@ -63,9 +63,12 @@ _FACT = (
     "Rivers flow from the hills down to the sea.",
 )
 
-TASKS = ("clutrr", "proofwriter", "tracking")  # the reasoning generators
+TASKS = ("clutrr", "proofwriter", "tracking")  # the reasoning generators of the default corpus
+ARITH_TASK = "arith"                            # chained arithmetic (the knowledge/reasoning study)
+REASONING_TASKS = (*TASKS, ARITH_TASK)          # every reasoning generator (CorpusSpec.reasoning_tasks)
 KNOWLEDGE_TASK = "facts"                        # recall of the population's facts (see Person)
-TASK_NAMES = {task: f"looplm_{task}_local" for task in (*TASKS, KNOWLEDGE_TASK)}
+TASK_NAMES = {task: f"looplm_{task}_local" for task in (*REASONING_TASKS, KNOWLEDGE_TASK)}
+KNOWLEDGE_EVAL = ("heldout", "trained")         # which people the knowledge items ask about (CorpusSpec)
 
 
 @dataclass(frozen=True)
@@ -215,8 +218,41 @@ def _tracking_question(person: str) -> str:
     return f"At the end of the game, what does {person} have? {person} has the"
 
 
+ARITH_OPS = (("plus", tuple(range(1, 10))), ("times", (3, 7, 9)))  # x + n, x * n mod 10 (both bijective)
+DIGITS = tuple(str(d) for d in range(10))
+
+
+def make_arith(rng: random.Random, depth: int) -> ReasoningItem:
+    """Chained arithmetic mod 10: a start digit and ``depth`` operations ``plus n`` / ``times n``
+    applied in order; the answer is the last digit of the result, chosen among all ten digits.
+
+    The operations do not commute, and each is a bijection of the digits (n invertible mod 10
+    for ``times``), so every step changes the answer and every answer is equally likely: the
+    answer composes all ``depth`` steps, a serial computation whose length is set by ``depth``
+    and which uses the prompt alone (no fact to recall). Each single step is a 10 x 12 table,
+    small enough for any of the study's models to hold; what a deeper computation needs is depth.
+    Follow-ups (training documents only) ask for the digit after each earlier step.
+    """
+    start = rng.randrange(10)
+    value, steps, states = start, [], []
+    for _ in range(depth):
+        op, operands = rng.choice(ARITH_OPS)
+        n = rng.choice(operands)
+        value = (value + n) % 10 if op == "plus" else (value * n) % 10
+        steps.append(f"{op} {n}")
+        states.append(value)
+    context = f"Start with {start}, then " + ", then ".join(steps) + "."
+    follow = [(_arith_question(i), str(states[i - 1])) for i in range(1, depth)]
+    rng.shuffle(follow)
+    return ReasoningItem(ARITH_TASK, depth, context, _arith_question(depth), DIGITS, states[-1], tuple(follow))
+
+
+def _arith_question(step: int) -> str:
+    return f"What is the last digit after step {step}?"
+
+
 GENERATORS: dict[str, Callable[[random.Random, int], ReasoningItem]] = {
-    "clutrr": make_clutrr, "proofwriter": make_proofwriter, "tracking": make_tracking,
+    "clutrr": make_clutrr, "proofwriter": make_proofwriter, "tracking": make_tracking, ARITH_TASK: make_arith,
 }
 
 
@@ -332,6 +368,9 @@ class CorpusSpec:
     eval_items_per_depth: int = 100
     train_max_depth: int = 4
     eval_max_depth: int = 6
+    # Held-out items from this depth on (a task whose short chains are all in train, as the
+    # 120 one-step arith contexts, has none to hold out below it).
+    eval_min_depth: int = 1
     # Reasoning: further questions about the same context in each training document.
     follow_up_questions: int = 0
     # Knowledge: population size (train people; validation gets its own, disjoint ones),
@@ -340,17 +379,38 @@ class CorpusSpec:
     knowledge_people: int = 200
     knowledge_mentions: int = 8
     knowledge_qa_fraction: float = 0.5
+    # Which reasoning generators make the training documents and eval tasks (GENERATORS keys).
+    reasoning_tasks: tuple[str, ...] = TASKS
+    # Knowledge items: "heldout" asks about the people whose Q&A is not in train (recall from
+    # biographies through an unseen question form); "trained" asks the Q&A people's questions,
+    # whose answers train states ``knowledge_qa_mentions`` times (storage of facts as such,
+    # the quantity that grows with parameters).
+    knowledge_eval: str = "heldout"
+    knowledge_qa_mentions: int = 1
 
     def validate(self) -> None:
         if self.train_max_depth < 1 or self.eval_max_depth < 1:
             raise LoopConfigError("corpus depths must be >= 1 (train_max_depth, eval_max_depth)")
+        if not 1 <= self.eval_min_depth <= self.eval_max_depth:
+            raise LoopConfigError(f"eval_min_depth={self.eval_min_depth}: expected 1..eval_max_depth "
+                                  f"({self.eval_max_depth})")
         if min(self.prose_docs, self.reasoning_docs_per_task, self.valid_docs,
                self.eval_items_per_depth, self.follow_up_questions, self.knowledge_people,
-               self.knowledge_mentions) < 0:
+               self.knowledge_mentions, self.knowledge_qa_mentions) < 0:
             raise LoopConfigError("corpus document counts must be >= 0")
-        if not 0.0 <= self.knowledge_qa_fraction < 1.0:
+        unknown = [t for t in self.reasoning_tasks if t not in GENERATORS]
+        if unknown or len(set(self.reasoning_tasks)) != len(self.reasoning_tasks):
+            raise LoopConfigError(f"reasoning_tasks={','.join(self.reasoning_tasks)}: expected distinct "
+                                  f"names among {', '.join(GENERATORS)}")
+        if self.knowledge_eval not in KNOWLEDGE_EVAL:
+            raise LoopConfigError(f"knowledge_eval={self.knowledge_eval!r}: expected one of "
+                                  f"{', '.join(KNOWLEDGE_EVAL)}")
+        if self.knowledge_eval == "heldout" and not 0.0 <= self.knowledge_qa_fraction < 1.0:
             raise LoopConfigError(f"knowledge_qa_fraction={self.knowledge_qa_fraction}: expected a "
                                   "share in [0, 1) (the rest are the held-out knowledge items)")
+        if self.knowledge_eval == "trained" and not 0.0 < self.knowledge_qa_fraction <= 1.0:
+            raise LoopConfigError(f"knowledge_qa_fraction={self.knowledge_qa_fraction}: expected a "
+                                  "share in (0, 1] with knowledge_eval=trained (the Q&A people are the items)")
 
 
 def _documents(rng: random.Random, spec: CorpusSpec, n_prose: int, n_reasoning: int,
@@ -360,14 +420,15 @@ def _documents(rng: random.Random, spec: CorpusSpec, n_prose: int, n_reasoning: 
     of every person in ``bios`` and the Q&A of every person in ``qa``; adds the reasoning
     contexts to ``contexts``. Knowledge documents have source "facts", depth 0."""
     docs = [{"text": make_prose(rng), "source": "prose", "depth": 0} for _ in range(n_prose)]
-    for task in TASKS:
+    for task in spec.reasoning_tasks:
         for _ in range(n_reasoning):
             item = GENERATORS[task](rng, rng.randint(1, spec.train_max_depth))
             contexts.add(item.context)
             docs.append({"text": item.training_text(spec.follow_up_questions), "source": task,
                          "depth": item.depth})
     docs += [{"text": p.biography(rng), "source": "facts", "depth": 0} for p in bios for _ in range(mentions)]
-    docs += [{"text": p.qa_text(rng), "source": "facts", "depth": 0} for p in qa]
+    docs += [{"text": p.qa_text(rng), "source": "facts", "depth": 0}
+             for p in qa for _ in range(spec.knowledge_qa_mentions)]
     rng.shuffle(docs)
     return docs
 
@@ -375,7 +436,7 @@ def _documents(rng: random.Random, spec: CorpusSpec, n_prose: int, n_reasoning: 
 def _eval_items(task: str, spec: CorpusSpec, seen: set[str]) -> Iterator[ReasoningItem]:
     """Held-out items, ``eval_items_per_depth`` per depth; a context seen in training is skipped."""
     rng = random.Random(f"{spec.seed}-eval-{task}")
-    for depth in range(1, spec.eval_max_depth + 1):
+    for depth in range(spec.eval_min_depth, spec.eval_max_depth + 1):
         made, attempts = 0, 0
         while made < spec.eval_items_per_depth:
             attempts += 1
@@ -446,15 +507,17 @@ def generate_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> 
     ``lm_eval --include_path <output_dir>/eval``).
 
     Held out by construction: no reasoning eval context occurs in train or valid; the facts
-    of the knowledge items are stated only in train (valid has its own people), and their
-    questions occur nowhere in train.
+    of the knowledge items are stated only in train (valid has its own people), and, with
+    ``knowledge_eval="heldout"`` (default), their questions occur nowhere in train. With
+    ``knowledge_eval="trained"`` the items are the questions train answers (stored facts).
     """
     spec.validate()
     out = Path(output_dir)
     (out / "eval").mkdir(parents=True, exist_ok=True)
     n_qa = int(spec.knowledge_people * spec.knowledge_qa_fraction)
-    train_total = (spec.prose_docs + len(TASKS) * spec.reasoning_docs_per_task
-                   + spec.knowledge_people * spec.knowledge_mentions + n_qa)
+    tasks = spec.reasoning_tasks
+    train_total = (spec.prose_docs + len(tasks) * spec.reasoning_docs_per_task
+                   + spec.knowledge_people * spec.knowledge_mentions + n_qa * spec.knowledge_qa_mentions)
     # Validation keeps the train mix (prose, per-task and biography shares of valid_docs);
     # its biographies are of other people, so no fact of the knowledge items is in it.
     share = spec.valid_docs / max(1, train_total)
@@ -469,23 +532,24 @@ def generate_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> 
     train = _documents(random.Random(f"{spec.seed}-train"), spec, spec.prose_docs,
                        spec.reasoning_docs_per_task, train_people, spec.knowledge_mentions,
                        qa_people, contexts)
-    valid = _documents(random.Random(f"{spec.seed}-valid"), spec,
-                       max(0, spec.valid_docs - len(TASKS) * n_reason - n_valid_bios), n_reason,
+    # the rest of valid_docs is prose; none when train has no prose (it would be out of distribution)
+    n_valid_prose = max(0, spec.valid_docs - len(tasks) * n_reason - n_valid_bios) if spec.prose_docs else 0
+    valid = _documents(random.Random(f"{spec.seed}-valid"), spec, n_valid_prose, n_reason,
                        valid_people_list, spec.knowledge_mentions, [], contexts)
     _write_jsonl(out / "train.jsonl", train)
     _write_jsonl(out / "valid.jsonl", valid)
 
     eval_rows = {task: _interleave([item.eval_doc() for item in _eval_items(task, spec, contexts)])
-                 for task in TASKS}
+                 for task in tasks}
     rng = random.Random(f"{spec.seed}-eval-{KNOWLEDGE_TASK}")
-    eval_rows[KNOWLEDGE_TASK] = _interleave([d for p in heldout_people for d in p.eval_docs(rng)],
-                                            key="attribute")
+    asked = qa_people if spec.knowledge_eval == "trained" else heldout_people
+    eval_rows[KNOWLEDGE_TASK] = _interleave([d for p in asked for d in p.eval_docs(rng)], key="attribute")
     eval_counts = {}
     for task, rows in eval_rows.items():
         path = out / "eval" / f"{task}.jsonl"
         _write_jsonl(path, rows)
         # the reasoning tasks' training documents cover depths 1..train_max_depth; facts have no depth
-        depths = range(1, spec.train_max_depth + 1) if task in TASKS else ()
+        depths = range(1, spec.train_max_depth + 1) if task in tasks else ()
         yaml = lm_eval_task_yaml(task, path, trained_depths=depths)
         (out / "eval" / f"{task}.yaml").write_text(yaml, encoding="utf-8")
         eval_counts[TASK_NAMES[task]] = len(rows)

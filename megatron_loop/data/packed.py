@@ -14,7 +14,8 @@ passes (epoch ``e`` uses ``default_rng([seed, e])``), packed as one stream.
 order preprocessing wrote them, every epoch. That is the paper's order (App. C.1: "We stream the
 training data and shuffle examples using a buffer of 10,000 documents and random seed 42", i.e.
 one shuffle, at streaming time, which ``tools/preprocess_data.py --streaming --shuffle-buffer
-10000 --seed 42`` reproduces); ``shuffled`` (the default) permutes the documents once more.
+10000 --seed 42`` reproduces) and ``data.order``'s default; ``shuffled`` permutes the documents once
+more (this class's default ``order``, kept for its callers: held-out loss and probe sampling).
 
 The index (document order, and each sample's first document and offset in it) is built with
 vectorised numpy (a cumulative sum and a ``searchsorted``; no Python loop per document) and

@@ -2,8 +2,9 @@
 
 App. C.1: the paper streams FineWeb-Edu (``sample-350BT``) and shuffles it with a buffer of
 10,000 documents and seed 42; ``iter_hf_documents`` reproduces that through ``datasets``.
-Local inputs keep their file order (sorted within folders) so a run is reproducible; document
-order for training is shuffled later, at packing time (see ``packed.py``).
+Local inputs keep their file order (sorted within folders) so a run is reproducible; training
+packs documents in this order (``data.order: stream``, the default) or in a further seeded
+permutation (``shuffled``; see ``packed.py``).
 """
 
 from __future__ import annotations

@@ -20,9 +20,11 @@ CLUTRR          looplm_clutrr (shipped YAML)               acc_norm  kinship wor
 BBH             looplm_bbh_<subtask> x 14 (shipped YAMLs)  acc       (A), (B), ... / Yes, No
 =============== ========================================== ========= =========================
 
-Scores are percentages. BBH's score is the unweighted mean of its 14 subtasks (Table 6: every
-subtask counts once, whatever its size); lm-eval's own ``bbh`` group weights subtasks by their
-item counts instead. The sweep reports both (results JSON ``subtask_averages``).
+Scores are percentages. BBH's score is read as the unweighted mean of its 14 subtasks (every
+subtask counts once, whatever its size): Table 6 lists the subtasks, and the paper does not say
+how it averages them (App. C.3 says only that group scores are unweighted averages); lm-eval's
+own ``bbh`` group weights subtasks by their item counts instead. The sweep reports both (results
+JSON ``subtask_averages``).
 Standard errors are lm-eval's per task, combined through every unweighted mean as sqrt(sum se^2) / n.
 The bundled corpus adds ``facts`` (``looplm_facts_local``, acc_norm) to the Knowledge group.
 Group score = unweighted mean of its tasks; Overall = unweighted mean of all eleven tasks,
@@ -81,6 +83,8 @@ GROUPS = (KNOWLEDGE, REASONING)
 # answers of different lengths -> acc_norm.
 BUNDLED_TASKS: dict[str, TaskSpec] = {t.key: t for t in (
     TaskSpec("facts", ("looplm_facts_local",), "acc_norm", KNOWLEDGE),
+    # chained arithmetic mod 10 (the knowledge/reasoning study); the ten digits -> acc
+    TaskSpec("arith", ("looplm_arith_local",), "acc", REASONING, depth_axis="operations"),
 )}
 
 

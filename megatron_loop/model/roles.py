@@ -81,10 +81,16 @@ def set_role(param: torch.nn.Parameter, role: str, split: QKVSplit | GateUpSplit
 def set_conditioning_matrix(param: torch.nn.Parameter, split: StackSplit | None = None) -> None:
     """Tag a dense injection matrix: a ``conditioning`` parameter that is also a hidden matrix.
 
-    App. C.2 gives Muon "the matrix-valued attention and feed-forward projection weights" and
-    AdamW "other vector- or scalar-valued parameters"; a dense injection matrix is neither, so
-    where it belongs is a reading: AdamW by default, Muon with ``train.muon_conditioning_matrices``
-    (see :func:`uses_muon`).
+    The paper's two passages disagree on it. Sec. 2.2: Muon "for hidden matrix parameters, and
+    AdamW for embeddings, output heads, biases, and other non-matrix parameters" -- a dense
+    injection matrix is a hidden matrix, so Muon. App. C.2: Muon for "the matrix-valued attention
+    and feed-forward projection weights", AdamW for "other vector- or scalar-valued parameters"
+    -- it is neither, so a reading either way. AdamW by default (the App. C.2 reading), Muon with
+    ``train.muon_conditioning_matrices`` (see :func:`uses_muon`).
+
+    AdaLN's W_k^b (2d x 8, Eq. adaln_timestep_parameters) is *not* tagged here: it maps the 8 fixed
+    timestep features psi_l, not a hidden state, so under neither passage is it a hidden matrix; it
+    is a plain ``conditioning`` parameter and always goes to AdamW.
     """
     set_role(param, CONDITIONING, split)
     setattr(param, _DENSE_ATTR, True)
