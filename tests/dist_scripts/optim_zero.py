@@ -66,6 +66,8 @@ def partitions(parts) -> list[torch.Tensor]:
         return list(parts.engine.module.parameters())
     if hasattr(zero, "fp32_partitioned_groups_flat"):
         return list(zero.fp32_partitioned_groups_flat)
+    if hasattr(zero, "fp32_groups_flat_partition"):  # BF16_Optimizer (bf16, ZeRO 1)
+        return list(zero.fp32_groups_flat_partition)
     return list(zero.single_partition_of_fp32_groups)
 
 
