@@ -23,7 +23,8 @@ and the micro-batch gradients summed in fp32, across micro-batches and across ra
 Megatron-LM's fp32 ``main_grad`` (its bf16 runs accumulate and all-reduce in fp32). DeepSpeed
 0.19 sums them in bf16 unless the JSON sets ``data_types.grad_accum_dtype``; with ``"fp32"`` it
 builds ``BF16_Optimizer`` at ZeRO 1 (an fp32 buffer of the whole gradient, all-reduced at the
-boundary) and keeps ``DeepSpeedZeroOptimizer`` (ZeRO 2) / ``DeepSpeedZeroOptimizer_Stage3``
+boundary; ``bf16.immediate_grad_update`` adds each bf16 gradient to it as soon as autograd has
+it and frees it, so no bf16 copy lives across micro-batches) and keeps ``DeepSpeedZeroOptimizer`` (ZeRO 2) / ``DeepSpeedZeroOptimizer_Stage3``
 (ZeRO 3) with an fp32 gradient partition that every micro-batch's reduced gradient is added to.
 ``communication_data_type`` sets the dtype of that reduction (DeepSpeed's bf16 default would
 sum the ranks' gradients in bf16). The shipped configs set both to fp32; a bf16 run whose JSON
@@ -235,9 +236,10 @@ def describe_precision(engine: Any) -> str:
     wrapper = f"DeepSpeed {type(engine.optimizer).__name__}, ZeRO stage {engine.zero_optimization_stage()}"
     if not engine.bfloat16_enabled():
         return f"precision: fp32 ({wrapper})"
-    names = {torch.float32: "fp32", torch.bfloat16: "bf16"}
-    accumulation = names.get(accumulation_dtype(engine.optimizer), str(accumulation_dtype(engine.optimizer)))
-    reduction = names.get(engine.communication_data_type, str(engine.communication_data_type))
+    def name(dtype: torch.dtype) -> str:
+        return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
+
+    accumulation, reduction = name(accumulation_dtype(engine.optimizer)), name(engine.communication_data_type)
     return (f"precision: bf16 weights and activations, fp32 master weights and optimizer states; micro-batch "
             f"gradients accumulated in {accumulation}, reduced across ranks in {reduction} ({wrapper})")
 

@@ -9,14 +9,14 @@ records for every optimizer step:
   backward produces) and summed in fp64 -- what an fp32 accumulation must reproduce;
 * ``seen_grads`` / ``seen_dtypes``: the gradients ``MuonAdamW.step`` receives on its ZeRO
   partitions, gathered back to whole weights through their ``PartitionLayout``;
-* ``master``: the fp32 master weights after the step (``safe_get_full_fp32_param``).
+* ``master``: the fp32 master weights after the step (``safe_get_full_fp32_param``);
+* ``bf16_grads_kept``: how many model weights still hold a bf16 ``.grad`` after each backward.
 
 Then a checkpoint round trip as tests/dist_scripts/optim_zero.py. Writes ``{out}.rank{r}.pt``.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import optim_toy as toy  # noqa: E402
-from optim_zero import full_weights, partition_states, skip_shm_comm_build  # noqa: E402
+from optim_zero import full_weights, partition_states, stage_arguments  # noqa: E402
 from deepspeed.utils import safe_get_full_fp32_param  # noqa: E402
 
 from megatron_loop.optim import OptimizerSettings, build_engine, load_ds_config  # noqa: E402
@@ -84,13 +84,7 @@ def capture_seen_grads(parts, names: dict[int, str]) -> dict:
 
 
 def main() -> None:
-    skip_shm_comm_build()
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--stage", type=int, required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--ckpt", required=True)
-    args = parser.parse_args()
-
+    args = stage_arguments()
     parts = build(args.stage, seed=42)
     rank = dist.get_rank()
     module = parts.engine.module
@@ -105,10 +99,13 @@ def main() -> None:
         reference = reference_grads(weights, step, rank)
         seen["grads"].clear()
         seen["dtypes"].clear()
+        bf16_grads_kept = []
         for micro in range(ACCUM):
             parts.engine.backward(parts.engine(toy.batch(step, rank, micro, MICRO)))
+            bf16_grads_kept.append(sum(p.grad is not None for p in module.parameters()))
             parts.engine.step()
         record["steps"].append({
+            "bf16_grads_kept": bf16_grads_kept,  # model weights still holding a .grad after each backward
             "weights": weights, "reference_grads": reference, "seen_grads": dict(seen["grads"]),
             "seen_dtypes": sorted(seen["dtypes"]), "accumulation_dtype": str(accumulation_dtype(parts.engine.optimizer)),
             "grad_norm": float(parts.engine.get_global_grad_norm()),
