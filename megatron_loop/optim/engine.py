@@ -28,7 +28,9 @@ it and frees it, so no bf16 copy lives across micro-batches) and keeps ``DeepSpe
 (ZeRO 3) with an fp32 gradient partition that every micro-batch's reduced gradient is added to.
 ``communication_data_type`` sets the dtype of that reduction (DeepSpeed's bf16 default would
 sum the ranks' gradients in bf16). The shipped configs set both to fp32; a bf16 run whose JSON
-leaves the accumulation dtype unset is refused (:func:`check_precision`).
+leaves the accumulation dtype unset is refused (:func:`check_precision`). Stage 0 stays fp32
+only: without ZeRO, DeepSpeed 0.19 raises NotImplementedError for bf16 weights with fp32
+accumulation (``_do_optimizer_sanity_check``) and would otherwise wrap bf16 in its own optimizer.
 """
 
 from __future__ import annotations
