@@ -31,6 +31,7 @@ from packaging.version import Version
 import optim_toy as toy
 import train_fixtures as T
 from megatron_loop.errors import LoopConfigError
+from megatron_loop.model.io import safe_load
 from megatron_loop.optim import OptimizerSettings
 from megatron_loop.optim.engine import CONFIG_DIR, build_optimizer, load_ds_config, resolve_ds_config
 from megatron_loop.perf import chunked_linear_cross_entropy
@@ -172,6 +173,12 @@ def test_bf16_run_tracks_fp32_run_and_refuses_bf16_accumulation(tmp_path):
     assert "micro-batch gradients accumulated in fp32, reduced across ranks in fp32 (DeepSpeed BF16_Optimizer" \
         in logs["bf16"]
     assert "precision: fp32 (DeepSpeed DeepSpeedZeroOptimizer, ZeRO stage 1)" in logs["fp32"]
+    # the BF16_Optimizer checkpoint consolidates (export, eval): fp32 masters that round to the bf16 model
+    masters = T.final_weights(tmp_path / "bf16" / "run")
+    tag = (tmp_path / "bf16" / "run" / "checkpoints" / "latest").read_text().strip()
+    module = safe_load(tmp_path / "bf16" / "run" / "checkpoints" / tag / "mp_rank_00_model_states.pt")["module"]
+    assert masters.keys() and all(masters[k].dtype == torch.float32 for k in masters)
+    assert all(torch.equal(masters[k].bfloat16(), module[k]) for k in masters)
 
     unset = json.loads((CONFIG_DIR / "zero1.json").read_text())
     del unset["data_types"]
