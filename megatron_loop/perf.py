@@ -128,21 +128,39 @@ def resolve_loss_implementation(implementation: str, hidden: torch.Tensor) -> st
 
 
 def _accumulate_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """``acc += a @ b`` in fp32 (low-precision products summed over many chunks would lose bits)."""
+    """``acc += a @ b`` with ``acc`` in fp32: summed over many chunks, low-precision partial sums
+    would lose bits. A bf16 product is one bf16 GEMM (fp32 accumulation inside, its result rounded
+    once to bf16) added to ``acc`` in fp32: the same ops on CPU and CUDA and on any torch
+    (``addmm(..., out_dtype=)`` exists on CUDA only, from torch 2.8, and 2.8-2.9 refuse an fp32
+    ``self`` with bf16 operands)."""
     if a.dtype == acc.dtype:
         acc.addmm_(a, b)
-    elif acc.is_cuda:
-        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)  # no [V, d] low-precision temporary
     else:
-        acc += (a @ b).float()
+        acc.add_(a @ b)
+
+
+def _scaled_fp32(tensor: torch.Tensor, scale: torch.Tensor, rows: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+    """``tensor * scale`` computed in fp32 and returned in ``tensor``'s dtype, ``rows`` rows at a time.
+
+    ``scale`` is a 0-dim fp32 device tensor (no host sync). A bf16 tensor times an fp32 0-dim
+    tensor would round the scale to bf16 first (1/38 becomes 1/37.93, +0.2% on every element);
+    the upcast keeps it exact, one chunk of fp32 rows at a time.
+    """
+    if tensor.dtype == torch.float32:
+        return tensor * scale
+    out = torch.empty_like(tensor)
+    for start in range(0, tensor.shape[0], rows):
+        torch.mul(tensor[start:start + rows].float(), scale, out=out[start:start + rows])
+    return out
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     """Mean CE of ``hidden @ weight.T`` with gradients formed chunk by chunk in the forward.
 
     One loop for both implementations: a chunk function gives the chunk's summed loss and its
-    unscaled logits gradient; the 1 / (non-ignored count) scale is applied once to the loss and
-    the two gradients as a device tensor, so nothing is read back to the host.
+    unscaled logits gradient; the 1 / (non-ignored count) scale and the incoming gradient are
+    applied in fp32 as device tensors (:func:`_scaled_fp32`), so nothing is read back to the host
+    and no scale is rounded to bf16.
     """
 
     @staticmethod
@@ -163,19 +181,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if grad_weight is not None:
                 _accumulate_fp32(grad_weight, grad.t(), h)
             del grad
-        if grad_hidden is not None:
-            grad_hidden.mul_(inv_count.to(grad_hidden.dtype))
         if grad_weight is not None:
             grad_weight = grad_weight.mul_(inv_count).to(weight.dtype)
+        # grad_hidden stays unscaled: backward applies inv_count and the incoming gradient at once
         ctx.save_for_backward(grad_hidden if grad_hidden is not None else hidden.new_empty(0),
-                              grad_weight if grad_weight is not None else weight.new_empty(0))
+                              grad_weight if grad_weight is not None else weight.new_empty(0), inv_count)
         return total * inv_count
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        gh = grad_hidden * grad_output.to(grad_hidden.dtype) if ctx.needs_input_grad[0] else None
-        gw = grad_weight * grad_output.to(grad_weight.dtype) if ctx.needs_input_grad[1] else None
+        grad_hidden, grad_weight, inv_count = ctx.saved_tensors
+        scale = grad_output.to(torch.float32)
+        gh = _scaled_fp32(grad_hidden, scale * inv_count) if ctx.needs_input_grad[0] else None
+        gw = _scaled_fp32(grad_weight, scale) if ctx.needs_input_grad[1] else None
         return gh, gw, None, None, None, None
 
 

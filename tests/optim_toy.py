@@ -11,6 +11,11 @@ gradients ``MuonAdamW`` sees on the fused ones.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
@@ -126,3 +131,38 @@ def batch(step: int, rank: int, micro: int, size: int = 2) -> torch.Tensor:
     """Deterministic, different tokens for every (step, rank, micro-batch)."""
     gen = torch.Generator().manual_seed(1000 * step + 100 * rank + micro)
     return torch.randint(0, VOCAB, (size, SEQ), generator=gen)
+
+
+def launch_stages(script: Path, stages, root: Path, world: int = 2, timeout: float = 480) -> dict[int, list[dict]]:
+    """Run ``script --stage S --out ROOT/stageS --ckpt ROOT/ckptS`` on ``world`` gloo ranks for every
+    stage (concurrently) and load each rank's ``ROOT/stageS.rank{r}.pt``; a failed rank fails the
+    test with its log. Shared by the ZeRO and bf16 precision tests."""
+    import pytest
+
+    from megatron_loop.optim.engine import free_port
+
+    launches = {}
+    for stage in stages:
+        port, procs = free_port(), []
+        for rank in range(world):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+            log = open(root / f"stage{stage}.rank{rank}.log", "w")
+            cmd = [sys.executable, str(script), "--stage", str(stage), "--out", str(root / f"stage{stage}"),
+                   "--ckpt", str(root / f"ckpt{stage}")]
+            procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        launches[stage] = procs
+    records = {}
+    for stage, procs in launches.items():
+        for proc, log in procs:
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+        failed = [rank for rank, (proc, _) in enumerate(procs) if proc.returncode != 0]
+        if failed:
+            tail = (root / f"stage{stage}.rank{failed[0]}.log").read_text()[-4000:]
+            pytest.fail(f"{script.name} stage {stage} rank {failed[0]} failed:\n{tail}")
+        records[stage] = [torch.load(root / f"stage{stage}.rank{r}.pt") for r in range(world)]
+    return records

@@ -16,9 +16,6 @@ trip must be bitwise.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +24,6 @@ import torch
 import optim_toy as toy
 from megatron_loop.model import roles
 from megatron_loop.optim import wsd_scheduler
-from megatron_loop.optim.engine import free_port
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "optim_zero.py"
 
@@ -42,40 +38,7 @@ LAUNCH_TIMEOUT_S = 480
 @pytest.fixture(scope="session")
 def zero_runs(tmp_path_factory) -> dict[int, list[dict]]:
     """Launch the 2-rank run of every stage (concurrently) and load each rank's record."""
-    root = tmp_path_factory.mktemp("zero")
-    launches = {}
-    for stage in STAGES:
-        port = free_port()
-        procs = []
-        for rank in range(WORLD):
-            env = dict(
-                os.environ,
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(WORLD),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                OMP_NUM_THREADS="1",
-            )
-            log = open(root / f"stage{stage}.rank{rank}.log", "w")
-            cmd = [sys.executable, str(SCRIPT), "--stage", str(stage), "--out", str(root / f"stage{stage}")]
-            cmd += ["--ckpt", str(root / f"ckpt{stage}")]
-            procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-        launches[stage] = procs
-    records = {}
-    for stage, procs in launches.items():
-        for proc, log in procs:
-            try:
-                proc.wait(timeout=LAUNCH_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
-        failed = [rank for rank, (proc, _) in enumerate(procs) if proc.returncode != 0]
-        if failed:
-            tail = (root / f"stage{stage}.rank{failed[0]}.log").read_text()[-4000:]
-            pytest.fail(f"ZeRO {stage} rank {failed[0]} failed:\n{tail}")
-        records[stage] = [torch.load(root / f"stage{stage}.rank{r}.pt") for r in range(WORLD)]
-    return records
+    return toy.launch_stages(SCRIPT, STAGES, tmp_path_factory.mktemp("zero"), WORLD, LAUNCH_TIMEOUT_S)
 
 
 def reference_run(clip: bool = True) -> tuple[list[dict[str, torch.Tensor]], list[float]]:

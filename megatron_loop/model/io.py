@@ -279,14 +279,25 @@ def safe_load(path, map_location=None):
 
 class _WeightsOnlyTorch:
     """``torch`` as DeepSpeed's ``zero_to_fp32`` sees it, except that ``torch.load`` unpickles with
-    ``weights_only=True`` (zero_to_fp32 hard-codes False)."""
+    ``weights_only=True`` (zero_to_fp32 hard-codes False) and a bf16 ZeRO 1 shard reads as ZeRO 1.
+
+    bf16 runs at ZeRO 1 train with DeepSpeed's BF16_Optimizer (fp32 gradient accumulation,
+    :mod:`megatron_loop.optim.engine`), whose ``bf16_zero_pp_rank_*`` shards carry no
+    ``zero_stage``, so zero_to_fp32 calls them "not a zero checkpoint"; their fp32 partitions are
+    laid out as ZeRO 1's (each group's weights back to back, padding at the end, equal parts)."""
 
     def __getattr__(self, name: str):
         return getattr(torch, name)
 
     @staticmethod
     def load(path, map_location=None, **_):
-        return safe_load(path, map_location=map_location)
+        from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, SINGLE_PARTITION_OF_FP32_GROUPS, ZERO_STAGE
+
+        state = safe_load(path, map_location=map_location)
+        optim = state.get(OPTIMIZER_STATE_DICT) if isinstance(state, dict) else None
+        if isinstance(optim, dict) and SINGLE_PARTITION_OF_FP32_GROUPS in optim and ZERO_STAGE not in optim:
+            optim[ZERO_STAGE] = 1
+        return state
 
 
 def consolidated_state_dict(ckpt_dir: str | os.PathLike, tag: str | None = None) -> dict[str, torch.Tensor]:

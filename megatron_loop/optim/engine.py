@@ -17,6 +17,20 @@ momentum on resume (#7746, #8433: our momentum lives on ZeRO's fp32 master parti
 
 Stage 0 (no ZeRO) is supported in fp32: the optimizer then sees whole weights and clips the raw
 gradients itself (DeepSpeed's own clip at stage 0 does not report the norm).
+
+Precision (bf16): weights and activations in bf16, master weights and optimizer states in fp32,
+and the micro-batch gradients summed in fp32, across micro-batches and across ranks, as
+Megatron-LM's fp32 ``main_grad`` (its bf16 runs accumulate and all-reduce in fp32). DeepSpeed
+0.19 sums them in bf16 unless the JSON sets ``data_types.grad_accum_dtype``; with ``"fp32"`` it
+builds ``BF16_Optimizer`` at ZeRO 1 (an fp32 buffer of the whole gradient, all-reduced at the
+boundary; ``bf16.immediate_grad_update`` adds each bf16 gradient to it as soon as autograd has
+it and frees it, so no bf16 copy lives across micro-batches) and keeps ``DeepSpeedZeroOptimizer`` (ZeRO 2) / ``DeepSpeedZeroOptimizer_Stage3``
+(ZeRO 3) with an fp32 gradient partition that every micro-batch's reduced gradient is added to.
+``communication_data_type`` sets the dtype of that reduction (DeepSpeed's bf16 default would
+sum the ranks' gradients in bf16). The shipped configs set both to fp32; a bf16 run whose JSON
+leaves the accumulation dtype unset is refused (:func:`check_precision`). Stage 0 stays fp32
+only: without ZeRO, DeepSpeed 0.19 raises NotImplementedError for bf16 weights with fp32
+accumulation (``_do_optimizer_sanity_check``) and would otherwise wrap bf16 in its own optimizer.
 """
 
 from __future__ import annotations
@@ -161,6 +175,7 @@ def resolve_ds_config(
         raise LoopConfigError("bf16 needs ZeRO stage >= 1 (use deepspeed_configs/zero1.json)")
     config["bf16"] = {**config.get("bf16", {}), "enabled": bool(bf16)}
     config.setdefault("fp16", {})["enabled"] = False
+    check_precision(config, bool(bf16))
     given_clip = config.get("gradient_clipping", AUTO)
     if given_clip != AUTO and float(given_clip) != float(grad_clip):
         raise LoopConfigError(f"DeepSpeed config gradient_clipping={given_clip} disagrees with grad_clip={grad_clip}")
@@ -169,6 +184,66 @@ def resolve_ds_config(
     config["gradient_clipping"] = float(grad_clip) if stage >= 1 else 0.0
     config["zero_allow_untested_optimizer"] = True
     return config
+
+
+ACCUMULATION_KEY = "data_types.grad_accum_dtype"
+COMMUNICATION_KEY = "communication_data_type"
+
+
+def dtype_name(value: Any) -> str | None:
+    """DeepSpeed's spelling of a dtype (``"fp32"``, ``"bf16"``, ...) for any alias it accepts; None if unset."""
+    if value is None:
+        return None
+    from deepspeed.runtime.config import DtypeEnum
+
+    try:
+        return DtypeEnum(value).name
+    except ValueError:
+        raise LoopConfigError(f"DeepSpeed config {ACCUMULATION_KEY}={value!r}: expected 'fp32' or 'bf16'") from None
+
+
+def check_precision(config: dict, bf16: bool) -> None:
+    """Refuse a bf16 run whose micro-batch gradients DeepSpeed would sum in bf16 without being asked.
+
+    bf16 runs need ``data_types.grad_accum_dtype``: ``"fp32"`` (the shipped configs) or ``"bf16"``
+    to accept bf16 accumulation explicitly. An unset ``communication_data_type`` follows it, so the
+    data-parallel sum is in the same precision as the micro-batch sum (see the module docstring).
+    """
+    accumulation = dtype_name(config.get("data_types", {}).get("grad_accum_dtype"))
+    if bf16 and accumulation is None:
+        raise LoopConfigError(
+            f"DeepSpeed config sets no {ACCUMULATION_KEY}: a bf16 run would sum the micro-batch gradients in "
+            f"bf16; set it to \"fp32\" (as deepspeed_configs/zero*.json) or to \"bf16\" to accept bf16 accumulation")
+    allowed = ("fp32", "bf16") if bf16 else ("fp32", None)
+    if accumulation not in allowed:
+        expected = "'fp32' or 'bf16'" if bf16 else "'fp32' (or unset) in an fp32 run"
+        raise LoopConfigError(f"DeepSpeed config {ACCUMULATION_KEY}={accumulation!r}: expected {expected}")
+    if bf16:
+        config.setdefault(COMMUNICATION_KEY, accumulation)
+
+
+def accumulation_dtype(zero_optimizer: Any) -> torch.dtype:
+    """The dtype DeepSpeed's optimizer wrapper sums the micro-batch gradients in, read from what it built."""
+    if hasattr(zero_optimizer, "fp32_groups_gradients_flat"):  # BF16_Optimizer: the whole-gradient buffers
+        return zero_optimizer.fp32_groups_gradients_flat[0].dtype
+    if getattr(zero_optimizer, "grad_partitions_flat_buffer", None) is not None:  # ZeRO 3
+        return zero_optimizer.grad_partitions_flat_buffer.dtype
+    if hasattr(zero_optimizer, "gradient_accumulation_dtype"):  # ZeRO 1/2: buffers are built at the first backward
+        return zero_optimizer.gradient_accumulation_dtype
+    return next(p.dtype for group in zero_optimizer.param_groups for p in group["params"])  # no wrapper
+
+
+def describe_precision(engine: Any) -> str:
+    """One log line: the precision of weights, gradient accumulation and reduction, and DeepSpeed's wrapper."""
+    wrapper = f"DeepSpeed {type(engine.optimizer).__name__}, ZeRO stage {engine.zero_optimization_stage()}"
+    if not engine.bfloat16_enabled():
+        return f"precision: fp32 ({wrapper})"
+    def name(dtype: torch.dtype) -> str:
+        return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
+
+    accumulation, reduction = name(accumulation_dtype(engine.optimizer)), name(engine.communication_data_type)
+    return (f"precision: bf16 weights and activations, fp32 master weights and optimizer states; micro-batch "
+            f"gradients accumulated in {accumulation}, reduced across ranks in {reduction} ({wrapper})")
 
 
 def init_distributed(timeout=None) -> None:
@@ -211,6 +286,8 @@ def attach_zero_layouts(zero_optimizer: Any, optimizer: MuonAdamW) -> int:
         return count
     if hasattr(zero_optimizer, "fp32_groups_flat_partition"):  # BF16_Optimizer (bf16, ZeRO 1, fp32 accumulation)
         for index, flat in enumerate(zero_optimizer.fp32_groups_flat_partition):
+            # the group's bf16 weights back to back (no per-weight padding, the alignment padding
+            # at the end), cut into equal partitions: BF16_Optimizer._setup_for_real_optimizer
             params = zero_optimizer.bf16_groups[index]
             offsets = [sum(p.numel() for p in params[:j]) for j in range(len(params))]
             partition = flat.numel()

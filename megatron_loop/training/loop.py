@@ -261,7 +261,9 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     zero_stage = engine.zero_optimization_stage()
 
     state = C.TrainState()
-    logger_msgs = []
+    from megatron_loop.optim.engine import describe_precision
+
+    logger_msgs = [describe_precision(engine)]
     if lock is not None and lock.taken_over:
         held = ", ".join(f"{k} {lock.taken_over.get(k)}" for k in ("host", "pid", "started"))
         logger_msgs.append(f"{lock.path}: taking over train.output_dir from a run that ended without "

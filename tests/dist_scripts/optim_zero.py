@@ -66,6 +66,8 @@ def partitions(parts) -> list[torch.Tensor]:
         return list(parts.engine.module.parameters())
     if hasattr(zero, "fp32_partitioned_groups_flat"):
         return list(zero.fp32_partitioned_groups_flat)
+    if hasattr(zero, "fp32_groups_flat_partition"):  # BF16_Optimizer (bf16, ZeRO 1)
+        return list(zero.fp32_groups_flat_partition)
     return list(zero.single_partition_of_fp32_groups)
 
 
@@ -84,14 +86,18 @@ def skip_shm_comm_build() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def main() -> None:
+def stage_arguments() -> argparse.Namespace:
+    """``--stage --out --ckpt`` of a launch by ``optim_toy.launch_stages``; gloo collectives only."""
     skip_shm_comm_build()
     parser = argparse.ArgumentParser()
     parser.add_argument("--stage", type=int, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--ckpt", required=True)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> None:
+    args = stage_arguments()
     parts = build(args.stage, seed=42)
     rank = torch.distributed.get_rank()
     record: dict = {"weights": [full_weights(parts)], "grad_norms": [], "lrs": []}
