@@ -224,6 +224,12 @@ def compile_blocks(blocks: Iterable[nn.Module], backend: str | Callable = "induc
         block.compile(backend=backend, dynamic=False, **options)
 
 
+def uncompile_blocks(blocks: Iterable[nn.Module]) -> None:
+    """Undo :func:`compile_blocks`: the blocks run their eager forward again."""
+    for block in blocks:
+        block._compiled_call_impl = None
+
+
 # ----------------------------------------------------------------------------- measurement
 
 
