@@ -153,6 +153,39 @@ def test_memory_model_follows_measured_peak(backbone, dtype):
     assert measured <= budget and measured == pytest.approx(plan.peak_bytes, rel=0.02)
 
 
+def test_device_budget_counts_what_the_first_step_allocates(monkeypatch):
+    """Without a budget, ``auto`` plans within 90 % of the device minus what is allocated minus what
+    the first optimizer step (Muon momentum, AdamW moments) and DeepSpeed's buckets will add; at a
+    device size where the stored plan fits only if the optimizer state is forgotten, it checkpoints,
+    and the plan says what it assumed."""
+    from megatron_loop.model import roles
+    from megatron_loop.optim import MuonAdamW, role_param_groups
+    from megatron_loop.optim.memory import unallocated_optimizer_state
+
+    model = _model(activation_checkpointing="auto")
+    optimizer = MuonAdamW(role_param_groups(model), lr=1e-3)
+    muon = sum(p.numel() for p in model.parameters() if roles.uses_muon(p))
+    state = 4 * (muon + 2 * (model.num_parameters() - muon))  # fp32 momentum; two fp32 moments
+    buckets = 2**16
+    model.pending_memory = lambda: checkpointing.PendingMemory(unallocated_optimizer_state(optimizer), buckets)
+    batch, seq = 2, 64
+    x = torch.randint(0, 2048, (batch, seq))
+    mem = loop_memory(model.config, batch, seq, 4, model.loss_chunk_tokens, 4 * model.num_parameters())
+    allocated = 10 * 2**20
+    # room for the stored plan plus half the optimizer state: enough only if the state is ignored
+    total = (predicted_peak((NONE,) * 4, mem) + state / 2 + allocated) / 0.9
+    monkeypatch.setattr(checkpointing, "device_memory", lambda device: (int(total), allocated))
+    _step(model, x)()
+    plan = next(iter(model._checkpoint_plans.values()))
+    assert plan.budget.pending == checkpointing.PendingMemory(state, buckets)
+    assert plan.budget.bytes == pytest.approx(0.9 * int(total) - allocated - state - buckets)
+    assert plan.fits and plan.kinds != (NONE,) * 4 and plan.peak_bytes <= plan.budget.bytes
+    line = model.new_checkpoint_plans()[0]
+    assert "optimizer state not yet allocated" in line and "DeepSpeed gradient buckets" in line
+    optimizer.step()
+    assert unallocated_optimizer_state(optimizer) == 0  # once created it is in the allocated figure
+
+
 def test_config_keys():
     cfg = build_model_config(dict(backbone="tiny-llama", activation_checkpointing="auto",
                                   activation_checkpointing_budget_gib=40))

@@ -153,9 +153,10 @@ class LoopLM(nn.Module):
 
     def fit_compile_to_zero(self, stage: int) -> str:
         """Under ZeRO-3, DeepSpeed's parameter-gathering hooks run around every submodule and are
-        ``torch.compiler.disable``d, so a compiled block breaks into many graphs (17 for one block,
-        tests/perf_scripts/zero_engine.py). ``compile: auto`` is then off; ``compile: true`` is
-        kept (the user asked) and the note says what it costs. Returns :attr:`compile_note`."""
+        ``torch.compiler.disable``d, so a compiled block breaks into many graphs (15 graphs and 28
+        breaks for one block's forward and backward on CPU, against one whole graph under ZeRO-1:
+        tests/perf_scripts/zero_engine.py). ``compile: auto`` is then off; ``compile: true`` is kept
+        (the user asked) and the note says what it costs. Returns :attr:`compile_note`."""
         if stage == 3 and self.config.compile_enabled:
             if self.config.compile == "auto":
                 uncompile_blocks(self.blocks())
