@@ -431,11 +431,15 @@ class _HostTransfers(torch.overrides.TorchFunctionMode):
         return _transfer_problem(src, bool(non_blocking), src in self.host_built)
 
     def _track(self, name: str, args, kwargs, out) -> None:
-        """Mark outputs built on the host from nothing, or from host-built tensors only."""
+        """Mark outputs built on the host from nothing (a factory given no device), or from
+        host-built tensors only. A factory given a device (``device=x.device``, or inside
+        ``with torch.device(...)``) builds on the step's device."""
         outputs = [t for t in torch.utils._pytree.tree_leaves(out) if torch.is_tensor(t) and t.device.type == "cpu"]
         if not outputs or name in TRANSFER_METHODS:
             return
         inputs = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if torch.is_tensor(t)]
+        if not inputs and kwargs.get("device") is not None:
+            return
         if all(t in self.host_built for t in inputs):
             for t in outputs:
                 self.host_built[t] = True
@@ -445,11 +449,13 @@ class HostSyncDetector(torch.utils._python_dispatch.TorchDispatchMode):
     """Records every call (with the line that made it) that would make the host wait for the device.
 
     The CPU stand-in for ``torch.cuda.set_sync_debug_mode``. At the aten level it sees what
-    ``.item()``, ``bool(t)``, ``int(t)``, boolean-mask indexing, ``torch.tensor(...)`` and copies
-    between devices call, inside forward, backward (autograd's ops run through the mode too) and
-    optimizer steps; a companion ``TorchFunctionMode`` (:class:`_HostTransfers`) sees what no aten
-    op shows on CPU: ``.tolist()``, ``.numpy()``, and host-to-device moves from pageable memory or
-    of tensors built on the host in the step.
+    ``.item()``, ``bool(t)``, ``int(t)``, boolean-mask indexing and copies between devices call,
+    inside forward, backward (autograd's ops run through the mode too) and optimizer steps; a
+    companion ``TorchFunctionMode`` (:class:`_HostTransfers`) sees what no aten op shows on CPU:
+    ``.tolist()``, ``.numpy()``, ``torch.tensor(...)`` of Python data, and host-to-device moves
+    from pageable memory or of tensors built on the host in the step. On CPU a ``.to(device)`` of a tensor
+    computed from device data (a no-op on GPU) cannot be told from a host tensor's move and is
+    reported too.
     """
 
     def __init__(self):

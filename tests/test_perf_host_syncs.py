@@ -29,6 +29,7 @@ READ = "reads the tensor on the host"
     (lambda t: t + (torch.arange(8) * 2).flip(0).to(t, non_blocking=True), HOST_BUILT),  # and what is made of it
     (lambda t: t + torch.tensor([1.0]), "host data entering the step"),
     (lambda t: t.to(t.device, non_blocking=True), None),  # a queued copy (pinned on GPU)
+    (lambda t: t + torch.zeros(8, device=t.device).to(t.device, non_blocking=True), None),  # built on the device
     (lambda t: t + torch.arange(8, device=t.device), None),  # built on the device
     (lambda t: t.to(torch.float64) + 1, None),  # a dtype conversion stays where it is
     (lambda t: torch.from_numpy(np.ones(8)).to(t.device, non_blocking=True), None),  # loaded data, queued copy
