@@ -228,7 +228,8 @@ class Budget:
             return "no memory limit (activation_checkpointing_budget_gib: null off CUDA)"
         return (f"budget {self.bytes / GIB:.2f} GiB = {DEVICE_FRACTION:.0%} of {self.device_total / GIB:.2f} GiB "
                 f"- {self.allocated / GIB:.2f} GiB allocated - {self.pending.optimizer_state / GIB:.2f} GiB optimizer "
-                f"state not yet allocated - {self.pending.buckets / GIB:.2f} GiB DeepSpeed gradient buckets")
+                f"state not yet allocated - {self.pending.buckets / GIB:.2f} GiB DeepSpeed buckets "
+                f"(gradients; ZeRO-3: prefetched parameters)")
 
 
 DEVICE_FRACTION = 0.9  # of the device's memory a step may use (the rest: allocator fragmentation)
