@@ -121,6 +121,10 @@ class ModelConfig:
     # (peak above parameters, gradients and optimizer state); null: 90 % of the GPU minus what is
     # allocated at the first step (no limit on CPU). See megatron_loop/model/checkpointing.py.
     activation_checkpointing_budget_gib: float | None = None
+    # activation_checkpointing=auto: what recomputing a selective loop costs, in loop forwards;
+    # null: the FLOP share of the matmuls the selective policy recomputes (unmeasured on GPU,
+    # where elementwise work adds to it; tools/bench.py measures it). See checkpointing.py.
+    activation_checkpointing_selective_cost: float | None = None
     # torch.compile each transformer block once (static shapes) and reuse it at every loop:
     # changing r never recompiles (megatron_loop/perf.py). auto: on when CUDA is available (it
     # pays there, docs/BENCHMARKS.md), off on CPU (start-up time, needs a C++ compiler).
@@ -189,6 +193,10 @@ class ModelConfig:
         need(self.activation_checkpointing_budget_gib is None or (
             self.activation_checkpointing == "auto" and self.activation_checkpointing_budget_gib > 0),
             "activation_checkpointing_budget_gib", "null, or a positive number of GiB with activation_checkpointing=auto")
+        need(self.activation_checkpointing_selective_cost is None or (
+            self.activation_checkpointing == "auto" and 0 < self.activation_checkpointing_selective_cost <= 1),
+            "activation_checkpointing_selective_cost",
+            "null, or a number in (0, 1] (loop forwards) with activation_checkpointing=auto")
         need(self.compile in (True, False, "auto"), "compile", "true, false or 'auto' (on with CUDA)")
         need(self.loss_implementation in LOSS_IMPLEMENTATIONS, "loss_implementation",
              f"one of {LOSS_IMPLEMENTATIONS}")

@@ -13,8 +13,9 @@ mechanisms are O(d) per token and left out.
 
 Hardware FLOPs (:func:`hardware_flops_per_token`) add what activation checkpointing recomputes:
 one more forward of the looped block occurrences but the last loop's (``per_loop``: (r-1)*s,
-see ``LoopLM.forward``) or of every block (``per_block``: L(r)); ``selective`` recomputes no
-matmul, ``auto`` per its plan; the LM head is never recomputed.
+see ``LoopLM.forward``) or of every block (``per_block``: L(r)); ``selective`` recomputes every
+other matmul of those blocks (the attention output and down projections,
+:func:`selective_recompute_flops_per_token`), ``auto`` per its plan; the LM head is never recomputed.
 
 Truncated backpropagation (``train.backprop_loops`` N < r, issue 15) counts what is executed:
 the forward of all L(r) block occurrences, the backward (2 x forward) of only those with a graph,
@@ -46,6 +47,12 @@ def block_forward_flops_per_token(cfg: ModelConfig, seq_length: int) -> float:
     return 2 * block_matmul_params(cfg) + attention
 
 
+def selective_recompute_flops_per_token(cfg: ModelConfig) -> float:
+    """The matmuls the selective policy recomputes in one block (``model/checkpointing.py``: every
+    other matmul is kept, so the attention output projection and the MLP down projection are redone)."""
+    return 2 * (cfg.num_attention_heads * cfg.head_dim * cfg.hidden_size + cfg.intermediate_size * cfg.hidden_size)
+
+
 def forward_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None) -> float:
     return (cfg.effective_depth(num_loops) * block_forward_flops_per_token(cfg, seq_length)
             + 2 * cfg.hidden_size * cfg.vocab_size)
@@ -71,18 +78,23 @@ def train_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | No
 
 
 def hardware_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None,
-                             full_loops: int | None = None, backprop_loops: int | None = None) -> float:
+                             full_loops: int | None = None, backprop_loops: int | None = None,
+                             selective_loops: int = 0) -> float:
     """Model FLOPs plus the forward recomputation of ``cfg.activation_checkpointing`` (graphed blocks only).
 
-    ``selective`` recomputes no matmul (their outputs are kept); ``auto`` is counted as its upper
-    bound ``per_loop`` unless ``full_loops`` (the planned number of recomputed loops) is given.
+    ``selective`` recomputes the attention output and down projections of every looped block but
+    the last loop's; ``auto`` is counted as its upper bound ``per_loop`` unless ``full_loops`` (the
+    planned number of recomputed loops) is given, and ``selective_loops`` its selective ones.
     """
     n = graphed_loops(cfg, num_loops, backprop_loops)
+    if cfg.activation_checkpointing == "selective":
+        selective_loops = n - 1
     recomputed = {"none": 0, "selective": 0, "per_loop": (n - 1) * cfg.core_layers,
                   "auto": (n - 1 if full_loops is None else full_loops) * cfg.core_layers,
                   "per_block": cfg.prelude_layers + n * cfg.core_layers + cfg.coda_layers}[cfg.activation_checkpointing]
-    return train_flops_per_token(cfg, seq_length, num_loops, backprop_loops) + recomputed * (
-        block_forward_flops_per_token(cfg, seq_length))
+    return (train_flops_per_token(cfg, seq_length, num_loops, backprop_loops)
+            + recomputed * block_forward_flops_per_token(cfg, seq_length)
+            + selective_loops * cfg.core_layers * selective_recompute_flops_per_token(cfg))
 
 
 def mfu(tokens_per_second: float, cfg: ModelConfig, seq_length: int, peak_flops: float,

@@ -117,6 +117,10 @@ def test_flops_count_the_executed_forward_and_backward():
     assert hardware_flops_per_token(per_block, seq, 5, backprop_loops=2) == base + 6 * block  # graphed blocks
     selective = build_model_config({**cfg.__dict__, "activation_checkpointing": "selective"})
     auto = build_model_config({**cfg.__dict__, "activation_checkpointing": "auto"})
-    assert hardware_flops_per_token(selective, seq, 5, backprop_loops=2) == base  # no matmul recomputed
+    # selective: the attention output and down projections (2 x (8 x 8 + 12 x 8) per token) of the
+    # graphed loops but the last (1 loop of 2 blocks)
+    assert hardware_flops_per_token(selective, seq, 5, backprop_loops=2) == base + 2 * 2 * (8 * 8 + 12 * 8)
     assert hardware_flops_per_token(auto, seq, 5, backprop_loops=2) == base + 2 * block  # bound: per_loop's
     assert hardware_flops_per_token(auto, seq, 5, full_loops=0, backprop_loops=2) == base
+    assert hardware_flops_per_token(auto, seq, 5, full_loops=0, selective_loops=1, backprop_loops=2) == (
+        hardware_flops_per_token(selective, seq, 5, backprop_loops=2))

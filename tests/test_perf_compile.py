@@ -89,3 +89,21 @@ def test_execution_keys_stay_out_of_the_checkpoint_signature():
     assert model_signature(a) == model_signature(b)
     assert model_signature(a) != model_signature(load_config("examples/tiny_2x3.yaml",
                                                              overrides=["model.train_loops=4"]))
+
+
+@pytest.mark.parametrize("compile_key", ["auto", True])
+def test_zero3_turns_auto_compile_off_and_says_so(monkeypatch, compile_key):
+    """Under ZeRO-3 DeepSpeed's compiler-disabled parameter hooks split a compiled block into many
+    graphs (measured in tests/perf_scripts/zero_engine.py): ``compile: auto`` is then off, an
+    explicit ``true`` is kept with a warning; other stages keep whole compiled blocks."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # auto compiles where CUDA is
+    cfg = _config(compile=compile_key)
+    for stage in (0, 1, 2, 3):
+        model = build_model(cfg, device="meta")
+        note = model.fit_compile_to_zero(stage)
+        compiled = [block._compiled_call_impl is not None for block in model.blocks()]
+        if stage == 3 and compile_key == "auto":
+            assert not any(compiled) and "off under ZeRO-3" in note
+        else:
+            assert all(compiled) and "each block compiled once" in note
+            assert ("ZeRO-3" in note) == (stage == 3)

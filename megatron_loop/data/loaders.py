@@ -119,16 +119,17 @@ class TrainValidLoaders:
     train_usage: list[dict] | None = None
 
 
-def _loader(dataset, sampler: GlobalBatchSampler, num_workers: int) -> DataLoader:
+def _loader(dataset, sampler: GlobalBatchSampler, num_workers: int, pin_memory: bool = False) -> DataLoader:
     return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
-                      collate_fn=collate_packed, persistent_workers=False)
+                      collate_fn=collate_packed, persistent_workers=False, pin_memory=pin_memory)
 
 
 def build_train_valid_loaders(data_cfg: Any, *, seq_length: int, global_batch_size: int,
                               micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1,
                               seed: int = 1234, consumed_samples: int = 0,
                               vocab_size: int | None = None,
-                              train_samples: int | None = None) -> TrainValidLoaders:
+                              train_samples: int | None = None,
+                              pin_memory: bool | None = None) -> TrainValidLoaders:
     """DataLoaders for one data-parallel rank.
 
     ``train_samples``: total sequences the run will consume (``train_steps * global_batch_size``);
@@ -137,7 +138,10 @@ def build_train_valid_loaders(data_cfg: Any, *, seq_length: int, global_batch_si
     global batch in order (``accumulation_steps`` per global batch). The validation loader
     yields micro-batches of ``micro_batch_size`` per rank over the validation set from its start.
     ``vocab_size``: when given, every prefix is checked for token ids >= vocab_size.
+    ``pin_memory`` (None: when CUDA is available): batches come in page-locked memory, so that the
+    training step's ``.to(device, non_blocking=True)`` is queued without the host waiting.
     """
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     train_spec = next((_get(data_cfg, k) for k in ("train", "prefixes", "prefix")
                        if _get(data_cfg, k) is not None), None)
     if train_spec is None:
@@ -172,8 +176,8 @@ def build_train_valid_loaders(data_cfg: Any, *, seq_length: int, global_batch_si
                                 f"size = {step} for validation (or train without it: train.eval_interval=0 or "
                                 "data.valid_prefixes=[])")
         valid = _loader(valid_ds, GlobalBatchSampler(n_valid, step, micro_batch_size, dp_rank,
-                                                     dp_size), num_workers)
-    return TrainValidLoaders(_loader(train_ds, sampler, num_workers), valid, train_ds, valid_ds, sampler,
+                                                     dp_size), num_workers, pin)
+    return TrainValidLoaders(_loader(train_ds, sampler, num_workers, pin), valid, train_ds, valid_ds, sampler,
                              usage if train_samples is not None else None)
 
 

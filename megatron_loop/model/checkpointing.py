@@ -6,25 +6,37 @@ L(K) = p + K s + c blocks are alive at the end of the forward. ``model.activatio
 * ``none``      -- keep everything (fastest, most memory).
 * ``per_loop``  -- recompute every loop but the last in backward; each checkpointed loop keeps
   only its input h_l, so the peak grows by one loop input per added loop (the memory law).
-* ``selective`` -- every loop but the last keeps the outputs of its matmuls and attention and
-  recomputes only norms, RoPE and elementwise work (PyTorch's
-  ``create_selective_checkpoint_contexts``; torchtitan's selective "op" policy).
+* ``selective`` -- every loop but the last keeps, per block, the outputs of every other matmul
+  (the 1st and 3rd: the fused QKV and the fused gate/up projections) and of attention, and
+  recomputes the rest: the attention output projection, the down projection, norms, RoPE and
+  elementwise work. This is torchtitan's selective "op" policy (its ``_save_list`` and
+  ``_custom_policy``: save ``aten.mm`` outputs except every second one, always save SDPA) on
+  PyTorch's ``create_selective_checkpoint_contexts``. Its recomputation is the two recomputed
+  matmuls plus elementwise work: ``activation_checkpointing_selective_cost`` (null: the FLOP share
+  of those two matmuls in a block's forward, :func:`selective_recompute_fraction`).
 * ``auto``      -- per loop, the cheapest mix of none / selective / per_loop that fits
-  ``activation_checkpointing_budget_gib`` (:func:`plan_loops`, memory model below).
+  ``activation_checkpointing_budget_gib`` (:func:`plan_loops`, memory model below). Without a
+  budget on CUDA, the device's free memory with what the first optimizer step and DeepSpeed's
+  gradient buckets will allocate counted (:func:`planning_budget`); each plan records that
+  (:class:`Budget`) and says it (:meth:`LoopPlan.describe`).
 * ``per_block`` -- recompute every block (prelude, core, coda; the least memory).
 
 Gradients are identical in every mode (the model draws no random numbers, so regions neither
 save nor restore RNG state). The last loop is never recomputed: backward would recompute it
 first thing, so its peak would not drop while its cost would be paid.
 
-Memory model (per token, bytes = activation itemsize x elements, eager blocks; exact on CPU
-against ``perf.peak_memory_delta`` within the loss's transients, tests/test_perf_checkpointing.py).
-For one block with width d, MLP width f, H query heads and G key/value heads of size e, batch b:
+Memory model (per token; exact on CPU against ``perf.peak_memory_delta`` within the loss's
+transients, in fp32 and bf16: tests/test_perf_checkpointing.py). For one block with width d, MLP
+width f, H query heads and G key/value heads of size e, batch b, activation itemsize i:
 
-    none      5d + 5f + (H+2G)e + 2He + Ge + H + 2 + 4e/b   (+ H + G + 2He + Ge with QK-norm)
-    selective 2d + 2f + (H+2G)e + He + H                    (matmul and attention outputs)
+    none      i (2d + 5f + (H+2G)e + 2He + Ge + 4e/b) + 4 (H + 2 + 3d)     in fp32 (i = 4)
+              i (2d + 5f + (H+2G)e + 2He + Ge + 4e/b) + 4 (H + 2 + 4d)     in bf16 (i = 2)
+              (+ 4 (H + G + 2He + Ge) with QK-norm, 4 (H + G + 2He + 2Ge) in bf16)
+    selective i (2f + (H+2G)e + He) + 4H                  (QKV, gate/up and attention outputs)
 
-plus the block's output d in both (the embedding, prelude, coda, final norm and the loss's
+The fp32 terms are the norms' reciprocal RMS, attention's log-sum-exp and the RMSNorms' fp32
+work: in bf16 each norm keeps an fp32 copy of its input and its fp32 normalised tensor.
+plus the block's output i d in both (the embedding, prelude, coda, final norm and the loss's
 chunk buffers are a fixed term; the parameter gradients bound the end of backward). A loop of s blocks keeps ``s x`` that in ``none`` and
 ``selective``, and only its output d when checkpointed (its input is the previous loop's output).
 Compiled blocks keep less than ``none`` (fused elementwise chains), so the model is conservative
@@ -35,7 +47,6 @@ back a whole loop while the loops before it are still alive).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -45,18 +56,16 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 NONE, SELECTIVE, FULL = "none", "selective", "full"  # what one loop keeps
 MODES = ("none", "per_loop", "selective", "auto", "per_block")
 LOOP_MODES = {"none": NONE, "per_loop": FULL, "selective": SELECTIVE}
-# Recomputation cost of one loop relative to its forward: all of it when checkpointed, its
-# non-matmul work (norms, RoPE, SwiGLU, residual adds) under the selective policy. 0.25 is an
-# assumption for eager bf16 blocks at the paper's widths (memory-bound elementwise kernels);
-# the checkpointing bench measures the real ratio (docs/BENCHMARKS.md).
-RECOMPUTE_COST = {NONE: 0.0, SELECTIVE: 0.25, FULL: 1.0}
+# Recomputation cost of one loop relative to its forward: all of it when checkpointed, nothing when
+# stored; a selective loop's is ``activation_checkpointing_selective_cost`` (selective_recompute_fraction).
+RECOMPUTE_COST = {NONE: 0.0, FULL: 1.0}
 GIB = 2**30
 
 _aten = torch.ops.aten
-# Outputs kept by the selective policy: matmuls and every SDPA kernel (torchtitan's _save_list,
-# plus the CPU flash kernel so that CPU runs exercise the same policy).
-SAVED_OPS = frozenset(op for op in (
-    _aten.mm.default, _aten.addmm.default, _aten.bmm.default,
+# The selective policy (torchtitan's "op" policy): every SDPA kernel's output is kept (plus the CPU
+# flash kernel, so that CPU runs exercise the same policy); of the matmuls, every other one in a
+# block's op order (1st, 3rd, ...) is kept and the others are recomputed.
+ATTENTION_OPS = frozenset(op for op in (
     _aten._scaled_dot_product_flash_attention.default,
     _aten._scaled_dot_product_efficient_attention.default,
     _aten._scaled_dot_product_cudnn_attention.default,
@@ -64,11 +73,30 @@ SAVED_OPS = frozenset(op for op in (
     getattr(_aten, "_scaled_dot_product_fused_attention_overrideable", None) and
     _aten._scaled_dot_product_fused_attention_overrideable.default,
 ) if op is not None)
+MATMUL_OPS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.bmm.default})
 
 
-def selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    """Save matmul and attention outputs, recompute everything else (norms, RoPE, elementwise)."""
-    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+def selective_policy() -> Callable[..., CheckpointPolicy]:
+    """A fresh policy for one checkpointed region: keep attention outputs and the odd-numbered
+    matmuls (counted apart in the forward and in the recomputation, which must decide alike),
+    recompute everything else (torchtitan's ``_custom_policy``)."""
+    matmuls = {False: 0, True: 0}  # ctx.is_recompute -> matmuls seen
+
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        if op in ATTENTION_OPS:
+            return CheckpointPolicy.MUST_SAVE
+        if op in MATMUL_OPS:
+            matmuls[ctx.is_recompute] += 1
+            if matmuls[ctx.is_recompute] % 2 == 1:
+                return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def selective_contexts():
+    """``context_fn`` of a selective region (called once per region: a fresh matmul count)."""
+    return create_selective_checkpoint_contexts(selective_policy())
 
 
 def run_checkpointed(kind: str, fn: Callable, *args):
@@ -77,7 +105,7 @@ def run_checkpointed(kind: str, fn: Callable, *args):
         return fn(*args)
     context = {}
     if kind == SELECTIVE:
-        context["context_fn"] = functools.partial(create_selective_checkpoint_contexts, selective_policy)
+        context["context_fn"] = selective_contexts
     return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False, **context)
 
 
@@ -111,31 +139,53 @@ class LoopMemory:
         return {NONE: self.none, SELECTIVE: self.selective, FULL: self.full}[kind]
 
 
-def block_elements_per_token(cfg, batch: int) -> tuple[float, float]:
-    """(none, selective) elements one block keeps per token, its output included (module docstring)."""
+def block_bytes_per_token(cfg, batch: int, itemsize: int) -> tuple[float, float]:
+    """(none, selective) bytes one block keeps per token, its output included (module docstring).
+
+    Activations are ``itemsize`` bytes; the norms' reciprocal RMS and attention's log-sum-exp are
+    always fp32, and the RMSNorms compute in fp32: in fp32 a norm keeps its normalised input (and
+    the MLP norm its input, the attention residual), in bf16 each keeps an fp32 copy of its input
+    and the normalised fp32 tensor (QK-norm likewise), which is why bf16 is not half of fp32."""
     d, f, h, g, e = (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                      cfg.head_dim)
-    none = 5 * d + 5 * f + (h + 2 * g) * e + 2 * h * e + g * e + h + 2 + 4 * e / batch
+    low = itemsize < 4
+    act = 3 * d + 5 * f + (h + 2 * g) * e + 2 * h * e + g * e + 4 * e / batch  # norm outputs, output, ...
+    fp32 = h + 2 + (4 * d if low else 3 * d)
     if cfg.qk_norm:
-        none += h + g + 2 * h * e + g * e
-    selective = 2 * d + 2 * f + (h + 2 * g) * e + h * e + h
-    return none + d, selective + d
+        fp32 += h + g + 2 * h * e + (2 if low else 1) * g * e
+    selective = itemsize * (2 * f + (h + 2 * g) * e + h * e + d) + 4 * h
+    return itemsize * act + 4 * fp32, selective
+
+
+def selective_recompute_fraction(cfg, seq: int) -> float:
+    """FLOPs the selective policy recomputes per block (the attention output and down projections)
+    over the block's forward FLOPs (``flops.block_forward_flops_per_token``): the default
+    recomputation cost of a selective loop. Elementwise work is left out (no FLOP count says what
+    it costs on a GPU; tools/bench.py measures the real ratio)."""
+    from megatron_loop.flops import block_forward_flops_per_token, selective_recompute_flops_per_token
+
+    return selective_recompute_flops_per_token(cfg) / block_forward_flops_per_token(cfg, seq)
 
 
 def loop_memory(cfg, batch: int, seq: int, itemsize: int, chunk_tokens: int, param_bytes: int = 0) -> LoopMemory:
-    """The memory model of one training micro-batch ``[batch, seq]`` of ``cfg`` (bytes);
-    ``param_bytes``: the trainable parameters, whose gradients exist at the end of backward."""
+    """The memory model of one training micro-batch ``[batch, seq]`` of ``cfg`` (bytes), activations
+    in ``itemsize`` bytes (4: fp32, 2: bf16); ``param_bytes``: the trainable parameters, whose
+    gradients exist at the end of backward."""
     tokens = batch * seq
-    none, selective = block_elements_per_token(cfg, batch)
-    per_elem = tokens * itemsize
+    none, selective = block_bytes_per_token(cfg, batch, itemsize)
     d, v = cfg.hidden_size, cfg.vocab_size
-    cast = 0 if itemsize == 4 else itemsize  # low-precision copies next to fp32 buffers
-    loss = (tokens * d * itemsize  # d loss / d hidden, formed in the forward
-            + v * d * (4 + cast)  # fp32 head-gradient accumulator (and its cast)
-            + min(chunk_tokens, tokens) * v * (8 + cast))  # one chunk: fp32 logits, logsumexp's temporary
-    fixed = int((cfg.prelude_layers + cfg.coda_layers) * none * per_elem + 3 * d * per_elem + loss)
-    return LoopMemory(none=int(cfg.core_layers * none * per_elem), selective=int(cfg.core_layers * selective * per_elem),
-                      full=int(d * per_elem), fixed=fixed,
+    predictions = batch * (seq - 1)  # the loss's tokens
+    chunk = min(chunk_tokens, predictions)
+    loss = (predictions * d * itemsize  # d loss / d hidden, formed in the forward
+            + v * d * 4  # fp32 head-gradient accumulator
+            # one chunk's fp32 logits and logsumexp's temporary; in low precision the accumulation of
+            # the head gradient from the chunk's low-precision logits gradient (perf._accumulate_fp32)
+            + max(8 * chunk * v, (itemsize * chunk * v + (itemsize + 4) * v * d) if itemsize < 4 else 0))
+    # embedding output, final norm (fp32 copy and normalised tensor in low precision) and its output
+    final = (3 * d * itemsize) if itemsize == 4 else (2 * d * itemsize + 2 * d * 4)
+    fixed = int(((cfg.prelude_layers + cfg.coda_layers) * none + final) * tokens + loss)
+    return LoopMemory(none=int(cfg.core_layers * none * tokens), selective=int(cfg.core_layers * selective * tokens),
+                      full=int(d * itemsize * tokens), fixed=fixed,
                       gradients=int(param_bytes + (v * d * itemsize if param_bytes else 0)))
 
 
@@ -152,27 +202,100 @@ def predicted_peak(kinds: Sequence[str], memory: LoopMemory) -> int:
 
 
 @dataclass(frozen=True)
+class PendingMemory:
+    """Bytes the training step will hold that are not allocated yet when a plan is made (at the first
+    forward): the optimizer state its first step creates and DeepSpeed's gradient buckets, allocated
+    in backward (``optim/memory.py`` reads both from the optimizer and the engine)."""
+
+    optimizer_state: int = 0
+    buckets: int = 0
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a plan's activation budget was made of (bytes; the plan's record of its assumptions)."""
+
+    bytes: float | None  # None: no limit
+    source: str  # "activation_checkpointing_budget_gib", "device" or "none"
+    device_total: int = 0
+    allocated: int = 0
+    pending: PendingMemory = PendingMemory()
+
+    def describe(self) -> str:
+        if self.source == "activation_checkpointing_budget_gib":
+            return f"budget {self.bytes / GIB:.2f} GiB (model.activation_checkpointing_budget_gib)"
+        if self.bytes is None:
+            return "no memory limit (activation_checkpointing_budget_gib: null off CUDA)"
+        return (f"budget {self.bytes / GIB:.2f} GiB = {DEVICE_FRACTION:.0%} of {self.device_total / GIB:.2f} GiB "
+                f"- {self.allocated / GIB:.2f} GiB allocated - {self.pending.optimizer_state / GIB:.2f} GiB optimizer "
+                f"state not yet allocated - {self.pending.buckets / GIB:.2f} GiB DeepSpeed buckets "
+                f"(gradients; ZeRO-3: prefetched parameters)")
+
+
+DEVICE_FRACTION = 0.9  # of the device's memory a step may use (the rest: allocator fragmentation)
+
+
+def device_memory(device: torch.device) -> tuple[int, int] | None:
+    """(total, allocated) bytes of ``device``; None off CUDA (no limit there)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory, torch.cuda.memory_allocated(device)
+
+
+def planning_budget(budget_gib: float | None, device: torch.device,
+                    pending: Callable[[], PendingMemory] | None = None) -> Budget:
+    """The activation budget of a plan: ``activation_checkpointing_budget_gib`` when given; else, on
+    CUDA, 90 % of the device minus what is allocated now (parameters, master weights) minus what the
+    step will still allocate (``pending``: optimizer state, gradient buckets); elsewhere no limit."""
+    if budget_gib is not None:
+        return Budget(budget_gib * GIB, "activation_checkpointing_budget_gib")
+    memory = device_memory(device)
+    if memory is None:
+        return Budget(None, "none")
+    total, allocated = memory
+    owed = pending() if pending is not None else PendingMemory()
+    return Budget(DEVICE_FRACTION * total - allocated - owed.optimizer_state - owed.buckets, "device", total,
+                  allocated, owed)
+
+
+@dataclass(frozen=True)
 class LoopPlan:
     kinds: tuple[str, ...]
     peak_bytes: int
     cost: float  # recomputed loop-forwards
     fits: bool
+    budget: Budget = Budget(None, "none")
+    selective_cost: float = 0.0  # recomputation of one selective loop, in loop forwards
+
+    def describe(self) -> str:
+        """One line: the plan, its predicted peak and cost, and what its budget assumed."""
+        counts = ", ".join(f"{k} x{self.kinds.count(k)}" for k in (FULL, SELECTIVE, NONE) if k in self.kinds)
+        fits = "" if self.fits else " (does not fit: the least memory there is)"
+        return (f"activation checkpointing auto over {len(self.kinds)} loops: {counts}{fits}; predicted peak "
+                f"{self.peak_bytes / GIB:.2f} GiB, recomputing {self.cost:.2f} loop forwards (selective loop "
+                f"{self.selective_cost:.2f}); {self.budget.describe()}")
 
 
-def plan_loops(num_loops: int, memory: LoopMemory, budget_bytes: float | None) -> LoopPlan:
+def plan_loops(num_loops: int, memory: LoopMemory, budget: float | Budget | None,
+               selective_cost: float) -> LoopPlan:
     """The cheapest per-loop plan (least recomputation) whose predicted peak fits the budget.
 
     Plans are ``[full] * a + [selective] * b + [none] * rest`` with the last loop never
-    checkpointed; among equal costs the smaller peak wins. If nothing fits, the plan with the
-    smallest peak (``per_loop``) is returned with ``fits=False``.
+    checkpointed; a checkpointed loop costs one loop forward, a selective one ``selective_cost``;
+    among equal costs the smaller peak wins. If nothing fits, the plan with the smallest peak
+    (``per_loop``) is returned with ``fits=False``.
     """
+    if not isinstance(budget, Budget):
+        budget = Budget(budget, "none" if budget is None else "activation_checkpointing_budget_gib")
+    costs = {**RECOMPUTE_COST, SELECTIVE: selective_cost}
     candidates = []
     for a in range(num_loops):
         for b in range(num_loops - a):
             kinds = (FULL,) * a + (SELECTIVE,) * b + (NONE,) * (num_loops - a - b)
-            cost = sum(RECOMPUTE_COST[k] for k in kinds)
+            cost = sum(costs[k] for k in kinds)
             peak = predicted_peak(kinds, memory)
-            candidates.append(LoopPlan(kinds, peak, cost, budget_bytes is None or peak <= budget_bytes))
+            candidates.append(LoopPlan(kinds, peak, cost, budget.bytes is None or peak <= budget.bytes, budget,
+                                       selective_cost))
     fitting = [p for p in candidates if p.fits]
     if fitting:
         return min(fitting, key=lambda p: (p.cost, p.peak_bytes))
@@ -185,12 +308,3 @@ def loop_kinds(mode: str, num_loops: int, plan: Callable[[], LoopPlan]) -> tuple
         return plan().kinds
     kind = LOOP_MODES.get(mode, NONE)  # per_block checkpoints blocks, not loops
     return (kind,) * (num_loops - 1) + (NONE,)
-
-
-def default_budget_bytes(device: torch.device) -> float | None:
-    """``activation_checkpointing_budget_gib: null``: on CUDA, 90 % of the device minus what is
-    allocated now (parameters, gradients, optimizer state); elsewhere no limit."""
-    if device.type != "cuda":
-        return None
-    free_total = torch.cuda.get_device_properties(device).total_memory
-    return 0.9 * free_total - torch.cuda.memory_allocated(device)

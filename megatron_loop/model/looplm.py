@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -43,13 +44,15 @@ from transformers.utils import ModelOutput
 from megatron_loop.config import ModelConfig
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
-from megatron_loop.model.checkpointing import (FULL, GIB, NONE, default_budget_bytes, loop_kinds, loop_memory,
-                                               plan_loops, run_checkpointed, run_loop)
+from megatron_loop.model.checkpointing import (FULL, NONE, PendingMemory, loop_kinds, loop_memory, plan_loops,
+                                               planning_budget, run_checkpointed, run_loop,
+                                               selective_recompute_fraction)
 from megatron_loop.model.compat import ensure_parallel_state, rope_freqs, rope_inv_freq, transformer_config
 from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStateInjection, LoopGating,
                                               branch_modulation, history_window, timestep_features)
 from megatron_loop.model.layers import loop_block_spec
-from megatron_loop.perf import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked_linear_cross_entropy, compile_blocks
+from megatron_loop.perf import (DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked_linear_cross_entropy, compile_blocks,
+                                uncompile_blocks)
 
 with __import__("warnings").catch_warnings():
     __import__("warnings").simplefilter("ignore")
@@ -120,7 +123,12 @@ class LoopLM(nn.Module):
             self._inv_freq_fp32 = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.activation_checkpointing = config.activation_checkpointing
         self.activation_checkpointing_budget_gib = config.activation_checkpointing_budget_gib
+        self.activation_checkpointing_selective_cost = config.activation_checkpointing_selective_cost
         self._checkpoint_plans: dict[tuple, object] = {}  # activation_checkpointing=auto, per input shape
+        self._plans_to_report: list[str] = []  # new plans' descriptions, for the training log
+        # What the training step will still allocate when a plan is made (optimizer state, DeepSpeed's
+        # buckets): set by optim.build_engine, counted by an ``auto`` plan without a budget.
+        self.pending_memory: Callable[[], PendingMemory] | None = None
         self.selective_blocks = False  # set while a selective loop runs (checkpointing.run_loop)
         self.loss_chunk_tokens = DEFAULT_CHUNK_TOKENS
         self.loss_implementation = config.loss_implementation
@@ -129,13 +137,40 @@ class LoopLM(nn.Module):
         self._device_constants: dict[tuple, torch.Tensor] = {}
         for name, p in self.named_parameters():
             roles.role_of(p)  # every parameter must carry a role (raises otherwise)
+        self.compile_note = f"model.compile={config.compile}: " + (
+            "each block compiled once (one graph per block kind)" if config.compile_enabled else "off")
         if config.compile_enabled:
-            compile_blocks([*self.prelude, *self.core, *self.coda])
+            compile_blocks(self.blocks())
 
     # ------------------------------------------------------------------ helpers
     @property
     def uses_timestep(self) -> bool:
         return self.config.timestep != "none"
+
+    def blocks(self) -> list[nn.Module]:
+        """Every transformer block: Prelude, Core, Coda."""
+        return [*self.prelude, *self.core, *self.coda]
+
+    def fit_compile_to_zero(self, stage: int) -> str:
+        """Under ZeRO-3, DeepSpeed's parameter-gathering hooks run around every submodule and are
+        ``torch.compiler.disable``d, so a compiled block breaks into many graphs (15 graphs and 28
+        breaks for one block's forward and backward on CPU, against one whole graph under ZeRO-1:
+        tests/perf_scripts/zero_engine.py). ``compile: auto`` is then off; ``compile: true`` is kept
+        (the user asked) and the note says what it costs. Returns :attr:`compile_note`."""
+        if stage == 3 and self.config.compile_enabled:
+            if self.config.compile == "auto":
+                uncompile_blocks(self.blocks())
+                self.compile_note = ("model.compile=auto: off under ZeRO-3 (DeepSpeed's compiler-disabled parameter "
+                                     "hooks would split each block into many graphs)")
+            else:
+                self.compile_note += ("; under ZeRO-3 DeepSpeed's compiler-disabled parameter hooks split each block "
+                                      "into many graphs (compile: auto would turn it off)")
+        return self.compile_note
+
+    def new_checkpoint_plans(self) -> list[str]:
+        """The descriptions of ``auto`` plans made since the last call (each once, for the log)."""
+        notes, self._plans_to_report = self._plans_to_report, []
+        return notes
 
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -188,12 +223,15 @@ class LoopLM(nn.Module):
         def plan():
             key = (num_loops, b, s, hidden.dtype, hidden.device, self.activation_checkpointing_budget_gib)
             if key not in self._checkpoint_plans:  # planned once per shape, dtype, device and budget
-                gib = self.activation_checkpointing_budget_gib
-                budget = gib * GIB if gib is not None else default_budget_bytes(hidden.device)
+                budget = planning_budget(self.activation_checkpointing_budget_gib, hidden.device, self.pending_memory)
                 params = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in self.parameters()
                              if p.requires_grad)  # ZeRO-3 partitions report their full size as ds_numel
                 memory = loop_memory(self.config, b, s, hidden.element_size(), self.loss_chunk_tokens, params)
-                self._checkpoint_plans[key] = plan_loops(num_loops, memory, budget)
+                cost = self.activation_checkpointing_selective_cost
+                plan = plan_loops(num_loops, memory, budget,
+                                  selective_recompute_fraction(self.config, s) if cost is None else cost)
+                self._checkpoint_plans[key] = plan
+                self._plans_to_report.append(f"{plan.describe()} (micro-batch {b} x {s}, {hidden.dtype})")
             return self._checkpoint_plans[key]
 
         return loop_kinds(self.activation_checkpointing, num_loops, plan)

@@ -360,11 +360,17 @@ def build_engine(
 
     if stage == 3:
         register_external_parameters(model)
+    if hasattr(model, "fit_compile_to_zero"):  # LoopLM: no compiled blocks under ZeRO-3's hooks (compile: auto)
+        model.fit_compile_to_zero(stage)
     engine, engine_optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
     )
     if stage >= 1:
         attach_zero_layouts(engine_optimizer, optimizer)
+    if hasattr(model, "pending_memory"):  # LoopLM: auto checkpointing counts what the step still allocates
+        from megatron_loop.optim.memory import pending_training_memory
+
+        model.pending_memory = lambda: pending_training_memory(engine, optimizer)
     return EngineParts(engine, optimizer, scheduler)
 
 

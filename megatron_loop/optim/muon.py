@@ -17,7 +17,9 @@ Fused megatron-core matrices (QKV, SwiGLU fc1) are orthogonalised PER PROJECTION
 the fused QKV (as Megatron's ``muon_split_qkv``) and gate and up of fc1 each go through
 Newton-Schulz on their own and are scaled by their own shape, which is exactly what separate
 HF-style ``q_proj``/``k_proj``/``v_proj``/``gate_proj``/``up_proj`` matrices would get. The split
-comes from :func:`megatron_loop.model.roles.projection_rows`, never from a parameter name.
+comes from :func:`megatron_loop.model.roles.projection_rows`, never from a parameter name; the
+row indices are built once per weight and device, on that device (:func:`projection_rows_on`), so a
+step copies nothing from the host.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import math
 from typing import Literal
 
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from megatron_loop.model import roles
 
@@ -87,6 +90,21 @@ def momentum_input_(
     return grad.lerp(buffer, momentum) if nesterov else buffer.clone()
 
 
+# weight -> {device: its projections' row indices on that device}; weak: a freed model takes its entries
+_ROWS: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+
+
+def projection_rows_on(param: torch.nn.Parameter, device: torch.device) -> list[torch.Tensor] | None:
+    """:func:`roles.projection_rows` of ``param``, built on ``device`` at the first call and kept:
+    rebuilding them on the host and copying them every step would make the host wait for the
+    device on each fused projection (a pageable host-to-device copy)."""
+    per_device = _ROWS.setdefault(param, {})
+    if device not in per_device:
+        with torch.device(device):  # the splits' torch.arange calls build on the device itself
+            per_device[device] = roles.projection_rows(param)
+    return per_device[device]
+
+
 def orthogonalized_update(
     matrix: torch.Tensor,
     param: torch.nn.Parameter,
@@ -100,7 +118,7 @@ def orthogonalized_update(
     scaled by its own shape; the returned tensor holds ``scale_j * NS(matrix[rows_j])`` in the
     rows of projection ``j``. The caller applies ``param -= lr * update``.
     """
-    rows = roles.projection_rows(param)
+    rows = projection_rows_on(param, matrix.device)
     if rows is None:
         return newton_schulz(matrix, steps).mul_(muon_scale(matrix.shape, rule))
     if matrix.ndim == 3:  # a stack of matrices (roles.StackSplit): its 2-D view, one row block each
@@ -109,7 +127,6 @@ def orthogonalized_update(
     update = torch.empty_like(matrix)
     covered = 0
     for index in rows:
-        index = index.to(matrix.device)
         sub = matrix.index_select(0, index)
         update.index_copy_(0, index, newton_schulz(sub, steps).mul_(muon_scale(sub.shape, rule)))
         covered += index.numel()

@@ -108,6 +108,12 @@ class MuonAdamW(torch.optim.Optimizer):
         # ZeRO pickles its fp32 partitions into checkpoints (with their attributes).
         self._layouts: dict[int, tuple[torch.Tensor, PartitionLayout]] = {}
 
+    @staticmethod
+    def state_tensors(group: dict) -> int:
+        """Parameter-sized state tensors a step keeps per parameter of ``group``: Muon's momentum,
+        AdamW's two moments (``optim/memory.py`` counts them before they exist)."""
+        return 1 if group["muon"] else 2
+
     def set_partition_layout(self, partition: torch.Tensor, layout: PartitionLayout) -> None:
         """Declare ``partition`` (a ZeRO fp32 flat partition) laid out as ``layout``."""
         if partition.numel() != layout.partition_numel:

@@ -199,7 +199,7 @@ def prune(root: Path, keep_last: int) -> list[str]:
 # Model keys that change how the same weights are computed, not which weights exist: a run may
 # resume with activation checkpointing or compilation switched.
 EXECUTION_KEYS = frozenset({"activation_checkpointing", "activation_checkpointing_budget_gib", "compile",
-                            "loss_implementation"})
+                            "activation_checkpointing_selective_cost", "loss_implementation"})
 
 
 def model_signature(cfg: Config) -> dict[str, Any]:

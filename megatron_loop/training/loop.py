@@ -294,6 +294,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
         if lock is not None:
             stopper.add_check(S.OUTPUT_GONE, lambda: not lock.still_ours())
     logger = MetricsLogger(cfg, enabled=info.is_main, start_step=state.step, total_steps=total_steps)
+    logger_msgs.append(engine.module.compile_note)  # compiled blocks, or why not (ZeRO-3)
     for msg in logger_msgs:
         logger.message(msg)
     logger.data_usage(loaders.train_usage or [], preflight.data_spec(cfg)["valid"] if valid_batches else [],
@@ -322,7 +323,8 @@ def train_step(run: Run, k: int | None = None) -> tuple[float, float, dict[str, 
     lrs = {f"lr_{g.get('name', i)}": g["lr"] for i, g in enumerate(run.optimizer.param_groups)}
     losses = []
     for _ in range(run.accumulation):
-        tokens = next(run.train_iter)["tokens"].to(engine.device)
+        # pinned by the loader on CUDA (data/loaders.py): the copy is queued, the host does not wait
+        tokens = next(run.train_iter)["tokens"].to(engine.device, non_blocking=True)
         loss = engine(tokens, num_loops=k, labels=tokens, compute_logits=False, **depth).loss
         engine.backward(loss)  # divides by the accumulation steps (App. C.2)
         engine.step()  # optimizer + schedule only at the accumulation boundary
@@ -412,6 +414,8 @@ def train(cfg: Config, resume: str | None = None) -> int:
             loops = sample_train_loops(t, cfg.model.train_loops, state.step)  # from (seed, step): same on every rank
             loss, grad_norm, lrs, applied = train_step(run, loops)
             step_s = time.perf_counter() - step_start
+            for note in run.engine.module.new_checkpoint_plans():  # auto: each new plan and its assumptions
+                logger.message(note)
             state.step += 1
             state.consumed_samples += t.global_batch_size
             nonfinite = not (math.isfinite(loss) and math.isfinite(grad_norm))
