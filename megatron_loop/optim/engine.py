@@ -38,7 +38,6 @@ from megatron_loop.optim.optimizer import MuonAdamW, role_param_groups
 from megatron_loop.optim.schedule import FINAL_FRACTION, STABLE_FRACTION, WARMUP_FRACTION, wsd_scheduler
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "deepspeed_configs"
-AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -115,60 +114,15 @@ def resolve_ds_config(
     data_parallel_size: int,
     bf16: bool | None,
     grad_clip: float,
+    source: str = "DeepSpeed config",
 ) -> dict:
-    """Fill DeepSpeed's ``"auto"`` values from the run and check the batch arithmetic.
+    """:func:`megatron_loop.optim.ds_config.resolve_ds_config` (the check ``--dry-run`` runs too) on
+    this machine: ``bf16=None`` takes the file's ``bf16.enabled``, whose ``"auto"`` means bf16 on GPU."""
+    from megatron_loop.optim import ds_config
 
-    ``train_batch_size = micro_batch_size * grad_accum * data_parallel_size`` (App. C.2: 38 x 6
-    x 8 = 1,824); a number already in the file must agree. ``bf16=None`` takes the file's value,
-    where ``"auto"`` means bf16 on GPU and fp32 on CPU. The optimizer and scheduler come from
-    code, so the file must not name any. Gradient clipping goes to ZeRO (stage >= 1, raw
-    gradients) or to the optimizer (stage 0), see :func:`build_engine`.
-    """
-    config = json.loads(json.dumps(config))
-    for key in ("optimizer", "scheduler"):
-        if key in config:
-            raise LoopConfigError(
-                f"DeepSpeed config must not set {key!r}: the optimizer and WSD schedule come from code"
-            )
-    if min(micro_batch_size, grad_accum, data_parallel_size) < 1:
-        raise LoopConfigError("micro_batch_size, grad_accum and data-parallel size must be >= 1")
-    wanted = {
-        "train_micro_batch_size_per_gpu": micro_batch_size,
-        "gradient_accumulation_steps": grad_accum,
-        "train_batch_size": micro_batch_size * grad_accum * data_parallel_size,
-    }
-    for key, value in wanted.items():
-        given = config.get(key, AUTO)
-        if given != AUTO and given != value:
-            raise LoopConfigError(
-                f"DeepSpeed config {key}={given} disagrees with micro {micro_batch_size} x accum "
-                f"{grad_accum} x data-parallel {data_parallel_size} (= global {wanted['train_batch_size']})"
-            )
-        config[key] = value
-    stage = config.setdefault("zero_optimization", {}).setdefault("stage", 0)
-    if stage not in (0, 1, 2, 3):
-        raise LoopConfigError(f"ZeRO stage must be 0-3, got {stage}")
-    for key in ("offload_optimizer", "offload_param"):
-        device = config["zero_optimization"].get(key, {}).get("device", "none")
-        if device not in (None, "none"):
-            # the Muon gather runs on the partitions' device; offloaded partitions are untested
-            raise LoopConfigError(f"zero_optimization.{key} is not supported with the Muon optimizer")
-    if bf16 is None:
-        given = config.get("bf16", {}).get("enabled", AUTO)
-        bf16 = torch.cuda.is_available() if given == AUTO else bool(given)
-    if bf16 and stage == 0:
-        # DeepSpeed wraps bf16 at stage 0 in its own optimizers; use ZeRO 1 (same maths).
-        raise LoopConfigError("bf16 needs ZeRO stage >= 1 (use deepspeed_configs/zero1.json)")
-    config["bf16"] = {**config.get("bf16", {}), "enabled": bool(bf16)}
-    config.setdefault("fp16", {})["enabled"] = False
-    given_clip = config.get("gradient_clipping", AUTO)
-    if given_clip != AUTO and float(given_clip) != float(grad_clip):
-        raise LoopConfigError(f"DeepSpeed config gradient_clipping={given_clip} disagrees with grad_clip={grad_clip}")
-    # stage >= 1: ZeRO clips the raw gradient partitions with one global norm; stage 0: the
-    # optimizer clips (DeepSpeed's stage-0 clip would not report the norm).
-    config["gradient_clipping"] = float(grad_clip) if stage >= 1 else 0.0
-    config["zero_allow_untested_optimizer"] = True
-    return config
+    return ds_config.resolve_ds_config(config, micro_batch_size=micro_batch_size, grad_accum=grad_accum,
+                                       data_parallel_size=data_parallel_size, bf16=bf16, grad_clip=grad_clip,
+                                       source=source, cuda=torch.cuda.is_available())
 
 
 def init_distributed(timeout=None) -> None:
