@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Sequence
 
-from megatron_loop.data.cli import run_cli
+from megatron_loop.data.cli import check_output_folder, run_cli
 from megatron_loop.data.corpus import CorpusSpec, generate_corpus
 
 
@@ -37,6 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--knowledge-qa-fraction", type=float, default=d.knowledge_qa_fraction,
                     help="share of the people whose Q&A is also in train (the others' are the held-out items)")
     a = ap.parse_args(argv)
+    check_output_folder(a.output_dir, "--output-dir", "the corpus files")
     spec = CorpusSpec(**{k: v for k, v in vars(a).items() if k != "output_dir"})
     print(json.dumps(generate_corpus(a.output_dir, spec)))
     return 0
