@@ -31,14 +31,10 @@ import argparse
 import math
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-# megatron-core warns on import when Transformer Engine / Apex are absent (the held-out loss imports it).
-warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 
 from megatron_loop.data.cli import parse_loop_counts, run_cli  # noqa: E402
 from megatron_loop.errors import LoopConfigError  # noqa: E402

@@ -22,6 +22,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from itertools import islice
@@ -233,7 +234,8 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
                   lock: RunLock | None, out: Path, ds_config: Path, accumulation: int, total_steps: int):
     t = cfg.train
     if info.is_main:  # the resolved config (YAML + --set overrides + backbone preset + defaults)
-        print(f"resolved config ({cfg.source}):\n{cfg.dumps()}", flush=True)
+        # on stderr with the rest of the run's log (step lines, summary); stdout carries data only
+        print(f"resolved config ({cfg.source}):\n{cfg.dumps()}", file=sys.stderr, flush=True)
     seed_everything(t.seed)
 
     root = out / preflight.CHECKPOINTS
