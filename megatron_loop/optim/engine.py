@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_loop.errors import LoopConfigError
+from megatron_loop.optim.ds_config import resolve_ds_config
 from megatron_loop.optim.layout import PartitionLayout
 from megatron_loop.optim.muon import ScaleRule
 from megatron_loop.optim.optimizer import MuonAdamW, role_param_groups
@@ -104,25 +105,6 @@ def load_ds_config(zero_stage: int | None = None, ds_config: str | Path | dict |
     if zero_stage is not None and stage != zero_stage:
         raise LoopConfigError(f"DeepSpeed config has ZeRO stage {stage}, expected {zero_stage}")
     return config
-
-
-def resolve_ds_config(
-    config: dict,
-    *,
-    micro_batch_size: int,
-    grad_accum: int,
-    data_parallel_size: int,
-    bf16: bool | None,
-    grad_clip: float,
-    source: str = "DeepSpeed config",
-) -> dict:
-    """:func:`megatron_loop.optim.ds_config.resolve_ds_config` (the check ``--dry-run`` runs too) on
-    this machine: ``bf16=None`` takes the file's ``bf16.enabled``, whose ``"auto"`` means bf16 on GPU."""
-    from megatron_loop.optim import ds_config
-
-    return ds_config.resolve_ds_config(config, micro_batch_size=micro_batch_size, grad_accum=grad_accum,
-                                       data_parallel_size=data_parallel_size, bf16=bf16, grad_clip=grad_clip,
-                                       source=source, cuda=torch.cuda.is_available())
 
 
 def init_distributed(timeout=None) -> None:
@@ -228,6 +210,8 @@ def build_engine(
         data_parallel_size=dist.get_world_size() if dist.is_initialized() else 1,
         bf16=bf16,
         grad_clip=settings.grad_clip,
+        source=f"train.deepspeed_config={str(ds_config)!r}" if isinstance(ds_config, (str, Path)) else "DeepSpeed config",
+        cuda=torch.cuda.is_available(),  # bf16.enabled "auto" (with train.precision auto): bf16 on GPU
     )
     stage = config["zero_optimization"]["stage"]
     optimizer = build_optimizer(model, settings, clip_in_optimizer=stage == 0)
