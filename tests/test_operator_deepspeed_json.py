@@ -105,8 +105,11 @@ def test_unknown_deepspeed_keys_and_matching_numbers_pass():
 
 
 def test_report_names_precision_source_data_epochs_and_eval_loops(tmp_path):
+    from megatron_loop.data.indexed import count_tokens
+
     assets = data_assets()
-    tokens = prefix_tokens(assets.prefix)
+    tokens = count_tokens(assets.prefix)  # megatron-core's reading of the index
+    assert prefix_tokens(assets.prefix) == tokens  # the dry run's, from the .bin size and the token width
     config = tiny_config(tmp_path)  # 10 steps x 8 sequences x 32 tokens
     ok = _dry_run(config, cwd=tmp_path)
     assert ok.returncode == 0 and ok.stderr == "", ok.stderr
