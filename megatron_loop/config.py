@@ -285,8 +285,8 @@ class TrainConfig:
         need(self.adam_eps >= 0, "adam_eps", "a float >= 0")
         need(self.tokens_per_parameter > 0, "tokens_per_parameter",
              "a positive number (the Chinchilla token budget, 20 in the paper)")
-        need(self.eval_batches >= 1, "eval_batches",
-             "a positive integer (micro-batches per validation; to train without validation set train.eval_interval: 0)")
+        need(self.eval_batches >= 1, "eval_batches", "a positive integer (micro-batches per validation; "
+             "to train without validation set train.eval_interval: 0)")
         need(self.muon_scale in ("match_rms_adamw", "original"), "muon_scale", "'match_rms_adamw' or 'original'")
         need(self.muon_ns_steps >= 1, "muon_ns_steps", "an integer >= 1")
         need(self.grad_clip > 0, "grad_clip", "a positive float")

@@ -37,7 +37,6 @@ NOT_IN_ERRORS_MD = {
     "give zero_stage or ds_config": "load_ds_config() called without either (code, not input)",
     "DeepSpeed config has ZeRO stage": "load_ds_config(stage, file) in tests: the file is not that stage",
     "expected scalar, channel or dense": "conditioning modules: model.history_injection is checked at load",
-    "expected 'rescaled' or 'prefix'": "conditioning: model.timestep_grid is checked at load",
     "expected scalar, channel, residual_channel or dense": "conditioning: initial_injection is checked at load",
     "model.injection_init_noise: expected 0 for dense initial injection (the App. E.1 ablation covers scalar, "
     "channel and residual_channel)": "checked at load with the documented injection_init_noise message",
@@ -50,18 +49,12 @@ NOT_IN_ERRORS_MD = {
     "expected integers >= 1": "probes/runner.py API; --loops is checked by the CLI first",
     "batch_size and skip_batch must be >= 1": "probes/runner.py API arguments",
     "block occurrences, expected D": "probes/runner.py: hooks saw another depth than the model (internal)",
-    "' has no place in the export of": "hf/convert.py: a training tensor the exporter does not map (internal)",
-    "' missing; expected by the architecture": "hf/convert.py: a tensor the exporter expects (internal)",
     "global_batch_size, micro_batch_size and data-parallel size must be >= 1": "sampler API; checked at load",
-    "; expected micro-batch x accumulation steps x data-parallel size = global batch": "sampler API; the "
-                                                                                       "documented batch check runs first",
     "expected a non-negative multiple of global_batch_size": "sampler API: consumed_samples of a checkpoint "
                                                              "written by the trainer",
-    "expected 0 <= rank": "sampler API: rank from torch.distributed",
     "expected one positive number per prefix": "blend API; data.train_weights is checked at load",
     "blend components; expected fewer than 32768": "blend API (megatron-core's int16 index)",
     "blend weights; expected one weight per prefix": "blend API; data.train_weights is checked at load",
-    "; expected a dataset built with enough epochs": "blend API: the loader sizes the components",
     "expected at least 2 (one prediction)": "PackedDataset API; train.seq_length is checked at load",
     "expected at least 1": "PackedDataset / probe sampling API arguments",
     "expected a prefix, a list of prefixes, a list of {prefix, weight} or [w1, P1, w2, P2, ...]; got":
@@ -75,8 +68,8 @@ NOT_IN_ERRORS_MD = {
                                                             "shipped task (a dataset of another schema)",
     "is not one of CLUTRR/v1's 21 relation labels": "inside lm-eval's document processing of the shipped task",
     "expected a dataset built with enough epochs": "blend API: the loader sizes the components",
-    "expected micro-batch x accumulation steps x data-parallel size = global batch": "sampler API; the "
-                                                                                      "documented batch check runs first",
+    "expected micro-batch x accumulation steps x data-parallel size = global batch":
+        "sampler API; the documented batch check runs first",
     "expected 0 <= rank <": "sampler API: rank from torch.distributed",
     "expected 'rescaled' or 'prefix": "conditioning: model.timestep_grid is checked at load",
     "expected loop counts >= 1": "preflight: train.eval_loops is checked at load with the documented message",
@@ -88,7 +81,6 @@ NOT_IN_ERRORS_MD = {
     "run python tools/generate_configs.py": "generate_configs.py --check, the developer's registry check",
     "tools/config_reference.py: no description for": "developer tool that regenerates docs/CONFIG.md",
     "is out of date; run python tools/config_reference.py": "developer tool (tests/test_docs.py)",
-    "; run python tools/generate_configs.py": "generate_configs.py --check, the developer's registry check",
 }
 
 # A documented message (as written in docs/ERRORS.md) -> why the code's literals do not spell it out
@@ -177,7 +169,8 @@ def test_every_message_of_the_code_is_in_errors_md():
 # Placeholders of the docs: <...>, "...", [...] lists, and the upper-case words of the checkpoint
 # tables (OUT, CKPT, TAG, N, P2, ...).
 UPPER_PLACEHOLDERS = ("OUT", "CKPT", "TAG", "TAG0", "TAG2", "FILE", "FOLDER", "PATH", "OLDER", "TIME", "HF", "DIR",
-                      "KEY", "OLD", "NEW", "REASON", "PID", "XXXXXX", "N", "N2", "M", "P", "P2", "W", "W2", "R", "H", "T")
+                      "KEY", "OLD", "NEW", "REASON", "PID", "XXXXXX", "N", "N2", "M", "P", "P2", "W", "W2", "R", "H",
+                      "T")
 PLACEHOLDER = r"<[^>]*>|\.\.\.|\[[^]]*\]|\b(?:" + "|".join(UPPER_PLACEHOLDERS) + r")\b"
 MIN_COVERED = 0.6  # share of a documented message's literal text the code's literals must account for
 
@@ -211,6 +204,14 @@ def covered_share(message: str, pieces: set[str]) -> float:
         total += sum(c not in STRIP for c in seg)
         covered += sum(m and c not in STRIP for m, c in zip(marks, seg))
     return covered / total if total else 1.0
+
+
+def test_the_exception_lists_name_only_what_exists():
+    pieces = {piece for _, piece in code_messages()}
+    stale = sorted(set(NOT_IN_ERRORS_MD) - pieces)
+    assert not stale, f"NOT_IN_ERRORS_MD names messages the code no longer has: {stale}"
+    documented = set(documented_messages())
+    assert not sorted(set(NOT_LITERAL_IN_CODE) - documented), "NOT_LITERAL_IN_CODE names messages not in ERRORS.md"
 
 
 def test_every_documented_message_is_printed_by_the_code():

@@ -210,7 +210,8 @@ def build_engine(
         data_parallel_size=dist.get_world_size() if dist.is_initialized() else 1,
         bf16=bf16,
         grad_clip=settings.grad_clip,
-        source=f"train.deepspeed_config={str(ds_config)!r}" if isinstance(ds_config, (str, Path)) else "DeepSpeed config",
+        source=(f"train.deepspeed_config={str(ds_config)!r}" if isinstance(ds_config, (str, Path))
+                else "DeepSpeed config"),
         cuda=torch.cuda.is_available(),  # bf16.enabled "auto" (with train.precision auto): bf16 on GPU
     )
     stage = config["zero_optimization"]["stage"]
