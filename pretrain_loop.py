@@ -3,6 +3,7 @@
 
     deepspeed pretrain_loop.py --config examples/llama_4x5.yaml [--set key.path=value ...]
     python pretrain_loop.py --config FILE --dry-run [--data-parallel-size 8]   # checks + one JSON line
+    python pretrain_loop.py --config FILE --print-config [--set ...]  # the resolved config, then exit
     python pretrain_loop.py --list-configs               # the paper's runs (megatron_loop/registry.py)
     torchrun --nproc_per_node 2 pretrain_loop.py --config FILE        # also: plain python, srun
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from megatron_loop.config import load_config
@@ -30,6 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true",
                    help="check the config and the files it names, print parameter counts, batch arithmetic and "
                         "the training plan as one JSON line (fast: builds nothing)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config (YAML + --set overrides + backbone preset + defaults) as JSON, "
+                        "as training prints it at start, and exit without training")
     p.add_argument("--data-parallel-size", type=int, default=None, metavar="N",
                    help="with --dry-run: plan for N data-parallel ranks (default: $WORLD_SIZE, $SLURM_NTASKS or 1)")
     p.add_argument("--resume", default=None, metavar="PATH",
@@ -42,18 +47,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def print_to_pipe(text: str) -> None:
+    """``print`` that lets the reader stop early (``--list-configs | head``) without a BrokenPipeError."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # The reader is gone: point stdout at /dev/null so the interpreter's final flush is silent too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list_configs:
         from megatron_loop.registry import list_configs
 
-        print(list_configs())
+        print_to_pipe(list_configs())
         return 0
     if args.config is None:
         print("error: --config FILE is required (or --list-configs)", file=sys.stderr)
         return 2
     try:
         cfg = load_config(args.config, args.overrides)
+        if args.print_config:
+            print_to_pipe(cfg.dumps())
+            return 0
         if args.dry_run:
             from megatron_loop.dryrun import dry_run_report
 

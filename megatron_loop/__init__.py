@@ -6,8 +6,15 @@
     out = model(input_ids, num_loops=r, labels=input_ids)   # .logits, .loss
 """
 
-from megatron_loop.config import Config, ModelConfig, load_config
-from megatron_loop.errors import LoopConfigError, LoopDataError
+import warnings
+
+# megatron-core warns four times on import when Transformer Engine and Apex are absent; the stack
+# uses neither (its layers are megatron-core's local specs, the optimizer is ours), so on every
+# machine the warning only hides the lines that matter. Scoped to that message.
+warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*", category=UserWarning)
+
+from megatron_loop.config import Config, ModelConfig, load_config  # noqa: E402
+from megatron_loop.errors import LoopConfigError, LoopDataError  # noqa: E402
 
 
 def build_model(config, device=None):

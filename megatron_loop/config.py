@@ -179,6 +179,10 @@ class ModelConfig:
         need(self.initial_injection in INITIAL_INJECTIONS, "initial_injection", f"one of {INITIAL_INJECTIONS}")
         need(self.history_injection in HISTORY_INJECTIONS, "history_injection", f"one of {HISTORY_INJECTIONS}")
         need(self.history_window >= 1, "history_window", "an integer >= 1")
+        # history_window sizes the history injection's beta (Eq. history_state_injection); a window
+        # set without the injection would be silently unused.
+        need(self.history_window == 1 or self.history_injection != "none", "history_window",
+             "1 (the default) unless history_injection is set (history_injection='none' reads no past states)")
         need(self.timestep in TIMESTEPS, "timestep", f"one of {TIMESTEPS}")
         need(self.timestep_grid in TIMESTEP_GRIDS, "timestep_grid", f"one of {TIMESTEP_GRIDS}")
         need(self.injection_init_noise >= 0, "injection_init_noise", "a float >= 0 (a standard deviation)")
@@ -288,6 +292,15 @@ class TrainConfig:
              and self.warmup_fraction + self.stable_fraction <= 1, "warmup_fraction",
              "warmup_fraction + stable_fraction <= 1, both >= 0")
         need(self.weight_decay >= 0, "weight_decay", "a float >= 0")
+        # AdamW betas and the Muon momentum are exponential decay rates: 1 or more never forgets
+        # (or diverges), so the first optimizer step would fail instead of this line (App. C.2).
+        for key in ("adam_beta1", "adam_beta2", "muon_momentum"):
+            need(0 <= getattr(self, key) < 1, key, "a float in [0, 1) (an exponential decay rate)")
+        need(self.adam_eps >= 0, "adam_eps", "a float >= 0")
+        need(self.tokens_per_parameter > 0, "tokens_per_parameter",
+             "a positive number (the Chinchilla token budget, 20 in the paper)")
+        need(self.eval_batches >= 1, "eval_batches", "a positive integer (micro-batches per validation; "
+             "to train without validation set train.eval_interval: 0)")
         need(self.muon_scale in ("match_rms_adamw", "original"), "muon_scale", "'match_rms_adamw' or 'original'")
         need(self.muon_ns_steps >= 1, "muon_ns_steps", "an integer >= 1")
         need(self.grad_clip > 0, "grad_clip", "a positive float")
@@ -303,6 +316,9 @@ class TrainConfig:
         need(self.eval_interval >= 0, "eval_interval", "an integer >= 0 (0 disables periodic validation)")
         need(self.eval_loops is None or all(r >= 1 for r in self.eval_loops), "eval_loops",
              "null or a list of loop counts >= 1")
+        need(self.eval_loops is None or len(self.eval_loops) > 0, "eval_loops",
+             "null (K/2, K, 2K) or a non-empty list of loop counts; to train without validation set "
+             "train.eval_interval: 0")
         need(self.nan_policy in ("skip", "stop"), "nan_policy", "'skip' or 'stop'")
         need(self.max_consecutive_nonfinite >= 1, "max_consecutive_nonfinite", "a positive integer")
         need(self.wall_time_limit_s is None or self.wall_time_limit_s > 0, "wall_time_limit_s",
@@ -316,6 +332,12 @@ class TrainConfig:
              f"null or an integer >= loop_sampling_min={self.loop_sampling_min}")
         need(self.backprop_loops is None or self.backprop_loops >= 1, "backprop_loops",
              "null (backpropagate through every loop) or an integer >= 1")
+        if self.loop_sampling == "fixed":  # the sampling settings would be silently unused
+            defaults = TrainConfig()
+            for key in ("loop_sampling_sigma", "loop_sampling_min", "loop_sampling_max"):
+                need(getattr(self, key) == getattr(defaults, key), key,
+                     f"its default {getattr(defaults, key)!r} with loop_sampling='fixed' (every step runs "
+                     "model.train_loops; set train.loop_sampling to poisson_lognormal or uniform to use it)")
 
 
 @dataclass
@@ -506,6 +528,22 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
+    keeps the last silently, so an edit lower in the file would override one higher up)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise LoopConfigError(f"duplicate key {key!r} at line {line} (first at line {seen[key]}); "
+                                      "expected each key once in a mapping")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise LoopConfigError(f"--set {text!r}: expected key.path=value")
@@ -562,7 +600,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     if not path.is_file():
         raise LoopConfigError(f"{path}: config file not found")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except LoopConfigError as e:
+        raise LoopConfigError(f"{path}: {e}") from None
     except UnicodeDecodeError:
         raise LoopConfigError(f"{path}: not a text file; expected a YAML config (UTF-8)") from None
     except yaml.YAMLError as e:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import NamedTuple
 
 from megatron_loop.config import Config, ModelConfig
@@ -78,6 +79,48 @@ def training_plan(cfg: Config) -> dict:
     return dict(train_tokens=tokens, train_steps=steps, warmup_steps=warmup, stable_steps=stable, decay_steps=decay)
 
 
+# Repeating data up to about four epochs costs almost nothing against fresh data; beyond that the
+# returns fall quickly (Muennighoff et al., 2023, "Scaling Data-Constrained Language Models").
+DATA_REUSE_WARN_EPOCHS = 4.0
+# megatron-core's DType codes (indexed_dataset.DType) -> bytes per token; read here without
+# importing megatron-core, which --dry-run never pays for.
+_TOKEN_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}
+_IDX_DTYPE_OFFSET = 9 + 8  # magic MMIDIDX\x00\x00, version u64, then the dtype code u8
+
+
+def prefix_tokens(prefix: str) -> int | None:
+    """Tokens in ``P.bin`` from its size and the token width ``P.idx`` records; None when the header
+    is unreadable (training reports a damaged index with its own message)."""
+    try:
+        with open(f"{prefix}.idx", "rb") as f:
+            f.seek(_IDX_DTYPE_OFFSET)
+            code = f.read(1)
+        return os.path.getsize(f"{prefix}.bin") // _TOKEN_BYTES[code[0]]
+    except (OSError, IndexError, KeyError):
+        return None
+
+
+def data_epochs(cfg: Config, train_steps: int) -> dict[str, float]:
+    """Epochs of each train prefix the plan reads: its share of the samples (by ``data.train_weights``)
+    times ``seq_length`` over its tokens, as the training log reports them."""
+    d, t = cfg.data, cfg.train
+    weights = d.train_weights or [1.0] * len(d.train_prefixes)
+    samples = train_steps * t.global_batch_size
+    epochs = {}
+    for prefix, weight in zip(d.train_prefixes, weights):
+        tokens = prefix_tokens(prefix)
+        if tokens:
+            epochs[prefix] = samples * weight / sum(weights) * t.seq_length / tokens
+    return epochs
+
+
+def data_reuse_warnings(epochs: dict[str, float]) -> list[str]:
+    return [f"warning: data.train_prefixes[{i}] '{prefix}': the plan reads {e:,.1f} epochs of it; beyond about "
+            f"{DATA_REUSE_WARN_EPOCHS:g} epochs repeated data stops helping (Muennighoff et al., 2023): train on "
+            "more data, or set train.train_tokens / train.max_steps lower"
+            for i, (prefix, e) in enumerate(epochs.items()) if e > DATA_REUSE_WARN_EPOCHS]
+
+
 def default_data_parallel_size() -> int:
     """The world size a launcher exported (torchrun/deepspeed ``WORLD_SIZE``, SLURM ``SLURM_NTASKS``), else 1."""
     return int(os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or 1)
@@ -87,8 +130,11 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
     """The JSON line of ``--dry-run`` after the checks training runs before it writes anything.
 
     Raises :class:`~megatron_loop.errors.LoopConfigError` / ``LoopDataError`` (one ``error:``
-    line, exit 2) for a batch that does not divide, a missing DeepSpeed JSON, data prefix or
-    tokenizer, a tokenizer larger than the model's vocabulary, or a budget below one step.
+    line, exit 2) for a batch that does not divide, a missing DeepSpeed JSON or one that contradicts
+    the YAML (:func:`megatron_loop.training.preflight.check_deepspeed_config`), a missing data
+    prefix or tokenizer, a tokenizer larger than the model's vocabulary, or a budget below one
+    step. Prints a ``warning:`` line on stderr per train prefix read more than
+    :data:`DATA_REUSE_WARN_EPOCHS` times; ``data_epochs`` and ``eval_loops`` are in the JSON.
     """
     from megatron_loop.training import preflight
 
@@ -97,10 +143,13 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
         raise LoopConfigError(f"--data-parallel-size={dp}: expected a positive number of data-parallel ranks")
     accumulation = preflight.accumulation_steps(cfg, dp)
     preflight.check_eval_loops(cfg)
-    files = preflight.check_input_files(cfg)
+    files = preflight.check_input_files(cfg, dp)
     preflight.check_vocabulary(cfg)
     plan = training_plan(cfg)
     preflight.check_train_steps(cfg, plan["train_steps"])
+    epochs = data_epochs(cfg, plan["train_steps"])
+    for line in data_reuse_warnings(epochs):
+        print(line, file=sys.stderr)
     params, backbone = count_parameters(cfg.model)
     return dict(
         layout=cfg.model.layout,
@@ -115,4 +164,7 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
         accumulation=accumulation,
         seq_length=cfg.train.seq_length,
         **files,
+        data_epochs=epochs,
+        eval_interval=cfg.train.eval_interval,
+        eval_loops=list(cfg.train.eval_loops or []) if cfg.train.eval_interval else [],
     )

@@ -348,7 +348,7 @@ def test_default_hub_tasks_offline_name_the_tasks_and_the_local_alternative(loca
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     out = tmp_path / "out"
     _, include = local_tasks  # the sweep's folders: lm-eval's task index is reused, not rebuilt
-    assert _eval_loops_main()(["--model", str(tmp_path / "not_loaded"), "--loops", "1", *include,
+    assert _eval_loops_main()(["--model", str(hf_assets().exports[MODEL]), "--loops", "1", *include,
                                "--output", str(out)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: --tasks: sciq, arc_easy, piqa, arc_challenge, winogrande, openbookqa, hellaswag, "

@@ -33,7 +33,8 @@ import train_fixtures as T
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model.io import safe_load
 from megatron_loop.optim import OptimizerSettings
-from megatron_loop.optim.engine import CONFIG_DIR, build_optimizer, load_ds_config, resolve_ds_config
+from megatron_loop.optim.ds_config import resolve_ds_config
+from megatron_loop.optim.engine import CONFIG_DIR, build_optimizer, load_ds_config
 from megatron_loop.perf import chunked_linear_cross_entropy
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "precision_bf16.py"

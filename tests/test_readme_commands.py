@@ -31,7 +31,8 @@ NOT_ON_CPU = {  # regex on the command -> why it is not run here
     r"--input HuggingFaceFW/": "streams FineWeb-Edu from the hub (network, hours)",
     r"^(deepspeed|torchrun) .*examples/llama_4x5\.yaml": "paper scale: a 1B-parameter model on 8+ GPUs",
     r"(hf|runs)/llama_4x5": "needs the paper-scale checkpoint",
-    r"^sbatch ": "needs SLURM",
+    r"^(mkdir -p logs && )?sbatch ": "needs SLURM",
+    r"^source \.venv/bin/activate && export OMP_NUM_THREADS=1$": "the environment this suite already runs in",
     r"^python tools/bench\.py --help$": "tests/test_docs.py runs --help of every README script",
 }
 

@@ -33,8 +33,8 @@ def test_loss_falls_on_the_bundled_corpus():
 
 
 def test_resolved_config_is_printed_at_start():
-    out = reference_run().result.stdout
-    assert "resolved config (" in out
+    out = reference_run().result.stderr  # with the step lines: one stream for the run's log
+    assert "resolved config (" in out and "resolved config (" not in reference_run().result.stdout
     printed = json.loads(out.split("resolved config (", 1)[1].split(":\n", 1)[1].split("\n}\n", 1)[0] + "\n}")
     assert printed["model"]["backbone"] == "tiny-llama" and printed["model"]["hidden_size"] == 64  # preset filled in
     assert printed["train"]["eval_loops"]  # defaults resolved

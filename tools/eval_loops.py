@@ -31,14 +31,10 @@ import argparse
 import math
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-# megatron-core warns on import when Transformer Engine / Apex are absent (the held-out loss imports it).
-warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 
 from megatron_loop.data.cli import parse_loop_counts, run_cli  # noqa: E402
 from megatron_loop.errors import LoopConfigError  # noqa: E402
@@ -77,12 +73,18 @@ def _run(argv: Sequence[str] | None) -> int:
     ap.add_argument("--limit", default=None, help="items per lm-eval task (int) or fraction (<1)")
     ap.add_argument("--include-path", action="append", default=[], help="extra lm-eval task folder (repeatable)")
     ap.add_argument("--valid-prefix", help="indexed validation prefix (P.bin/P.idx) for held-out loss")
-    ap.add_argument("--seq-length", type=int, default=2048, help="packed sequence length for held-out loss")
+    ap.add_argument("--seq-length", type=int, default=None,
+                    help="packed sequence length for held-out loss (default: the training length the export "
+                         "records, train_seq_length)")
     ap.add_argument("--valid-sequences", type=int, default=None, help="at most this many packed sequences")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
     ap.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
-    ap.add_argument("--output", default=None, help="results folder (default: <model>_eval next to the model)")
+    ap.add_argument("--output", default=None, help="results folder (default: <model>_eval next to the model); "
+                                                    "results.json is written after each r, and a sweep interrupted "
+                                                    "or run again with the same settings resumes from it")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the results of another sweep in --output instead of stopping")
     ap.add_argument("--label", default=None, help="legend label of this model")
     ap.add_argument("--compare", action="append", default=[], help="another run's results.json for the figures")
     ap.add_argument("--no-progress", action="store_true")
@@ -96,8 +98,9 @@ def _run(argv: Sequence[str] | None) -> int:
         os.environ.setdefault("TQDM_DISABLE", "1")
 
     from megatron_loop.eval.plots import write_all_plots
-    from megatron_loop.eval.report import format_table, read_results, write_results
-    from megatron_loop.eval.sweep import SweepSettings, open_session, run_sweep
+    from megatron_loop.eval.report import check_output, format_table, read_results, write_results, write_results_json
+    from megatron_loop.eval.sweep import (SweepSettings, export_config, open_session, resolve_seq_length, run_sweep,
+                                          sweep_fingerprint)
     from megatron_loop.eval.tasks import resolve_tasks
 
     tasks = [] if args.tasks == "none" else resolve_tasks(args.tasks.split(",") if args.tasks else None)
@@ -114,16 +117,35 @@ def _run(argv: Sequence[str] | None) -> int:
         if args.exit_criterion == "none":
             raise LoopConfigError("--exit-thresholds: expected --exit-criterion kl or cosine with it")
         thresholds = parse_thresholds(args.exit_thresholds or "")
-    session = open_session(args.model, settings)  # one load for the fixed-r and the adaptive sweeps
+    for line in resolve_seq_length(settings, args.model, export_config(args.model)):
+        print(line, file=sys.stderr)
+    # The output before any work: a finished or interrupted sweep there is resumed or refused, never lost.
+    output = Path(args.output) if args.output else default_output(args.model)
+    fingerprint = sweep_fingerprint(args.model, settings)
+    previous = check_output(output, fingerprint, args.overwrite)
+    if previous is not None:
+        kept = [r for r in previous["loops"] if r in settings.loops]
+        extra = [r for r in previous["loops"] if r not in settings.loops]
+        print(f"resuming the sweep in {output / 'results.json'}: r = {', '.join(map(str, kept)) or 'none'} already "
+              "done" + (f"; keeping r = {', '.join(map(str, extra))} from the earlier sweep" if extra else ""),
+              file=sys.stderr)
+    todo = [r for r in settings.loops if previous is None or r not in previous["loops"]]
+    session = None
+    if todo or thresholds is not None:  # one load for the fixed-r and the adaptive sweeps
+        session = open_session(args.model, settings)
     if thresholds is not None:
         from megatron_loop.eval.adaptive import check_adaptive, run_adaptive_sweep
 
         max_loops = max(settings.loops) if args.exit_max_loops is None else args.exit_max_loops
         check_adaptive(session, args.exit_criterion, max_loops)  # before the fixed-r sweep spends any time
-    results = run_sweep(session, settings, label=args.label)
+
+    def save(partial: dict) -> None:
+        write_results_json({**partial, "sweep_settings": fingerprint}, output)
+
+    results = run_sweep(session, settings, label=args.label, previous=previous, on_result=save)
+    results["sweep_settings"] = fingerprint
     if thresholds is not None:
         results["adaptive"] = run_adaptive_sweep(session, settings, args.exit_criterion, thresholds, max_loops)
-    output = Path(args.output) if args.output else default_output(args.model)
     paths = write_results(results, output)
     plots = write_all_plots(results, output, others)
     if thresholds is not None:

@@ -176,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--toy-env", action="store_true",
                    help="with --study: print the study's CPU settings as shell assignments (tools/small_study.sh)")
     args = p.parse_args(argv)
+    if args.study is None and (args.commands or args.toy_dir):  # not a request to rewrite examples/
+        p.error(f"{'--commands' if args.commands else '--toy-dir'}: only with --study NAME (see --list-studies)")
+    if args.toy_dir and Path(args.toy_dir).exists() and not Path(args.toy_dir).is_dir():
+        p.error(f"--toy-dir {args.toy_dir}: exists and is not a folder; expected a folder for the CPU twins' configs")
     if args.check:
         found = problems()
         for line in found:

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Sequence
 
-from megatron_loop.data.cli import run_cli
+from megatron_loop.data.cli import check_output_folder, run_cli
 from megatron_loop.data.corpus import GENERATORS, KNOWLEDGE_EVAL, CorpusSpec, generate_corpus
 
 
@@ -47,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="copies of each Q&A person's question-answer document in train")
     a = ap.parse_args(argv)
     a.reasoning_tasks = tuple(t for t in a.reasoning_tasks.split(",") if t)
+    check_output_folder(a.output_dir, "--output-dir", "the corpus files")
     spec = CorpusSpec(**{k: v for k, v in vars(a).items() if k != "output_dir"})
     print(json.dumps(generate_corpus(a.output_dir, spec)))
     return 0

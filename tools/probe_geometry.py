@@ -9,13 +9,9 @@
 from __future__ import annotations
 
 import sys
-import warnings
 
-# megatron-core warns on import when Transformer Engine / Apex are absent; errors stay one line.
-warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
-
-from megatron_loop.data.cli import run_cli  # noqa: E402
-from megatron_loop.probes.cli import main  # noqa: E402
+from megatron_loop.data.cli import run_cli
+from megatron_loop.probes.cli import main
 
 if __name__ == "__main__":
     sys.exit(run_cli(main))

@@ -10,8 +10,8 @@ import argparse
 import sys
 from typing import Sequence
 
-from megatron_loop.data.cli import run_cli
-from megatron_loop.data.sources import iter_local_documents, resolve_local_inputs
+from megatron_loop.data.cli import check_output_folder, run_cli
+from megatron_loop.data.sources import ENCODING_ERRORS, iter_local_documents, resolve_local_inputs
 from megatron_loop.data.tokenizer import train_bpe_tokenizer
 from megatron_loop.errors import LoopDataError
 
@@ -22,11 +22,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--output", required=True, help="folder for the transformers tokenizer files")
     ap.add_argument("--vocab-size", type=int, default=2048)
     ap.add_argument("--json-key", default="text")
+    ap.add_argument("--encoding-errors", choices=ENCODING_ERRORS, default="strict",
+                    help="text that is not UTF-8: stop naming the file, line and byte (strict) or read those bytes "
+                         "as U+FFFD (replace)")
     args = ap.parse_args(argv)
+    check_output_folder(args.output, "--output", "the tokenizer files")
     paths = resolve_local_inputs(args.input)
     if paths is None:
         raise LoopDataError(f"input '{args.input}' not found; expected a local corpus file, folder or glob")
-    out = train_bpe_tokenizer(iter_local_documents(paths, args.json_key), args.output, args.vocab_size)
+    documents = iter_local_documents(paths, args.json_key, encoding_errors=args.encoding_errors)
+    out = train_bpe_tokenizer(documents, args.output, args.vocab_size)
     print(f"tokenizer saved to {out}")
     return 0
 

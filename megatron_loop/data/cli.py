@@ -19,6 +19,18 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
         return 2
 
 
+def check_output_folder(path: str | Path, flag: str, what: str, given: str | Path | None = None) -> None:
+    """Before any work: ``path`` is, or can be created as, a folder; an existing file in its place (or
+    in place of a parent) is one error line instead of a traceback at the end. ``given``: what the
+    user passed as ``flag`` when it is not ``path`` itself (an output prefix inside ``path``)."""
+    p = Path(path)
+    given = p if given is None else Path(given)
+    blocking = next((q for q in (p, *p.absolute().parents) if q.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        where = "exists and is not a folder" if blocking.absolute() == given.absolute() else f"{blocking} is a file"
+        raise LoopConfigError(f"{flag} {given}: {where}; expected a folder for {what}")
+
+
 def parse_loop_counts(text: str, flag: str = "--loops") -> list[int]:
     """``"1,2,4"`` -> [1, 2, 4]: distinct inference loop counts r >= 1 in increasing order (a
     duplicate or an out-of-order r is a typo that would otherwise be silently merged or re-sorted)."""

@@ -29,7 +29,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from megatron_loop.data.sources import HFSource, iter_documents
+from megatron_loop.data.sources import ENCODING_ERRORS, HFSource, iter_documents
 from megatron_loop.data.tokenizer import check_tokenizer_location, load_tokenizer
 from megatron_loop.errors import LoopDataError
 
@@ -130,6 +130,7 @@ class PreprocessOptions:
     eos_token: str | None = None
     hf: HFSource = field(default_factory=lambda: HFSource(""))
     progress: bool = True
+    encoding_errors: str = "strict"  # local text inputs that are not UTF-8: stop, or read as U+FFFD
 
 
 def preprocess(input_spec: str, tokenizer: str, output_prefix: str,
@@ -139,7 +140,7 @@ def preprocess(input_spec: str, tokenizer: str, output_prefix: str,
 
     check_tokenizer_location(tokenizer)  # a mistyped folder must not wait for the input to be read
     # transformers and megatron-core take seconds to import: input errors are reported first.
-    docs_iter = iter_documents(input_spec, options.json_key, options.text_unit, options.hf)
+    docs_iter = iter_documents(input_spec, options.json_key, options.text_unit, options.hf, options.encoding_errors)
     docs = (d for d in docs_iter if d)  # an empty document would be a lone EOS; skip it
     if options.max_documents is not None:
         docs = itertools.islice(docs, options.max_documents)
@@ -288,7 +289,24 @@ def build_arg_parser() -> argparse.ArgumentParser:
     hf.add_argument("--shuffle-buffer", type=int, default=10_000, help="0 disables shuffling")
     hf.add_argument("--seed", type=int, default=42)
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--encoding-errors", choices=ENCODING_ERRORS, default="strict",
+                    help="local text that is not UTF-8: stop naming the file, line and byte (strict) or read "
+                         "those bytes as U+FFFD (replace)")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing PREFIX.bin/.idx")
     return ap
+
+
+def check_output_prefix(prefix: str, validation: bool, overwrite: bool) -> None:
+    """Before any input is read: the prefix's folder is a folder, and its files (and those of the
+    ``_valid`` prefix) are not replaced without ``--overwrite``."""
+    from megatron_loop.data.cli import check_output_folder
+
+    check_output_folder(Path(prefix).parent, "--output-prefix", "PREFIX.bin/.idx", given=prefix)
+    names = [prefix + VALID_SUFFIX] if validation else []
+    existing = [f"{p}{ext}" for p in [prefix, *names] for ext in (".bin", ".idx") if Path(f"{p}{ext}").exists()]
+    if existing and not overwrite:
+        raise LoopDataError(f"--output-prefix {prefix}: {' and '.join(existing)} exist; pass --overwrite to "
+                            "replace them, or choose another --output-prefix")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -299,7 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         json_key=a.json_key, workers=a.workers, batch_size=a.batch_size,
         validation_documents=a.validation_documents, max_documents=a.max_documents,
         text_unit=a.text_unit, eos_token=a.eos_token, progress=not a.no_progress,
-        hf=HFSource(a.input, a.hf_config, a.split, a.streaming, a.shuffle_buffer, a.seed))
+        hf=HFSource(a.input, a.hf_config, a.split, a.streaming, a.shuffle_buffer, a.seed),
+        encoding_errors=a.encoding_errors)
+    check_output_prefix(a.output_prefix, a.validation_documents > 0, a.overwrite)
     stats = preprocess(a.input, a.tokenizer, a.output_prefix, opts)
     print(json.dumps(stats), file=sys.stdout)
     return 0

@@ -75,9 +75,29 @@ def _text_of(record: object, key: str, where: str) -> str:
     return text
 
 
-def _iter_json_lines(path: Path, key: str) -> Iterator[str]:
-    with path.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+ENCODING_ERRORS = ("strict", "replace")
+
+
+def _decode(data: bytes, path: Path, errors: str, line: int | None = None, offset: int = 0) -> str:
+    """UTF-8 text of ``data`` (bytes of ``path`` from byte ``offset``; ``line``: the line they start).
+    ``errors="strict"``: a byte that is not UTF-8 stops with the file, line and byte offset;
+    ``"replace"``: read as U+FFFD (the --encoding-errors flag of the tools)."""
+    try:
+        return data.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as e:
+        at = offset + e.start
+        lineno = (line or 1) + data[:e.start].count(b"\n")
+        raise LoopDataError(f"{path} line {lineno}: not UTF-8 (byte 0x{data[e.start]:02x} at byte offset {at}); "
+                            "expected UTF-8 text, or pass --encoding-errors replace to read such bytes as U+FFFD") \
+            from None
+
+
+def _iter_json_lines(path: Path, key: str, errors: str = "strict") -> Iterator[str]:
+    with path.open("rb") as f:
+        offset = 0
+        for lineno, raw in enumerate(f, 1):
+            line = _decode(raw, path, errors, lineno, offset)
+            offset += len(raw)
             if not line.strip():
                 continue
             try:
@@ -88,15 +108,15 @@ def _iter_json_lines(path: Path, key: str) -> Iterator[str]:
             yield _text_of(record, key, f"{path} line {lineno}")
 
 
-def _iter_json(path: Path, key: str) -> Iterator[str]:
+def _iter_json(path: Path, key: str, errors: str = "strict") -> Iterator[str]:
     # A .json file is either a JSON array of records or JSON lines; peek at the first character.
-    with path.open("r", encoding="utf-8") as f:
+    with path.open("rb") as f:
         head = f.read(4096).lstrip()
-    if not head.startswith("["):
-        yield from _iter_json_lines(path, key)
+    if not head.startswith(b"["):
+        yield from _iter_json_lines(path, key, errors)
         return
     try:
-        records = json.loads(path.read_text(encoding="utf-8"))
+        records = json.loads(_decode(path.read_bytes(), path, errors))
     except json.JSONDecodeError as e:
         raise LoopDataError(f"{path}: invalid JSON ({e.msg}); expected an array of objects") from None
     for i, record in enumerate(records):
@@ -119,8 +139,8 @@ def _iter_parquet(path: Path, key: str) -> Iterator[str]:
                 yield text
 
 
-def _iter_txt(path: Path, text_unit: str) -> Iterator[str]:
-    text = path.read_text(encoding="utf-8")
+def _iter_txt(path: Path, text_unit: str, errors: str = "strict") -> Iterator[str]:
+    text = _decode(path.read_bytes(), path, errors)
     if text_unit == "file":
         yield text
     else:
@@ -128,18 +148,19 @@ def _iter_txt(path: Path, text_unit: str) -> Iterator[str]:
 
 
 def iter_local_documents(paths: Sequence[Path], json_key: str = "text",
-                         text_unit: str = "file") -> Iterator[str]:
+                         text_unit: str = "file", encoding_errors: str = "strict") -> Iterator[str]:
     """Documents of ``paths`` in order. ``.txt``: one document per file (``text_unit="file"``)
-    or per non-empty line (``"line"``)."""
+    or per non-empty line (``"line"``). Text files are UTF-8; ``encoding_errors`` is ``strict``
+    (one error naming the file, line and byte offset) or ``replace`` (U+FFFD)."""
     for path in paths:
         if path.suffix == ".jsonl":
-            yield from _iter_json_lines(path, json_key)
+            yield from _iter_json_lines(path, json_key, encoding_errors)
         elif path.suffix == ".json":
-            yield from _iter_json(path, json_key)
+            yield from _iter_json(path, json_key, encoding_errors)
         elif path.suffix == ".parquet":
             yield from _iter_parquet(path, json_key)
         else:
-            yield from _iter_txt(path, text_unit)
+            yield from _iter_txt(path, text_unit, encoding_errors)
 
 
 def iter_hf_documents(source: HFSource, json_key: str = "text") -> Iterator[str]:
@@ -162,9 +183,9 @@ def iter_hf_documents(source: HFSource, json_key: str = "text") -> Iterator[str]
 
 
 def iter_documents(spec: str, json_key: str = "text", text_unit: str = "file",
-                   hf: HFSource | None = None) -> Iterator[str]:
+                   hf: HFSource | None = None, encoding_errors: str = "strict") -> Iterator[str]:
     """Documents of ``spec``: local files when it names any, else the hub dataset ``spec``."""
     paths = resolve_local_inputs(spec)
     if paths is not None:
-        return iter_local_documents(paths, json_key, text_unit)
+        return iter_local_documents(paths, json_key, text_unit, encoding_errors)
     return iter_hf_documents(replace(hf or HFSource(spec), name=spec), json_key)

@@ -91,6 +91,11 @@ def load_tasks(specs: list[TaskSpec], manager) -> dict:
     if unknown:
         raise LoopDataError(f"lm-eval task {unknown[0]!r} not found; expected a stock task, one of "
                             "megatron_loop/eval/tasks, or a task under --include-path")
+    offline = [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if os.environ.get(v, "0") not in ("", "0")]
+    why = f"offline mode is on ({', '.join(f'{v}=1' for v in offline)})" if offline else ""
+    if not offline:
+        unreachable_hub = go_offline_if_hub_unreachable()
+        why = f"the hub is unreachable ({unreachable_hub})" if unreachable_hub else "the hub is unreachable"
     tasks, unreachable, reason = {}, [], ""
     for name in names:
         try:
@@ -106,12 +111,39 @@ def load_tasks(specs: list[TaskSpec], manager) -> dict:
         tasks.update(loaded)
     if unreachable:
         keys = [s.key for s in specs if set(s.lm_eval_tasks) & set(unreachable)]
-        offline = [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if os.environ.get(v, "0") not in ("", "0")]
-        why = f"offline mode is on ({', '.join(f'{v}=1' for v in offline)})" if offline else "the hub is unreachable"
         raise LoopDataError(f"--tasks: {', '.join(keys)} need datasets from the Hugging Face hub that are not in the "
                             f"local cache, and {why}: {reason}; run once with network access to cache them, or "
                             f"evaluate local tasks ({LOCAL_TASKS_HINT}), or --tasks none for held-out loss only")
     return tasks
+
+
+# One short request decides whether the hub answers; without it every hub task retries for about
+# 30 s before it fails, minutes for the paper's eleven.
+HUB_PROBE_TIMEOUT_S = 5.0
+
+
+def go_offline_if_hub_unreachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """One HEAD request to the hub (``HF_ENDPOINT``). When it gets no answer, this process switches to
+    the hub clients' offline mode (``HF_HUB_OFFLINE``, ``HF_DATASETS_OFFLINE``): cached datasets still
+    load, the others fail at once. Returns why the hub is unreachable, or None when it answered."""
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    try:
+        urllib.request.urlopen(urllib.request.Request(constants.ENDPOINT, method="HEAD"), timeout=timeout).close()
+        return None
+    except urllib.error.HTTPError:  # an HTTP answer, whatever its status: the hub is reachable
+        return None
+    except (OSError, ValueError) as e:  # URLError, timeout, refused, no route, a malformed endpoint
+        reason = _one_line(getattr(e, "reason", None) or e)
+    import datasets
+
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True  # both clients read the variables once, at import
+    datasets.config.HF_HUB_OFFLINE = True
+    return f"{constants.ENDPOINT}: {reason}"
 
 
 def _chance(sample: dict) -> float:

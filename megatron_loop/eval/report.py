@@ -28,9 +28,14 @@ column, plus a first row with the effective depths. ``per_depth.csv``: long form
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
 from pathlib import Path
 
+from megatron_loop.errors import LoopConfigError, LoopDataError
+
+RESULTS_NAME = "results.json"
 
 
 def _num_keys(d: dict) -> dict:
@@ -57,13 +62,57 @@ def _rows(results: dict):
         yield ("heldout_perplexity", "heldout", "perplexity", {r: v["perplexity"] for r, v in held.items()}, {}, None)
 
 
-def write_results(results: dict, output: str | Path) -> dict[str, Path]:
+def check_output(output: str | Path, fingerprint: dict, overwrite: bool = False) -> dict | None:
+    """``--output`` checked before any work: a folder (or one that can be created) that is writable.
+    Returns the results of an earlier sweep there with the same ``fingerprint``
+    (:func:`megatron_loop.eval.sweep.sweep_fingerprint`) to resume; results of another sweep are
+    refused unless ``overwrite``, so a finished sweep is never replaced by accident."""
+    from megatron_loop.data.cli import check_output_folder
+
+    out = Path(output)
+    check_output_folder(out, "--output", "results.json, the CSV tables and the plots")
+    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise LoopDataError(f"--output {out}: cannot write in {existing}; expected a writable folder")
+    path = out / RESULTS_NAME
+    if overwrite or not path.exists():
+        return None
+    try:
+        previous = _num_keys(json.loads(path.read_text()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LoopDataError(f"--output {out}: {RESULTS_NAME} there is not readable JSON ({' '.join(str(e).split())}); "
+                            "pass --overwrite to replace it, or choose another --output") from None
+    recorded = previous.get("sweep_settings") if isinstance(previous, dict) else None
+    if not isinstance(recorded, dict):
+        raise LoopConfigError(f"--output {out}: {RESULTS_NAME} there was written without its sweep settings, so it "
+                              "cannot be resumed; pass --overwrite to replace it, or choose another --output")
+    wanted = json.loads(json.dumps(fingerprint))
+    differs = [k for k in wanted if recorded.get(k) != wanted[k]]
+    if differs:
+        raise LoopConfigError(f"--output {out}: {RESULTS_NAME} there holds another sweep (different "
+                              f"{', '.join(differs)}); pass --overwrite to replace it, or choose another --output")
+    return previous
+
+
+def write_results_json(results: dict, output: str | Path) -> Path:
+    """``results.json`` atomically (temp file + rename): after each r of a sweep, so an interrupted
+    sweep keeps every finished r."""
+    from megatron_loop.training.checkpoint import _write_atomic
+
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "results.json", "csv": out / "results.csv", "per_depth_csv": out / "per_depth.csv"}
-    paths["json"].write_text(json.dumps(results, indent=2))
+    _write_atomic(out / RESULTS_NAME, json.dumps(results, indent=2))
+    return out / RESULTS_NAME
+
+
+def write_results(results: dict, output: str | Path) -> dict[str, Path]:
+    from megatron_loop.training.checkpoint import _write_atomic
+
+    out = Path(output)
+    paths = {"json": write_results_json(results, out), "csv": out / "results.csv",
+             "per_depth_csv": out / "per_depth.csv"}
     loops = results["loops"]
-    with paths["csv"].open("w", newline="") as f:
+    with io.StringIO(newline="") as f:
         w = csv.writer(f)
         w.writerow(["name", "kind", "metric"] + [f"r={r} (L={results['effective_depth'][r]})" for r in loops]
                    + ["chance"])
@@ -72,7 +121,8 @@ def write_results(results: dict, output: str | Path) -> dict[str, Path]:
             w.writerow([name, kind, metric] + [_fmt(by_r.get(r)) for r in loops] + [_fmt(chance)])
             if stderr:
                 w.writerow([name, kind, f"{metric}_stderr"] + [_fmt(stderr.get(r)) for r in loops] + [""])
-    with paths["per_depth_csv"].open("w", newline="") as f:
+        _write_atomic(paths["csv"], f.getvalue())
+    with io.StringIO(newline="") as f:
         w = csv.writer(f)
         w.writerow(["task", "depth", "r", "effective_depth", "accuracy", "stderr", "chance", "n"])
         for task, by_r in results.get("per_depth", {}).items():
@@ -80,6 +130,7 @@ def write_results(results: dict, output: str | Path) -> dict[str, Path]:
                 for depth, cell in strata.items():
                     w.writerow([task, depth, r, results["effective_depth"][r], _fmt(cell["accuracy"]),
                                 _fmt(cell.get("stderr")), _fmt(cell.get("chance")), cell["n"]])
+        _write_atomic(paths["per_depth_csv"], f.getvalue())
     return paths
 
 

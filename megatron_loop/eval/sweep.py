@@ -4,9 +4,12 @@ against effective depth L(r) = p + r·s + c."""
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.eval.tasks import GROUPS, TaskSpec, aggregate, aggregate_stderr
@@ -19,7 +22,7 @@ class SweepSettings:
     limit: int | float | None = None
     include_paths: list[str] = field(default_factory=list)
     valid_prefix: str | None = None
-    seq_length: int = 2048
+    seq_length: int | None = None  # held-out windows; None: the export's train_seq_length (resolve_seq_length)
     valid_sequences: int | None = None
     batch_size: int = 8
     progress: bool = True
@@ -47,6 +50,50 @@ class SweepSettings:
                                    ("--valid-sequences", self.valid_sequences, 1)):
             if value is not None and value < least:
                 raise LoopConfigError(f"{name} {value}: expected an integer >= {least}")
+        if self.device is not None and self.device.split(":")[0] == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise LoopConfigError(f"--device {self.device}: CUDA is not available on this machine (torch "
+                                      f"{torch.__version__}, CUDA build {torch.version.cuda or 'none'}); "
+                                      "expected --device cpu, or no --device (cuda when available)")
+
+
+# Exports written before the training length was recorded; the paper trains at 2,048 (App. C.1).
+FALLBACK_SEQ_LENGTH = 2048
+
+
+def export_config(model_dir: str | Path) -> dict:
+    """``config.json`` of an export, with the one-line error for a folder that is not one."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise LoopDataError(f"{path}: missing; expected a folder written by tools/convert_to_hf.py")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LoopDataError(f"{path}: not readable JSON ({' '.join(str(e).split())}); expected a folder written "
+                            "by tools/convert_to_hf.py") from None
+
+
+def resolve_seq_length(settings: SweepSettings, model_dir: str | Path, config: dict) -> list[str]:
+    """Set ``settings.seq_length`` for the held-out loss: the export's ``train_seq_length`` unless
+    ``--seq-length`` says otherwise. Returns the warnings to print: a window longer than training
+    measures length extrapolation, not the loop count (a model trained at 128 tokens and read at
+    2,048 ranks r differently)."""
+    trained = config.get("train_seq_length")
+    where = f"{Path(model_dir) / 'config.json'}"
+    if settings.seq_length is None:
+        if trained is None:
+            settings.seq_length = FALLBACK_SEQ_LENGTH
+            return [f"warning: {where} has no train_seq_length (exported before it was recorded): the held-out loss "
+                    f"uses windows of {FALLBACK_SEQ_LENGTH} tokens; pass --seq-length with the training "
+                    "train.seq_length"] if settings.valid_prefix else []
+        settings.seq_length = int(trained)
+        return []
+    if settings.valid_prefix and trained is not None and settings.seq_length > trained:
+        return [f"warning: --seq-length {settings.seq_length} is longer than the {trained} tokens the model was "
+                f"trained on ({where} train_seq_length): the held-out loss then measures length extrapolation too"]
+    return []
 
 
 def load_hf_model(model_dir: str | Path, device: str | None = None, dtype: str = "float32"):
@@ -58,9 +105,7 @@ def load_hf_model(model_dir: str | Path, device: str | None = None, dtype: str =
         raise LoopConfigError(f"--dtype {dtype!r}: expected float32, bfloat16 or float16")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model_dir = Path(model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise LoopDataError(f"{model_dir / 'config.json'}: missing; expected a folder written by "
-                            "tools/convert_to_hf.py")
+    export_config(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=True,
                                                  dtype=getattr(torch, dtype)).to(device).eval()
     try:
@@ -128,29 +173,47 @@ def open_session(model_dir: str | Path, settings: SweepSettings) -> SweepSession
     return SweepSession(Path(model_dir), model, tokenizer, manager, tasks, lm)
 
 
-def run_sweep(session: SweepSession, settings: SweepSettings, label: str | None = None) -> dict:
+def sweep_fingerprint(model_dir: str | Path, settings: SweepSettings) -> dict:
+    """What ``results.json`` records of the call that wrote it (``sweep_settings``): the export (its
+    config.json by hash, its weight files by size and time) and every setting that changes a
+    number except the loop counts. A later call with the same fingerprint resumes the sweep."""
+    folder = Path(model_dir).resolve()
+    weights = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(folder.glob("*.safetensors"))]
+    held = settings.valid_prefix is not None
+    return {"model": str(folder),
+            "config_sha256": hashlib.sha256((folder / "config.json").read_bytes()).hexdigest(),
+            "weights": weights, "tasks": [[t.key, list(t.lm_eval_tasks), t.metric] for t in settings.tasks],
+            "limit": settings.limit, "include_paths": [str(Path(p).resolve()) for p in settings.include_paths],
+            "valid_prefix": str(Path(settings.valid_prefix).resolve()) if held else None,
+            "seq_length": settings.seq_length if held else None,
+            "valid_sequences": settings.valid_sequences if held else None, "dtype": settings.dtype}
+
+
+def run_sweep(session: SweepSession | None, settings: SweepSettings, label: str | None = None,
+              previous: dict | None = None, on_result: Callable[[dict], None] | None = None) -> dict:
+    """The fixed-r sweep. ``previous``: the results of an interrupted (or shorter) sweep with the
+    same :func:`sweep_fingerprint`; its loop counts are kept and not evaluated again (``session``
+    may be None when none is left). ``on_result`` receives the results after each new r."""
     from tqdm.auto import tqdm
 
+    done = sorted(previous["loops"]) if previous else []
+    todo = [r for r in settings.loops if r not in done]
+    if previous:
+        results = copy.deepcopy(previous)
+        results["label"] = label if label is not None else previous.get("label")
+    else:
+        results = _empty_results(session, settings, label)
+    if not todo:
+        return results
     model, manager, tasks, lm = session.model, session.manager, session.tasks, session.lm
-    arch = architecture(model.config)
-    p, s, c, k = arch["prelude_layers"], arch["core_layers"], arch["coda_layers"], arch["train_loops"]
-    depth = {r: p + r * s + c for r in settings.loops}
-    results = {
-        "model": str(session.model_dir), "label": label, "layout": f"{p}+{s}x{k}+{c}", **arch,
-        "training_depth": p + k * s + c, "loops": list(settings.loops), "effective_depth": depth,
-        "metrics": {t.key: t.metric for t in settings.tasks}, "groups_of": {t.key: t.group for t in settings.tasks},
-        "lm_eval_tasks": {t.key: list(t.lm_eval_tasks) for t in settings.tasks}, "limit": settings.limit,
-        "tasks": {t.key: {} for t in settings.tasks}, "groups": {g: {} for g in (*GROUPS, "overall")},
-        "tasks_stderr": {t.key: {} for t in settings.tasks}, "groups_stderr": {g: {} for g in (*GROUPS, "overall")},
-        "chance": {}, "groups_chance": {}, "per_depth": {}, "depth_axes": {}, "trained_depths": {}, "heldout": {},
-        "subtask_averages": {},
-    }
-    if settings.tasks:
+    k = results["train_loops"]
+    if settings.tasks and not previous:
         from megatron_loop.eval.harness import trained_depths
 
         results["trained_depths"] = trained_depths(settings.tasks, tasks)
-    for r in tqdm(settings.loops, desc="loop sweep", unit="r", disable=not settings.progress):
+    for r in tqdm(todo, desc="loop sweep", unit="r", disable=not settings.progress):
         set_loops(model, r)
+        results["effective_depth"][r] = results["prelude_layers"] + r * results["core_layers"] + results["coda_layers"]
         if settings.tasks:
             from megatron_loop.eval.harness import evaluate_tasks
 
@@ -174,6 +237,24 @@ def run_sweep(session: SweepSession, settings: SweepSettings, label: str | None 
 
             results["heldout"][r] = heldout_loss(model, settings.valid_prefix, settings.seq_length,
                                                  settings.valid_sequences, batch_size=settings.batch_size)
+        results["loops"] = sorted([*results["loops"], r])
+        if on_result is not None:
+            on_result(results)
     if model.config.model_type == "looplm":
         set_loops(model, k)
     return results
+
+
+def _empty_results(session: SweepSession, settings: SweepSettings, label: str | None) -> dict:
+    arch = architecture(session.model.config)
+    p, s, c, k = arch["prelude_layers"], arch["core_layers"], arch["coda_layers"], arch["train_loops"]
+    return {
+        "model": str(session.model_dir), "label": label, "layout": f"{p}+{s}x{k}+{c}", **arch,
+        "training_depth": p + k * s + c, "loops": [], "effective_depth": {},
+        "metrics": {t.key: t.metric for t in settings.tasks}, "groups_of": {t.key: t.group for t in settings.tasks},
+        "lm_eval_tasks": {t.key: list(t.lm_eval_tasks) for t in settings.tasks}, "limit": settings.limit,
+        "tasks": {t.key: {} for t in settings.tasks}, "groups": {g: {} for g in (*GROUPS, "overall")},
+        "tasks_stderr": {t.key: {} for t in settings.tasks}, "groups_stderr": {g: {} for g in (*GROUPS, "overall")},
+        "chance": {}, "groups_chance": {}, "per_depth": {}, "depth_axes": {}, "trained_depths": {}, "heldout": {},
+        "subtask_averages": {}, "seq_length": settings.seq_length if settings.valid_prefix else None,
+    }

@@ -80,9 +80,14 @@ def _common_fields(cfg: ModelConfig) -> dict:
                 hidden_act="silu")
 
 
-def hf_config(cfg: ModelConfig, token_ids: dict | None = None):
-    """The transformers config object of the export (LoopLMConfig, LlamaConfig or Qwen3Config)."""
-    token_ids = token_ids or {}
+def hf_config(cfg: ModelConfig, token_ids: dict | None = None, train_seq_length: int | None = None):
+    """The transformers config object of the export (LoopLMConfig, LlamaConfig or Qwen3Config).
+
+    ``train_seq_length`` (the run's ``train.seq_length``) is recorded as an extra field so that
+    ``tools/eval_loops.py`` measures the held-out loss at the length the model was trained on."""
+    token_ids = dict(token_ids or {})
+    if train_seq_length is not None:
+        token_ids["train_seq_length"] = int(train_seq_length)
     if is_native(cfg):
         depth = cfg.physical_depth
         if cfg.qk_norm:
@@ -239,9 +244,11 @@ def _load_tokenizer(tokenizer: str | None, source: str | None = None):
 
 def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: str | os.PathLike,
                       tokenizer: str | None = None, overwrite: bool = False,
-                      max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE, tokenizer_source: str | None = None) -> Path:
+                      max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE, tokenizer_source: str | None = None,
+                      train_seq_length: int | None = None) -> Path:
     """Write the HF folder for a training state dict; returns the folder. ``tokenizer_source`` names
-    where ``tokenizer`` came from in error messages (default: the ``--tokenizer`` flag)."""
+    where ``tokenizer`` came from in error messages (default: the ``--tokenizer`` flag);
+    ``train_seq_length`` goes to config.json (:func:`hf_config`)."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     output = Path(output)
@@ -254,7 +261,7 @@ def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: 
         if len(tok) > cfg.vocab_size:
             raise LoopDataError(f"tokenizer '{tokenizer}' has {len(tok)} tokens but the model's vocab_size is "
                                 f"{cfg.vocab_size}; expected the tokenizer the model was trained with")
-    config = hf_config(cfg, token_ids)
+    config = hf_config(cfg, token_ids, train_seq_length)
     hf_state = to_hf_state_dict(state, cfg)
     if is_native(cfg):
         with torch.device("meta"):
@@ -397,7 +404,8 @@ def convert_checkpoint(ckpt_dir: str | os.PathLike, output: str | os.PathLike, t
     report_selection(chosen)
     state = read_weights(chosen)
     return export_state_dict(state, cfg.model, output, tokenizer=tokenizer, overwrite=overwrite,
-                             max_shard_size=max_shard_size, tokenizer_source=source)
+                             max_shard_size=max_shard_size, tokenizer_source=source,
+                             train_seq_length=cfg.train.seq_length)
 
 
 def read_hf_state_dict(hf_dir: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -199,6 +199,11 @@ class LoopLMConfig(PretrainedConfig):
             if getattr(self, key) not in allowed:
                 raise ValueError(f"LoopLMConfig.{key}={getattr(self, key)!r}: expected one of {allowed}")
         _check_exit_threshold(self.exit_threshold)
+        # beta holds one entry per lag j = 1..w (Eq. history_state_injection): w = 0 has none
+        window = self.history_window
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"LoopLMConfig.history_window={window!r}: expected an integer >= 1 "
+                             "(the number of past states the history injection reads)")
         if self.hidden_act != "silu":
             raise ValueError(f"LoopLMConfig.hidden_act={self.hidden_act!r}: only 'silu' (SwiGLU) is supported")
 

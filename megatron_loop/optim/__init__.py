@@ -13,7 +13,7 @@ from typing import Any
 _EXPORTS = {
     "EngineParts": "engine", "OptimizerSettings": "engine", "attach_zero_layouts": "engine",
     "build_engine": "engine", "build_optimizer": "engine", "init_distributed": "engine",
-    "load_ds_config": "engine", "resolve_ds_config": "engine", "check_precision": "engine",
+    "load_ds_config": "engine", "resolve_ds_config": "ds_config", "check_precision": "ds_config",
     "describe_precision": "engine",
     "muon_scale": "muon", "newton_schulz": "muon", "orthogonalized_update": "muon",
     "ADAMW_GROUP": "optimizer", "MUON_GROUP": "optimizer", "MuonAdamW": "optimizer",

@@ -28,7 +28,7 @@ it and frees it, so no bf16 copy lives across micro-batches) and keeps ``DeepSpe
 (ZeRO 3) with an fp32 gradient partition that every micro-batch's reduced gradient is added to.
 ``communication_data_type`` sets the dtype of that reduction (DeepSpeed's bf16 default would
 sum the ranks' gradients in bf16). The shipped configs set both to fp32; a bf16 run whose JSON
-leaves the accumulation dtype unset is refused (:func:`check_precision`). Stage 0 stays fp32
+leaves the accumulation dtype unset is refused (:func:`~megatron_loop.optim.ds_config.check_precision`). Stage 0 stays fp32
 only: without ZeRO, DeepSpeed 0.19 raises NotImplementedError for bf16 weights with fp32
 accumulation (``_do_optimizer_sanity_check``) and would otherwise wrap bf16 in its own optimizer.
 """
@@ -46,13 +46,13 @@ import torch
 import torch.distributed as dist
 
 from megatron_loop.errors import LoopConfigError
+from megatron_loop.optim.ds_config import resolve_ds_config
 from megatron_loop.optim.layout import PartitionLayout
 from megatron_loop.optim.muon import ScaleRule
 from megatron_loop.optim.optimizer import MuonAdamW, role_param_groups
 from megatron_loop.optim.schedule import FINAL_FRACTION, STABLE_FRACTION, WARMUP_FRACTION, wsd_scheduler
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "deepspeed_configs"
-AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -119,107 +119,6 @@ def load_ds_config(zero_stage: int | None = None, ds_config: str | Path | dict |
     if zero_stage is not None and stage != zero_stage:
         raise LoopConfigError(f"DeepSpeed config has ZeRO stage {stage}, expected {zero_stage}")
     return config
-
-
-def resolve_ds_config(
-    config: dict,
-    *,
-    micro_batch_size: int,
-    grad_accum: int,
-    data_parallel_size: int,
-    bf16: bool | None,
-    grad_clip: float,
-) -> dict:
-    """Fill DeepSpeed's ``"auto"`` values from the run and check the batch arithmetic.
-
-    ``train_batch_size = micro_batch_size * grad_accum * data_parallel_size`` (App. C.2: 38 x 6
-    x 8 = 1,824); a number already in the file must agree. ``bf16=None`` takes the file's value,
-    where ``"auto"`` means bf16 on GPU and fp32 on CPU. The optimizer and scheduler come from
-    code, so the file must not name any. Gradient clipping goes to ZeRO (stage >= 1, raw
-    gradients) or to the optimizer (stage 0), see :func:`build_engine`.
-    """
-    config = json.loads(json.dumps(config))
-    for key in ("optimizer", "scheduler"):
-        if key in config:
-            raise LoopConfigError(
-                f"DeepSpeed config must not set {key!r}: the optimizer and WSD schedule come from code"
-            )
-    if min(micro_batch_size, grad_accum, data_parallel_size) < 1:
-        raise LoopConfigError("micro_batch_size, grad_accum and data-parallel size must be >= 1")
-    wanted = {
-        "train_micro_batch_size_per_gpu": micro_batch_size,
-        "gradient_accumulation_steps": grad_accum,
-        "train_batch_size": micro_batch_size * grad_accum * data_parallel_size,
-    }
-    for key, value in wanted.items():
-        given = config.get(key, AUTO)
-        if given != AUTO and given != value:
-            raise LoopConfigError(
-                f"DeepSpeed config {key}={given} disagrees with micro {micro_batch_size} x accum "
-                f"{grad_accum} x data-parallel {data_parallel_size} (= global {wanted['train_batch_size']})"
-            )
-        config[key] = value
-    stage = config.setdefault("zero_optimization", {}).setdefault("stage", 0)
-    if stage not in (0, 1, 2, 3):
-        raise LoopConfigError(f"ZeRO stage must be 0-3, got {stage}")
-    for key in ("offload_optimizer", "offload_param"):
-        device = config["zero_optimization"].get(key, {}).get("device", "none")
-        if device not in (None, "none"):
-            # the Muon gather runs on the partitions' device; offloaded partitions are untested
-            raise LoopConfigError(f"zero_optimization.{key} is not supported with the Muon optimizer")
-    if bf16 is None:
-        given = config.get("bf16", {}).get("enabled", AUTO)
-        bf16 = torch.cuda.is_available() if given == AUTO else bool(given)
-    if bf16 and stage == 0:
-        # DeepSpeed wraps bf16 at stage 0 in its own optimizers; use ZeRO 1 (same maths).
-        raise LoopConfigError("bf16 needs ZeRO stage >= 1 (use deepspeed_configs/zero1.json)")
-    config["bf16"] = {**config.get("bf16", {}), "enabled": bool(bf16)}
-    config.setdefault("fp16", {})["enabled"] = False
-    check_precision(config, bool(bf16))
-    given_clip = config.get("gradient_clipping", AUTO)
-    if given_clip != AUTO and float(given_clip) != float(grad_clip):
-        raise LoopConfigError(f"DeepSpeed config gradient_clipping={given_clip} disagrees with grad_clip={grad_clip}")
-    # stage >= 1: ZeRO clips the raw gradient partitions with one global norm; stage 0: the
-    # optimizer clips (DeepSpeed's stage-0 clip would not report the norm).
-    config["gradient_clipping"] = float(grad_clip) if stage >= 1 else 0.0
-    config["zero_allow_untested_optimizer"] = True
-    return config
-
-
-ACCUMULATION_KEY = "data_types.grad_accum_dtype"
-COMMUNICATION_KEY = "communication_data_type"
-
-
-def dtype_name(value: Any) -> str | None:
-    """DeepSpeed's spelling of a dtype (``"fp32"``, ``"bf16"``, ...) for any alias it accepts; None if unset."""
-    if value is None:
-        return None
-    from deepspeed.runtime.config import DtypeEnum
-
-    try:
-        return DtypeEnum(value).name
-    except ValueError:
-        raise LoopConfigError(f"DeepSpeed config {ACCUMULATION_KEY}={value!r}: expected 'fp32' or 'bf16'") from None
-
-
-def check_precision(config: dict, bf16: bool) -> None:
-    """Refuse a bf16 run whose micro-batch gradients DeepSpeed would sum in bf16 without being asked.
-
-    bf16 runs need ``data_types.grad_accum_dtype``: ``"fp32"`` (the shipped configs) or ``"bf16"``
-    to accept bf16 accumulation explicitly. An unset ``communication_data_type`` follows it, so the
-    data-parallel sum is in the same precision as the micro-batch sum (see the module docstring).
-    """
-    accumulation = dtype_name(config.get("data_types", {}).get("grad_accum_dtype"))
-    if bf16 and accumulation is None:
-        raise LoopConfigError(
-            f"DeepSpeed config sets no {ACCUMULATION_KEY}: a bf16 run would sum the micro-batch gradients in "
-            f"bf16; set it to \"fp32\" (as deepspeed_configs/zero*.json) or to \"bf16\" to accept bf16 accumulation")
-    allowed = ("fp32", "bf16") if bf16 else ("fp32", None)
-    if accumulation not in allowed:
-        expected = "'fp32' or 'bf16'" if bf16 else "'fp32' (or unset) in an fp32 run"
-        raise LoopConfigError(f"DeepSpeed config {ACCUMULATION_KEY}={accumulation!r}: expected {expected}")
-    if bf16:
-        config.setdefault(COMMUNICATION_KEY, accumulation)
 
 
 def accumulation_dtype(zero_optimizer: Any) -> torch.dtype:
@@ -351,6 +250,9 @@ def build_engine(
         data_parallel_size=dist.get_world_size() if dist.is_initialized() else 1,
         bf16=bf16,
         grad_clip=settings.grad_clip,
+        source=(f"train.deepspeed_config={str(ds_config)!r}" if isinstance(ds_config, (str, Path))
+                else "DeepSpeed config"),
+        cuda=torch.cuda.is_available(),  # bf16.enabled "auto" (with train.precision auto): bf16 on GPU
     )
     stage = config["zero_optimization"]["stage"]
     optimizer = build_optimizer(model, settings, clip_in_optimizer=stage == 0)

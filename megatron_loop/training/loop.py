@@ -22,6 +22,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from itertools import islice
@@ -80,11 +81,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def resolve_precision(precision: str) -> bool:
-    """True for bf16: ``auto`` is bf16 on GPU (as the paper) and fp32 on CPU."""
-    return torch.cuda.is_available() if precision == "auto" else precision == "bf16"
 
 
 def peak_flops_per_device(cfg: Config) -> float:
@@ -183,7 +179,8 @@ def build_engine(cfg: Config, ds_config: Path | dict, accumulation: int, total_s
         stable_fraction=t.stable_fraction, min_lr_ratio=t.min_lr_ratio,
         optimizer=t.optimizer, muon_conditioning_matrices=t.muon_conditioning_matrices)
     parts = build_optim_engine(model, settings, micro_batch_size=t.micro_batch_size, grad_accum=accumulation,
-                               total_steps=total_steps, bf16=resolve_precision(t.precision), ds_config=ds_config)
+                               total_steps=total_steps, ds_config=ds_config,
+                               bf16=None if t.precision == "auto" else t.precision == "bf16")  # auto: the JSON's
     return parts.engine, parts.optimizer
 
 
@@ -218,7 +215,8 @@ def build_run(cfg: Config, resume: str | None,
     preflight.check_vocabulary(cfg)
     out = Path(t.output_dir)
     preflight.check_output_dir(out, t.resume or resume is not None)
-    ds_config = Path(preflight.check_input_files(cfg)["deepspeed_config"])  # + data prefixes, tokenizer
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # the DeepSpeed JSON is checked against this batch
+    ds_config = Path(preflight.check_input_files(cfg, world)["deepspeed_config"])  # + data prefixes, tokenizer
     total_steps = total_train_steps(cfg)
 
     info = D.setup_distributed(t.collective_timeout_s)
@@ -236,7 +234,8 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
                   lock: RunLock | None, out: Path, ds_config: Path, accumulation: int, total_steps: int):
     t = cfg.train
     if info.is_main:  # the resolved config (YAML + --set overrides + backbone preset + defaults)
-        print(f"resolved config ({cfg.source}):\n{cfg.dumps()}", flush=True)
+        # on stderr with the rest of the run's log (step lines, summary); stdout carries data only
+        print(f"resolved config ({cfg.source}):\n{cfg.dumps()}", file=sys.stderr, flush=True)
     seed_everything(t.seed)
 
     root = out / preflight.CHECKPOINTS

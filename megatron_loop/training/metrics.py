@@ -25,6 +25,7 @@ import os
 import resource
 import secrets
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -89,9 +90,9 @@ def _loss(value: float) -> str:
     return f"{value:.4f}" if math.isfinite(value) else str(value)
 
 
-def format_train_line(record: dict[str, Any], total_steps: int) -> str:
+def format_train_line(record: dict[str, Any], total_steps: int, eta_s: float | None = None) -> str:
     """The console line of one ``train`` record (Megatron-LM / torchtitan content; fields the
-    record lacks are left out)."""
+    record lacks are left out); ``eta_s``: the estimated time to the last step, appended as ``ETA``."""
     r = record
     parts = [f"step {r['step']:>{len(str(total_steps))}}/{total_steps}", f"loss {_loss(r['loss'])}"]
     lr_muon, lr_adamw = r.get("lr_muon"), r.get("lr_adamw")
@@ -111,6 +112,8 @@ def format_train_line(record: dict[str, Any], total_steps: int) -> str:
         parts.append(f"{r['step_time_s']:.3f} s/step")
     if r.get("skipped_updates"):
         parts.append(f"skipped updates {r['skipped_updates']}")
+    if eta_s is not None and math.isfinite(eta_s):
+        parts.append(f"ETA {timedelta(seconds=round(eta_s))}")
     return " | ".join(parts)
 
 
@@ -136,6 +139,7 @@ class MetricsLogger:
         self._wandb = None
         self._tensorboard = None
         self._bar = None
+        self._started = time.monotonic()  # the ETA extrapolates this run's mean step time
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -187,9 +191,15 @@ class MetricsLogger:
                 self._bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}",
                                       refresh=False)
                 self._bar.refresh()
-            self.message(format_train_line(record, self.total_steps))
+            self.message(format_train_line(record, self.total_steps, self.eta_s(record["step"])))
         elif event == "eval" and len(numeric) > 0:
             self.message(format_eval_line(record))
+
+    def eta_s(self, step: int) -> float | None:
+        """Seconds to ``total_steps`` at the mean time per step of this run so far (validation and
+        saves included, so it tracks the wall clock)."""
+        done = step - self.start_step
+        return (time.monotonic() - self._started) / done * (self.total_steps - step) if done > 0 else None
 
     def data_usage(self, train_usage: list[dict[str, Any]], valid_prefixes: list[str], valid_batches: int) -> None:
         """Log how often the run reads each train prefix (data reuse) and what validation uses."""
@@ -241,6 +251,9 @@ class MetricsLogger:
             lines.append("  " + " | ".join(losses))
         lines.append(f"  checkpoint: {os.path.abspath(ckpt['path']) if 'path' in ckpt else 'none'}")
         lines.append(f"  metrics: {self.path} (plot: python tools/plot_metrics.py {self.path.parent})")
+        if self._bar is not None:  # closed first: its final redraw would otherwise follow the summary
+            self._bar.close()
+            self._bar = None
         self.message("\n".join(lines))
 
     def message(self, text: str) -> None:

@@ -63,22 +63,43 @@ def data_spec(cfg: Config) -> dict[str, Any]:
     return spec
 
 
-def check_input_files(cfg: Config) -> dict[str, Any]:
-    """The files a run opens exist: DeepSpeed JSON, data prefixes (P.bin and P.idx), a local
-    tokenizer. Relative paths are resolved first (:func:`megatron_loop.config.resolve_paths`).
-    Returns them as ``--dry-run`` prints them; the validation prefixes are those the run uses."""
-    resolve_paths(cfg)
-    cwd = os.getcwd()
-    ds = cfg.train.deepspeed_config
+def check_deepspeed_config(cfg: Config, data_parallel_size: int) -> dict[str, Any]:
+    """``train.deepspeed_config`` read and checked against the YAML by the same function the engine
+    uses at launch (:func:`megatron_loop.optim.ds_config.resolve_ds_config`: batch sizes, optimizer
+    and scheduler blocks, clipping, ZeRO stage, offload, fp16/bf16 against ``train.precision``).
+    Returns what ``--dry-run`` reports: the ZeRO stage, the precision and which side chose it."""
+    from megatron_loop.optim.ds_config import precision_choice, resolve_ds_config
+
+    ds, t = cfg.train.deepspeed_config, cfg.train
     if not os.path.isfile(ds):
         raise LoopConfigError(f"train.deepspeed_config={ds!r}: file not found (relative paths are taken from "
-                              f"{cwd}, then the repository); expected e.g. deepspeed_configs/zero1.json")
+                              f"{os.getcwd()}, then the repository); expected e.g. deepspeed_configs/zero1.json")
     try:
         with open(ds) as f:
-            zero_stage = json.load(f).get("zero_optimization", {}).get("stage", 0)
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            raw = json.load(f)
+        if not isinstance(raw, dict):
+            raise ValueError(f"a JSON {type(raw).__name__}")
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
         raise LoopConfigError(f"train.deepspeed_config={ds!r}: not a DeepSpeed JSON config ({e}); expected a JSON "
                               "object like deepspeed_configs/zero1.json") from None
+    bf16 = None if t.precision == "auto" else t.precision == "bf16"
+    resolved = resolve_ds_config(raw, micro_batch_size=t.micro_batch_size,
+                                 grad_accum=accumulation_steps(cfg, data_parallel_size),
+                                 data_parallel_size=data_parallel_size, bf16=bf16, grad_clip=t.grad_clip,
+                                 source=f"train.deepspeed_config={ds!r}")
+    chosen, by = precision_choice(raw, bf16, cuda=None)
+    return {"deepspeed_config": ds, "zero_stage": resolved["zero_optimization"]["stage"],
+            "precision": "auto" if chosen is None else "bf16" if chosen else "fp32", "precision_from": by}
+
+
+def check_input_files(cfg: Config, data_parallel_size: int = 1) -> dict[str, Any]:
+    """The files a run opens exist: DeepSpeed JSON (checked against the YAML,
+    :func:`check_deepspeed_config`), data prefixes (P.bin and P.idx), a local tokenizer. Relative
+    paths are resolved first (:func:`megatron_loop.config.resolve_paths`). Returns them as
+    ``--dry-run`` prints them; the validation prefixes are those the run uses."""
+    resolve_paths(cfg)
+    cwd = os.getcwd()
+    deepspeed = check_deepspeed_config(cfg, data_parallel_size)
     data_spec(cfg)  # an empty train list is its own error
     valid = cfg.data.validation_prefixes() if cfg.train.eval_interval else []  # only what the run opens
     for key, prefixes in (("train_prefixes", cfg.data.train_prefixes), ("valid_prefixes", valid)):
@@ -94,8 +115,7 @@ def check_input_files(cfg: Config) -> dict[str, Any]:
         raise LoopDataError(f"data.tokenizer={tok!r}: no such tokenizer folder or file (relative to {cwd}); "
                             "expected a folder with tokenizer.json or a Hugging Face hub name such as "
                             "meta-llama/Llama-3.1-8B")
-    return {"deepspeed_config": ds, "zero_stage": zero_stage, "train_prefixes": list(cfg.data.train_prefixes),
-            "valid_prefixes": valid, "tokenizer": tok}
+    return {**deepspeed, "train_prefixes": list(cfg.data.train_prefixes), "valid_prefixes": valid, "tokenizer": tok}
 
 
 def is_hub_name(name: str) -> bool:

@@ -1,0 +1,167 @@
+"""The run's DeepSpeed JSON checked against its YAML (App. C.2 batch arithmetic and clipping).
+
+:func:`resolve_ds_config` is the one check: ``pretrain_loop.py --dry-run`` calls it (this module
+imports no torch) and so does the engine at launch (:func:`megatron_loop.optim.build_engine`).
+Who decides what, when both files speak:
+
+* batch sizes: the YAML (``train.micro_batch_size``, ``train.global_batch_size``; the accumulation
+  is derived). The JSON's ``train_batch_size``, ``train_micro_batch_size_per_gpu`` and
+  ``gradient_accumulation_steps`` must be ``"auto"`` (the shipped files) or the same numbers;
+* gradient clipping: ``train.grad_clip``; the JSON's ``gradient_clipping`` ``"auto"`` or the same;
+* precision: ``train.precision`` when it is ``bf16`` or ``fp32``; with ``train.precision: auto`` the
+  JSON's ``bf16.enabled`` decides when it is ``true``/``false``, and its ``"auto"`` means bf16 with
+  CUDA, fp32 without. An explicit JSON value that contradicts an explicit ``train.precision`` is
+  refused; ``fp16`` is refused (the code trains in bf16 or fp32);
+* optimizer and schedule: the code (Muon + AdamW, WSD); an ``optimizer`` or ``scheduler`` block is
+  refused;
+* ZeRO: the JSON's ``zero_optimization.stage`` (0-3); offloading is refused;
+* gradient accumulation precision: a bf16 run needs ``data_types.grad_accum_dtype`` (``"fp32"`` in
+  the shipped files; ``"bf16"`` accepts bf16 sums explicitly), see :func:`check_precision`.
+
+Every other key (communication buckets, ``data_types``, ``checkpoint``, ...) is DeepSpeed's own
+and passed through unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+
+from megatron_loop.errors import LoopConfigError
+
+AUTO = "auto"
+ACCUMULATION_KEY = "data_types.grad_accum_dtype"
+COMMUNICATION_KEY = "communication_data_type"
+# DeepSpeed's DtypeEnum spellings (deepspeed/runtime/config.py), without importing torch.
+DTYPE_ALIASES = {
+    "fp32": ("fp32", "float32", "float", "torch.float32"),
+    "bf16": ("bf16", "bfloat16", "torch.bfloat16"),
+    "fp16": ("fp16", "float16", "half", "torch.float16"),
+    "int8": ("int8", "torch.int8"),
+}
+
+
+def dtype_name(value) -> str | None:
+    """DeepSpeed's name of a dtype (``"fp32"``, ``"bf16"``, ...) for any alias it accepts; None if unset."""
+    if value is None:
+        return None
+    for name, aliases in DTYPE_ALIASES.items():
+        if str(value) in aliases:
+            return name
+    raise LoopConfigError(f"DeepSpeed config {ACCUMULATION_KEY}={value!r}: expected 'fp32' or 'bf16'")
+
+
+def check_precision(config: dict, bf16: bool) -> None:
+    """Refuse a bf16 run whose micro-batch gradients DeepSpeed would sum in bf16 without being asked.
+
+    DeepSpeed 0.19 sums micro-batch gradients in the weights' dtype unless
+    ``data_types.grad_accum_dtype`` says otherwise (ZeRO 1 then builds its BF16_Optimizer with fp32
+    gradient buffers, ZeRO 2/3 fp32 gradient partitions). bf16 runs therefore need the key:
+    ``"fp32"`` (the shipped configs, as Megatron-LM's ``main_grad``) or ``"bf16"`` to accept bf16
+    accumulation explicitly. An unset ``communication_data_type`` follows it, so the data-parallel
+    sum is in the same precision as the micro-batch sum.
+    """
+    accumulation = dtype_name((config.get("data_types") or {}).get("grad_accum_dtype"))
+    if bf16 and accumulation is None:
+        raise LoopConfigError(
+            f"DeepSpeed config sets no {ACCUMULATION_KEY}: a bf16 run would sum the micro-batch gradients in "
+            f"bf16; set it to \"fp32\" (as deepspeed_configs/zero*.json) or to \"bf16\" to accept bf16 accumulation")
+    allowed = ("fp32", "bf16") if bf16 else ("fp32", None)
+    if accumulation not in allowed:
+        expected = "'fp32' or 'bf16'" if bf16 else "'fp32' (or unset) in an fp32 run"
+        raise LoopConfigError(f"DeepSpeed config {ACCUMULATION_KEY}={accumulation!r}: expected {expected}")
+    if bf16:
+        config.setdefault(COMMUNICATION_KEY, accumulation)
+
+
+def precision_choice(config: dict, bf16: bool | None, cuda: bool | None) -> tuple[bool | None, str]:
+    """(bf16 or not, which side decided): ``bf16`` is the YAML's choice (None: ``train.precision: auto``);
+    ``cuda`` None leaves an all-``auto`` choice open (the dry run, which imports no torch)."""
+    given = (config.get("bf16") or {}).get("enabled", AUTO)
+    if bf16 is not None:
+        return bf16, "train.precision"
+    if given != AUTO:
+        return bool(given), "bf16.enabled of train.deepspeed_config"
+    if cuda is None:
+        return None, "train.precision auto and bf16.enabled auto: bf16 with CUDA, fp32 without"
+    return cuda, "auto: bf16 with CUDA, fp32 without"
+
+
+def resolve_ds_config(
+    config: dict,
+    *,
+    micro_batch_size: int,
+    grad_accum: int,
+    data_parallel_size: int,
+    bf16: bool | None,
+    grad_clip: float,
+    source: str = "DeepSpeed config",
+    cuda: bool | None = None,
+) -> dict:
+    """Check ``config`` against the run and fill DeepSpeed's ``"auto"`` values (see the module doc).
+
+    ``train_batch_size = micro_batch_size * grad_accum * data_parallel_size`` (App. C.2: 38 x 6 x 8
+    = 1,824). ``bf16`` is the YAML's precision (None for ``auto``); ``cuda`` whether a GPU is there
+    (None: unknown, the dry run: bf16 stays ``"auto"`` when nothing decides it). Gradient clipping
+    goes to ZeRO (stage >= 1, raw gradients) or to the optimizer (stage 0), see ``build_engine``.
+    ``source`` names the file in messages.
+    """
+    config = json.loads(json.dumps(config))
+    for key in ("optimizer", "scheduler"):
+        if key in config:
+            raise LoopConfigError(f"{source}: sets {key!r}; expected no {key!r} block: the optimizer (Muon + "
+                                  "AdamW) and the WSD schedule come from the YAML's train.* settings")
+    if min(micro_batch_size, grad_accum, data_parallel_size) < 1:
+        raise LoopConfigError("micro_batch_size, grad_accum and data-parallel size must be >= 1")
+    wanted = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": micro_batch_size * grad_accum * data_parallel_size,
+    }
+    for key, value in wanted.items():
+        given = config.get(key, AUTO)
+        if given != AUTO and given != value:
+            raise LoopConfigError(
+                f"{source}: {key}={given} disagrees with micro {micro_batch_size} x accum {grad_accum} x "
+                f"data-parallel {data_parallel_size} (= global {wanted['train_batch_size']}); the YAML's "
+                "train.global_batch_size and train.micro_batch_size decide: set \"auto\" in the JSON")
+        config[key] = value
+    zero = config.setdefault("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise LoopConfigError(f"{source}: zero_optimization={zero!r}; expected a JSON object")
+    stage = zero.setdefault("stage", 0)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        raise LoopConfigError(f"{source}: zero_optimization.stage={stage!r}; expected a ZeRO stage 0, 1, 2 or 3")
+    for key in ("offload_optimizer", "offload_param"):
+        device = (zero.get(key) or {}).get("device", "none")
+        if device not in (None, "none"):
+            # Muon gathers whole matrices on the partitions' device; offloaded partitions are untested
+            raise LoopConfigError(f"{source}: zero_optimization.{key}.device={device!r}: offloading is not "
+                                  "supported with the Muon optimizer; expected \"none\" or no offload block")
+    fp16 = (config.get("fp16") or {}).get("enabled", False)
+    if fp16 not in (False, AUTO):
+        raise LoopConfigError(f"{source}: fp16.enabled={json.dumps(fp16)}: fp16 training is not supported; "
+                              "expected it false or absent (train.precision chooses bf16 or fp32)")
+    given = (config.get("bf16") or {}).get("enabled", AUTO)
+    if bf16 is not None and given != AUTO and bool(given) != bf16:
+        raise LoopConfigError(
+            f"{source}: bf16.enabled={json.dumps(given)} disagrees with train.precision="
+            f"{'bf16' if bf16 else 'fp32'!r}; train.precision decides: set bf16.enabled to \"auto\" in the JSON, "
+            "or train.precision: auto to let the JSON decide")
+    bf16, _ = precision_choice(config, bf16, cuda)
+    if bf16 and stage == 0:
+        # DeepSpeed wraps bf16 at stage 0 in its own optimizers; use ZeRO 1 (same maths).
+        raise LoopConfigError(f"{source}: bf16 needs ZeRO stage >= 1 (use deepspeed_configs/zero1.json)")
+    config["bf16"] = {**(config.get("bf16") or {}), "enabled": AUTO if bf16 is None else bool(bf16)}
+    config["fp16"] = {**(config.get("fp16") or {}), "enabled": False}
+    if bf16 is not None:
+        check_precision(config, bool(bf16))
+    given_clip = config.get("gradient_clipping", AUTO)
+    if given_clip != AUTO and (isinstance(given_clip, bool) or not isinstance(given_clip, (int, float))
+                               or float(given_clip) != float(grad_clip)):
+        raise LoopConfigError(f"{source}: gradient_clipping={given_clip} disagrees with train.grad_clip={grad_clip}; "
+                              "train.grad_clip decides: set \"auto\" in the JSON")
+    # stage >= 1: ZeRO clips the raw gradient partitions with one global norm; stage 0: the
+    # optimizer clips (DeepSpeed's stage-0 clip would not report the norm).
+    config["gradient_clipping"] = float(grad_clip) if stage >= 1 else 0.0
+    config["zero_allow_untested_optimizer"] = True
+    return config
