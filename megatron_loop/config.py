@@ -315,6 +315,9 @@ class DataConfig:
     valid_prefixes: list[str] | None = None
     tokenizer: str | None = None
     num_workers: int = 1
+    # Longest wait for a batch from the DataLoader workers before the run stops with an error
+    # (a worker that hung or was stopped would otherwise freeze the run).
+    worker_timeout_s: float = 600.0
     # ``shuffled``: documents packed in a seed-determined permutation (per epoch); ``stream``: in
     # the order preprocessing wrote them (the paper shuffles once, at streaming time, App. C.1).
     order: str = "shuffled"
@@ -337,6 +340,9 @@ class DataConfig:
             raise LoopConfigError(f"{prefix}.train_weights={self.train_weights}: expected positive weights")
         if self.num_workers < 0:
             raise LoopConfigError(f"{prefix}.num_workers={self.num_workers}: expected an integer >= 0")
+        if not self.worker_timeout_s > 0:
+            raise LoopConfigError(f"{prefix}.worker_timeout_s={self.worker_timeout_s}: expected a positive number "
+                                  "of seconds")
 
 
 @dataclass

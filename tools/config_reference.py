@@ -101,6 +101,7 @@ DESCRIPTIONS: dict[str, str] = {
                            "train prefix when it exists; `[]`: no validation.",
     "data.tokenizer": "Tokenizer folder or hub name (vocabulary check, HF export).",
     "data.num_workers": "DataLoader worker processes.",
+    "data.worker_timeout_s": "Longest wait (seconds) for a batch from the DataLoader workers; a worker that hung or was stopped (SIGSTOP) makes the run stop with one error line instead of freezing it (docs/RELIABILITY.md).",
     "data.order": "`shuffled`: documents packed in a seeded permutation per epoch; `stream`: in the order preprocessing wrote them, as the paper (App. C.1: streamed and shuffled once with a 10,000-document buffer, seed 42, by `tools/preprocess_data.py --streaming`).",
     # ---- logging
     "logging.wandb_project": "Weights & Biases project (`null`: no wandb).",
