@@ -32,6 +32,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
+from megatron_loop.atomic import atomic_path  # noqa: E402
 
 TRAJECTORY_PNG = "geometry_trajectory.png"
 INTERACTION_PNG = "geometry_interaction.png"
@@ -187,7 +188,8 @@ def write_figures(report: dict, output_dir: str | Path) -> list[Path]:
     for name, make in FIGURES:
         fig = make(report)
         if fig is not None:
-            fig.savefig(out / name, dpi=120, bbox_inches="tight")
+            with atomic_path(out / name) as tmp:
+                fig.savefig(tmp, dpi=120, bbox_inches="tight")
             plt.close(fig)
             paths.append(out / name)
     return paths

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from megatron_loop.atomic import fsync_path, write_atomic
 from megatron_loop.config import Config
 from megatron_loop.errors import LoopDataError, os_error_text
 from megatron_loop.model.io import (LATEST, MANIFEST, PARTIAL, SET_ASIDE, SelectedCheckpoint, complete_tags,
@@ -99,14 +100,6 @@ def restore_rng(state: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- files
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _first_line(error: BaseException) -> str:
     """Errors are reported on one line (the CLI prints exactly one ``error:`` line)."""
     text = str(error).strip()
@@ -136,24 +129,14 @@ def write_failure(error: BaseException, folder: Path) -> str:
         return _first_line(error)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync(path.parent)
-
-
 def write_manifest(tag_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     """Size and sha256 of every file under ``tag_dir`` (flushed to disk first), plus ``meta``."""
     files = {}
     for path in sorted(p for p in tag_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
-        _fsync(path)
+        fsync_path(path)
         files[path.relative_to(tag_dir).as_posix()] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
     manifest = {"format": FORMAT_VERSION, **meta, "files": files}
-    _write_atomic(tag_dir / MANIFEST, json.dumps(manifest, indent=1))
+    write_atomic(tag_dir / MANIFEST, json.dumps(manifest, indent=1), durable=True)
     return manifest
 
 
@@ -178,8 +161,8 @@ def publish(root: Path, partial: Path, tag: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(partial, final)
-    _fsync(root)
-    _write_atomic(root / LATEST, tag)
+    fsync_path(root)
+    write_atomic(root / LATEST, tag, durable=True)
 
 
 def prune(root: Path, keep_last: int) -> list[str]:
@@ -274,16 +257,16 @@ def set_aside_newer(root: Path, point: SelectedCheckpoint, metrics: Path | None)
             os.replace(root / tag, dest / tag)
         if metrics is not None and metrics.is_file():
             dropped = [line for line in metrics.read_text().splitlines() if _record_step(line) > step]
-            (dest / metrics.name).write_text("".join(line + "\n" for line in dropped))
-        _fsync(root)
+            write_atomic(dest / metrics.name, "".join(line + "\n" for line in dropped))
+        fsync_path(root)
     latest = read_latest(root)
     if point.root.resolve() == root.resolve():
         if latest != point.tag:
-            _write_atomic(root / LATEST, point.tag)
+            write_atomic(root / LATEST, point.tag, durable=True)
     elif latest is not None and not (root / latest).is_dir():  # it named a checkpoint just set aside
         remaining = complete_tags(root)
         if remaining:
-            _write_atomic(root / LATEST, remaining[0][1])
+            write_atomic(root / LATEST, remaining[0][1], durable=True)
         else:
             (root / LATEST).unlink()
     return dest
