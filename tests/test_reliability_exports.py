@@ -92,6 +92,7 @@ def test_overwrite_killed_mid_swap_keeps_the_old_export(tmp_path):
     assert _modes(hf) == ({0o755}, {0o644})
 
 
+@pytest.mark.timeout(300)
 def test_a_second_export_to_the_same_folder_is_refused_while_one_runs(tmp_path):
     """Two exports to one --output at once: the second stops with one error naming the first
     (before any work), the first's lock is intact, and nothing of the second is left behind."""
@@ -120,6 +121,7 @@ def test_a_second_export_to_the_same_folder_is_refused_while_one_runs(tmp_path):
     assert (hf / "config.json").is_file() and _hidden(tmp_path) == []
 
 
+@pytest.mark.timeout(300)
 def test_read_only_output_is_refused_before_the_weights_are_read(tmp_path):
     ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
     ro = tmp_path / "ro"
@@ -132,6 +134,7 @@ def test_read_only_output_is_refused_before_the_weights_are_read(tmp_path):
     assert "reading " not in result.stderr  # refused before the checkpoint was chosen and consolidated
 
 
+@pytest.mark.timeout(300)
 def test_overwrite_export_under_a_file_size_limit_keeps_the_old_export(tmp_path):
     """The disk fills (here: ``ulimit -f``, the same write failure) while the new export's
     safetensors are written: one error naming the condition; the old export is untouched."""

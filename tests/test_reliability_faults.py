@@ -212,6 +212,7 @@ def test_stopped_rank_makes_the_others_fail_within_the_collective_timeout(tmp_pa
     assert re.search(r"exitcode\W+1\b", out) and time.monotonic() - start < 240
 
 
+@pytest.mark.timeout(400)
 def test_data_and_tokenizer_replaced_in_place_are_caught(tmp_path):
     """Same names and sizes, other content: the training data reversed in place is refused at
     resume (sampled-block + index hash); the tokenizer folder retrained in place is refused at
@@ -253,3 +254,18 @@ def test_data_and_tokenizer_replaced_in_place_are_caught(tmp_path):
                         r"its files is [0-9a-f]{12}, .*global_step2/manifest\.json records [0-9a-f]{12} .*; pass "
                         r"--tokenizer with the tokenizer of training", export.stderr.splitlines()[-1])
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.timeout(600)
+def test_sigint_to_the_deepspeed_group_and_sighup_to_torchrun_checkpoint(tmp_path):
+    """SIGINT to the whole ``deepspeed`` launcher group (Ctrl-C in its terminal): launch.py also
+    SIGTERMs the ranks; the ranks stop after the step with a checkpoint (under plain python
+    Ctrl-C stays an immediate stop, exit 130). SIGHUP to torchrun (its ssh session dropped):
+    torchrun forwards it and the ranks checkpoint instead of dying of it."""
+    run_dir = tmp_path / "run"
+    proc, out, first = _interrupted(run_dir, lambda p: os.killpg(p.pid, signal.SIGINT), "deepspeed")
+    assert first["reason"] in ("SIGINT", "SIGTERM"), out[-4000:]
+    assert "stopped without saving" not in out, out[-4000:]
+
+    proc, out, second = _interrupted(run_dir, lambda p: p.send_signal(signal.SIGHUP), "torchrun")
+    assert second["reason"] == "SIGHUP" and second["step"] > first["step"], out[-4000:]

@@ -213,6 +213,7 @@ def test_slurm_example_sets_what_the_reliability_doc_says():
     assert not missing, f"examples/slurm_pretrain.sbatch lacks: {missing}"
 
 
+@pytest.mark.timeout(300)
 def test_resume_from_another_runs_checkpoint_adopts_it_as_the_branch_point(tmp_path):
     """``--resume A/checkpoints/global_step9`` into folder B that has its own global_step9 (and 10):
     B's own 9 and 10 move aside (another lineage), A's step 9 is published in B (hard links) and
@@ -231,6 +232,7 @@ def test_resume_from_another_runs_checkpoint_adopts_it_as_the_branch_point(tmp_p
     assert restart.tag == "global_step9" and restart.root == ckpt and restart.notes == ()
 
 
+@pytest.mark.timeout(300)
 def test_latest_holding_bytes_that_are_not_a_tag_is_one_error_or_a_fallback(tmp_path):
     ckpt = _ckpt(tmp_path)
     (ckpt / "latest").write_bytes(b"\xff\xfe\x00garbage\x80")
@@ -244,6 +246,7 @@ def test_latest_holding_bytes_that_are_not_a_tag_is_one_error_or_a_fallback(tmp_
         select_explicit(ckpt)  # --resume of the folder: refused with one line
 
 
+@pytest.mark.timeout(60)
 def test_file_size_limit_above_the_probe_size_is_named_as_efbig(tmp_path):
     """``ulimit -f`` of 2 MiB: the 1 MiB probe write passes, so only the limit explains torch's failure."""
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -260,6 +263,7 @@ def test_file_size_limit_above_the_probe_size_is_named_as_efbig(tmp_path):
                            f"limit of {2 << 20} bytes; torch: "), text
 
 
+@pytest.mark.timeout(60)
 def test_lock_file_naming_a_live_process_says_so_when_taken_over(tmp_path):
     """A run folder copied from a running run: its run.lock names a live pid on this host but no
     process holds the flock. The takeover says what was seen, not that the holder ended."""

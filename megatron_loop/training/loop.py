@@ -266,9 +266,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     state = C.TrainState()
     logger_msgs = []
     if lock is not None and lock.taken_over:
-        held = ", ".join(f"{k} {lock.taken_over.get(k)}" for k in ("host", "pid", "started"))
-        logger_msgs.append(f"{lock.path}: taking over train.output_dir from a run that ended without "
-                           f"releasing it ({held})")
+        logger_msgs.append(lock.takeover_note())
     if point is not None:
         fresh = R.Hyperparameters.of(engine, optimizer)  # the new config's settings, before the load
         state = C.load_checkpoint(engine, point, info, load_dir=load_dir)
@@ -402,7 +400,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
     start = time.monotonic()
     t = cfg.train
     # Before anything forks (DataLoader workers): a signal during startup is not lost either.
-    stopper = StopController(t.wall_time_limit_s, start).install()
+    stopper = StopController(t.wall_time_limit_s, start).install(sigint=bool(D.launcher_processes()))
     run = logger = state = None
     try:
         run, state, logger = build_run(cfg, resume, stopper)
