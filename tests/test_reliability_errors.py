@@ -121,3 +121,21 @@ def test_exception_on_one_rank_ends_every_process_of_a_torchrun_launch(tmp_path)
     assert code != 0, out[-4000:]
     assert out.count("RuntimeError: injected fault in training forward 5") == 1, out[-4000:]
     assert not records(run_dir, "summary") and _released(run_dir)
+
+
+@pytest.mark.timeout(300)
+def test_metrics_file_removed_mid_run_is_recreated_and_reported(tmp_path):
+    """``rm metrics.jsonl`` under a running run: appends would go to the unlinked file and the
+    run would end with rc 0 and no metrics. The logger notices at the next record, recreates the
+    file, says so, and the summary records it."""
+    run_dir = tmp_path / "run"
+    code, out, _ = _run_to_end("metrics@remove:3", run_dir)
+    assert code == 0, out[-4000:]
+    # removed after the train record of step 3; the next record is step 3's checkpoint
+    assert f"warning: {run_dir / 'metrics.jsonl'} was removed during the run; recreated at step 3" in out
+    recs = records(run_dir)
+    assert recs[:2] == [{"event": "metrics_recreated", "step": 3},
+                        {"event": "checkpoint", "step": 3, "tag": "global_step3",
+                         "path": str(run_dir / "checkpoints" / "global_step3")}]
+    assert [r["step"] for r in recs if r["event"] == "train"] == list(range(4, 11))
+    assert records(run_dir, "summary")[0]["metrics_recreated_at"] == 3
