@@ -279,3 +279,15 @@ def test_lock_file_naming_a_live_process_says_so_when_taken_over(tmp_path):
     assert note == (f"{out / 'run.lock'}: taking over train.output_dir: the lock file names host "
                     f"{os.uname().nodename}, pid {os.getpid()}, started 2026-01-01T00:00:00Z (alive) but no process "
                     "holds its lock: the folder was copied from another run, or that run holds a copy elsewhere")
+
+
+def test_connection_refused_is_not_reported_as_a_start_up_timeout():
+    """torch's TCPStore client after a torchrun restart (the old address); its text also names
+    the timeout it would have waited, which read as "did not all start within 60 s" 0.4 s in."""
+    from megatron_loop.training.distributed import collective_failure
+
+    seen = ("The client socket has failed to connect to [localhost]:29500 (errno: 111 - Connection refused). "
+            "The server socket has timed out (timeout 60000 ms)")
+    why = collective_failure(RuntimeError(seen), 60, started=False)
+    assert why == ("a rank could not connect to another rank (connection refused: no process listening there, "
+                   f"e.g. a rank that exited, or an old address after a torchrun restart; seen: {seen})")
