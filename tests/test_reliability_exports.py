@@ -65,11 +65,16 @@ def test_corrupt_newest_checkpoint_falls_back_and_is_refused_by_name(tmp_path, c
     assert all(torch.equal(weights[k], step9[k]) for k in step9)
 
 
-def test_overwrite_killed_mid_swap_keeps_the_old_export(tmp_path):
+def _exported(tmp_path):
+    """A copy of the reference run and its step-9 export: (checkpoints, export folder, its files)."""
     ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
     hf = tmp_path / "hf"
     convert_checkpoint(ckpt, hf, tag="global_step9")
-    old = {p.name: p.read_bytes() for p in hf.iterdir()}
+    return ckpt, hf, {p.name: p.read_bytes() for p in hf.iterdir()}
+
+
+def test_overwrite_killed_mid_swap_keeps_the_old_export(tmp_path):
+    ckpt, hf, old = _exported(tmp_path)
 
     killed = run_cli("kill_in_swap", "convert_to_hf.py", "--checkpoint", str(ckpt), "--output", str(hf),
                      "--overwrite", script=str(FAULTS))
@@ -138,10 +143,8 @@ def test_read_only_output_is_refused_before_the_weights_are_read(tmp_path):
 def test_overwrite_export_under_a_file_size_limit_keeps_the_old_export(tmp_path):
     """The disk fills (here: ``ulimit -f``, the same write failure) while the new export's
     safetensors are written: one error naming the condition; the old export is untouched."""
-    ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
-    hf = tmp_path / "hf"
-    convert_checkpoint(ckpt, hf, tag="global_step9")
-    old = {p.name: p.read_bytes() for p in hf.iterdir()}
+    ckpt, hf, old = _exported(tmp_path)
+
     result = run_cli("fsize@100000", "convert_to_hf.py", "--checkpoint", str(ckpt), "--output", str(hf),
                      "--overwrite", script=str(FAULTS))
     assert result.returncode == 2, result.stderr[-3000:]

@@ -229,8 +229,8 @@ def test_data_and_tokenizer_replaced_in_place_are_caught(tmp_path):
         shutil.copy(assets.prefix + ext, data / f"train{ext}")
     tok = shutil.copytree(assets.tokenizer, tmp_path / "tokenizer")
     run_dir = tmp_path / "run"
-    args = _common(run_dir, f"data.train_prefixes=[{data / 'train'}]", f"data.tokenizer={tok}", "data.valid_prefixes=[]",
-                   "train.max_steps=2", "train.save_interval=2")
+    args = _common(run_dir, f"data.train_prefixes=[{data / 'train'}]", f"data.tokenizer={tok}",
+                   "data.valid_prefixes=[]", "train.max_steps=2", "train.save_interval=2")
     check_ok(run_cli(*args))
 
     bin_file = data / "train.bin"

@@ -243,7 +243,8 @@ class SupervisedBatches:
                             "or was stopped")
 
     def exit_codes(self) -> dict[int, int | None]:
-        """pid -> exit code of this iterator's worker processes (a negative code: the signal)."""
+        """pid -> exit code of this iterator's worker processes (a negative code: the signal).
+        torch keeps them in the iterator's private ``_workers``; without it, no codes."""
         return {w.pid: w.exitcode for w in getattr(self._batches, "_workers", [])}
 
     def __next__(self) -> dict[str, torch.Tensor]:
@@ -273,7 +274,8 @@ def _killed_text(pid: str, name: str, num_workers: int) -> str:
             "with too little memory lower data.num_workers or give the job more memory")
 
 
-def loader_failure(error: BaseException, num_workers: int, exit_codes: dict[int, int | None] | None = None) -> str | None:
+def loader_failure(error: BaseException, num_workers: int,
+                   exit_codes: dict[int, int | None] | None = None) -> str | None:
     """One line for a DataLoader worker that died (torch reports it as a bare ``RuntimeError``,
     from its SIGCHLD handler or, when its status check comes first, without the cause:
     ``exit_codes`` (pid -> exit code) recovers it) or stopped producing batches; None for any

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from megatron_loop.config import Config
-from megatron_loop.data.loaders import LoaderFailure
+from megatron_loop.data.loaders import LoaderFailure, SupervisedBatches, end_loader_workers, loader_failure
 from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
 from megatron_loop.model.io import SelectedCheckpoint, read_latest
 from megatron_loop.training import checkpoint as C
@@ -246,7 +246,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     point = choose_resume_point(root, resume, t.resume, info)  # what changed: refused before any work
     plan = R.plan_resume(point, cfg, info.world_size, _zero_stage(ds_config)) if point else R.ResumePlan()
 
-    from megatron_loop.data.loaders import SupervisedBatches, build_train_valid_loaders
+    from megatron_loop.data.loaders import build_train_valid_loaders
 
     loaders = build_train_valid_loaders(
         preflight.data_spec(cfg), seq_length=t.seq_length, global_batch_size=t.global_batch_size,
@@ -281,7 +281,8 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
 
     from megatron_loop.flops import train_flops_per_token
 
-    run = Run(cfg=cfg, info=info, engine=engine, optimizer=optimizer, train_iter=SupervisedBatches(loaders.train, cfg.data.worker_timeout_s),
+    batches = SupervisedBatches(loaders.train, cfg.data.worker_timeout_s)  # a hung worker is an error
+    run = Run(cfg=cfg, info=info, engine=engine, optimizer=optimizer, train_iter=batches,
               valid_batches=valid_batches, accumulation=accumulation, total_steps=total_steps,
               zero_stage=zero_stage, flops_per_token=train_flops_per_token(cfg.model, t.seq_length),
               peak_flops=peak_flops_per_device(cfg), root=root,
@@ -443,8 +444,6 @@ def train(cfg: Config, resume: str | None = None) -> int:
         logger.summary(state.step, state.consumed_samples, time.monotonic() - start)
         return 0
     except RuntimeError as e:
-        from megatron_loop.data.loaders import loader_failure
-
         if isinstance(e, NonFiniteStop):
             raise
         if (why := loader_failure(e, cfg.data.num_workers)) is not None:
@@ -466,8 +465,6 @@ def _release(run: Run | None, logger: MetricsLogger | None, failed: bool) -> Non
     may not raise: a second error (metrics.jsonl on a full disk fails again as it is closed)
     would mask the first."""
     if failed:
-        from megatron_loop.data.loaders import end_loader_workers
-
         end_loader_workers()
     if logger is not None:
         with contextlib.suppress(Exception) if failed else contextlib.nullcontext():
