@@ -25,6 +25,7 @@ from megatron.core.datasets.indexed_dataset import (
     get_idx_path,
 )
 
+from megatron_loop.atomic import write_atomic
 from megatron_loop.errors import LoopDataError
 
 _HEADER_BYTES = len(_INDEX_HEADER) + 8 + 1 + 8 + 8  # magic, version, dtype code, two counts
@@ -111,9 +112,7 @@ def max_token_id(prefix: str | os.PathLike) -> int:
     for start in range(0, len(tokens), _SCAN_CHUNK):
         result = max(result, int(tokens[start:start + _SCAN_CHUNK].max()))
     try:
-        tmp = cache.with_name(f"{cache.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"key": key, "max_token_id": result}))
-        tmp.replace(cache)
+        write_atomic(cache, json.dumps({"key": key, "max_token_id": result}))
     except OSError:
         pass  # read-only data folder: the scan is repeated next time
     return result
