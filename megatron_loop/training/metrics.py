@@ -175,7 +175,7 @@ class MetricsLogger:
             same = os.path.samestat(os.fstat(self._file.fileno()), os.stat(self.path))
         except FileNotFoundError:
             same = False
-        if same:
+        if same or not self.path.parent.is_dir():  # the folder itself vanished: the run stops on that
             return
         self._file.close()
         self._file = self.path.open("a", encoding="utf-8")
