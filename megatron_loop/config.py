@@ -351,6 +351,9 @@ class DataConfig:
     valid_prefixes: list[str] | None = None
     tokenizer: str | None = None
     num_workers: int = 1
+    # Longest wait for a batch from the DataLoader workers before the run stops with an error
+    # (a worker that hung or was stopped would otherwise freeze the run).
+    worker_timeout_s: float = 600.0
     # ``stream`` (the paper, App. C.1): documents packed in the order preprocessing wrote them,
     # i.e. FineWeb-Edu streamed through a 10,000-document shuffle buffer with seed 42; the paper
     # shuffles once, at streaming time. ``shuffled``: a further seed-determined permutation per epoch.
@@ -374,6 +377,9 @@ class DataConfig:
             raise LoopConfigError(f"{prefix}.train_weights={self.train_weights}: expected positive weights")
         if self.num_workers < 0:
             raise LoopConfigError(f"{prefix}.num_workers={self.num_workers}: expected an integer >= 0")
+        if not self.worker_timeout_s > 0:
+            raise LoopConfigError(f"{prefix}.worker_timeout_s={self.worker_timeout_s}: expected a positive number "
+                                  "of seconds")
 
 
 @dataclass

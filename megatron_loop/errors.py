@@ -1,5 +1,9 @@
 """Project exceptions. CLIs catch them and print one ``error: ...`` line, exit code 2."""
 
+import errno
+import os
+from pathlib import Path
+
 
 class LoopConfigError(ValueError):
     """A configuration value (YAML key, CLI override, model field) is invalid."""
@@ -25,8 +29,47 @@ _PLAIN_ERRNO = {
 
 def os_error_text(error: OSError) -> str:
     """An OS error in plain words with its errno name, e.g. ``no space left on device (ENOSPC)``."""
-    import errno
-
     name = errno.errorcode.get(error.errno or 0)
     words = _PLAIN_ERRNO.get(name or "", error.strerror or str(error))
     return f"{words} ({name})" if name else words
+
+
+def first_line(error: BaseException) -> str:
+    """Errors are reported on one line (the CLI prints exactly one ``error:`` line)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def write_failure(error: BaseException, folder: Path) -> str:
+    """Why writing under ``folder`` failed, in plain words. torch's zip writer reports a full disk
+    as ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``; a 1 MiB probe write
+    then names the condition (ENOSPC, EDQUOT, EFBIG, EROFS, ...)."""
+    if isinstance(error, OSError):
+        return os_error_text(error) + (f": {error.filename}" if error.filename else "")
+    import re
+    import resource
+    import shutil
+
+    if m := re.search(r"os error (\d+)", str(error)):  # safetensors (Rust) reports errno as "os error N"
+        return os_error_text(OSError(int(m.group(1)), "")) + f" ({first_line(error)})"
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:  # a file-size limit fails only the big file; a small probe passes
+        big = max((p.stat().st_size for p in folder.rglob("*") if p.is_file()), default=0) if folder.is_dir() else 0
+        if big >= limit:
+            return (f"{os_error_text(OSError(errno.EFBIG, ''))} (a file reached the limit of {limit} bytes; "
+                    f"torch: {first_line(error)})")
+    probe = folder / f".write_probe.{os.getpid()}"
+    try:
+        with probe.open("wb") as f:
+            f.write(b"\0" * (1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return f"{os_error_text(e)} (torch: {first_line(error)})"
+    finally:
+        probe.unlink(missing_ok=True)
+    try:
+        free = shutil.disk_usage(folder).free
+        return f"{first_line(error)} ({free / 2**20:.0f} MiB free on that file system)"
+    except OSError:
+        return first_line(error)

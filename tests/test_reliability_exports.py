@@ -65,11 +65,16 @@ def test_corrupt_newest_checkpoint_falls_back_and_is_refused_by_name(tmp_path, c
     assert all(torch.equal(weights[k], step9[k]) for k in step9)
 
 
-def test_overwrite_killed_mid_swap_keeps_the_old_export(tmp_path):
+def _exported(tmp_path):
+    """A copy of the reference run and its step-9 export: (checkpoints, export folder, its files)."""
     ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
     hf = tmp_path / "hf"
     convert_checkpoint(ckpt, hf, tag="global_step9")
-    old = {p.name: p.read_bytes() for p in hf.iterdir()}
+    return ckpt, hf, {p.name: p.read_bytes() for p in hf.iterdir()}
+
+
+def test_overwrite_killed_mid_swap_keeps_the_old_export(tmp_path):
+    ckpt, hf, old = _exported(tmp_path)
 
     killed = run_cli("kill_in_swap", "convert_to_hf.py", "--checkpoint", str(ckpt), "--output", str(hf),
                      "--overwrite", script=str(FAULTS))
@@ -90,3 +95,62 @@ def test_overwrite_killed_mid_swap_keeps_the_old_export(tmp_path):
     assert _hidden(tmp_path) == [] and (hf / "config.json").is_file()
     assert {p.name: p.read_bytes() for p in hf.iterdir()} != old
     assert _modes(hf) == ({0o755}, {0o644})
+
+
+@pytest.mark.timeout(300)
+def test_a_second_export_to_the_same_folder_is_refused_while_one_runs(tmp_path):
+    """Two exports to one --output at once: the second stops with one error naming the first
+    (before any work), the first's lock is intact, and nothing of the second is left behind."""
+    import subprocess
+    import sys
+
+    ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
+    hf = tmp_path / "hf"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+                               "from megatron_loop.training.lock import ExportLock\n"
+                               "with ExportLock(Path(sys.argv[1])):\n    print('held', flush=True)\n"
+                               "    time.sleep(120)\n", str(hf)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        second = run_cli("--checkpoint", str(ckpt), "--output", str(hf), script="tools/convert_to_hf.py")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert second.returncode == 2, second.stderr[-3000:]
+    errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: {hf}: another export to this folder is running (host {os.uname().nodename}, "
+                      f"pid {holder.pid}, started {errors[0].split('started ')[1].split(')')[0]}): wait for it "
+                      "to end, or choose another --output"], second.stderr[-3000:]
+    assert not hf.exists() and [n for n in _hidden(tmp_path) if n != ".hf.lock"] == []
+    convert_checkpoint(ckpt, hf)  # the holder is gone: the lock is free again, and removed after
+    assert (hf / "config.json").is_file() and _hidden(tmp_path) == []
+
+
+@pytest.mark.timeout(300)
+def test_read_only_output_is_refused_before_the_weights_are_read(tmp_path):
+    ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    result = run_cli(f"oserror@EROFS:{ro}", "convert_to_hf.py", "--checkpoint", str(ckpt), "--output",
+                     str(ro / "hf"), script=str(FAULTS))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == (f"error: {ro / 'hf'}: cannot write an export there (read-only file "
+                                              f"system (EROFS): {ro / '.hf.lock'}); expected a writable folder")
+    assert "reading " not in result.stderr  # refused before the checkpoint was chosen and consolidated
+
+
+@pytest.mark.timeout(300)
+def test_overwrite_export_under_a_file_size_limit_keeps_the_old_export(tmp_path):
+    """The disk fills (here: ``ulimit -f``, the same write failure) while the new export's
+    safetensors are written: one error naming the condition; the old export is untouched."""
+    ckpt, hf, old = _exported(tmp_path)
+
+    result = run_cli("fsize@100000", "convert_to_hf.py", "--checkpoint", str(ckpt), "--output", str(hf),
+                     "--overwrite", script=str(FAULTS))
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
+    assert line.startswith(f"error: {hf}: writing the export failed (file too large (the process file-size limit, "
+                           "ulimit -f) (EFBIG) ") and line.endswith(f"nothing was published; the previous export in "
+                                                                     f"{hf} is kept"), line
+    assert "Traceback" not in result.stderr
+    assert {p.name: p.read_bytes() for p in hf.iterdir()} == old and _hidden(tmp_path) == []

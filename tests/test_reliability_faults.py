@@ -210,3 +210,62 @@ def test_stopped_rank_makes_the_others_fail_within_the_collective_timeout(tmp_pa
     assert errors == ["error: a collective operation did not complete within train.collective_timeout_s=15 s: "
                       "another rank stopped, hung or died (after step 1; the latest checkpoint is none)"], out[-4000:]
     assert re.search(r"exitcode\W+1\b", out) and time.monotonic() - start < 240
+
+
+@pytest.mark.timeout(400)
+def test_data_and_tokenizer_replaced_in_place_are_caught(tmp_path):
+    """Same names and sizes, other content: the training data reversed in place is refused at
+    resume (sampled-block + index hash); the tokenizer folder retrained in place is refused at
+    export (its files' hash, recorded in the checkpoint manifest)."""
+    import numpy as np
+
+    from data_fixtures import data_assets
+    from megatron_loop.data.tokenizer import train_bpe_tokenizer
+
+    assets = data_assets()
+    data = tmp_path / "data"
+    data.mkdir()
+    for ext in (".bin", ".idx"):
+        shutil.copy(assets.prefix + ext, data / f"train{ext}")
+    tok = shutil.copytree(assets.tokenizer, tmp_path / "tokenizer")
+    run_dir = tmp_path / "run"
+    args = _common(run_dir, f"data.train_prefixes=[{data / 'train'}]", f"data.tokenizer={tok}",
+                   "data.valid_prefixes=[]", "train.max_steps=2", "train.save_interval=2")
+    check_ok(run_cli(*args))
+
+    bin_file = data / "train.bin"
+    tokens = np.fromfile(bin_file, dtype=np.uint16)
+    original = bin_file.read_bytes()
+    tokens[::-1].tofile(bin_file)  # same size, tokens reversed
+    resumed = run_cli(*args, "--set", "train.max_steps=4")
+    assert resumed.returncode == 2, resumed.stderr[-3000:]
+    line = resumed.stderr.splitlines()[-1]
+    assert re.fullmatch(rf"error: {re.escape(str(run_dir))}/checkpoints/global_step2/manifest\.json: "
+                        rf"{re.escape(str(data / 'train'))}\.bin/\.idx: same name and size \({len(original)} bytes\) "
+                        r"but other content than the checkpoint trained on \(sha256 of the index and sampled blocks: "
+                        r"[0-9a-f]{12} then, [0-9a-f]{12} now\); .*", line), line
+    bin_file.write_bytes(original)
+
+    train_bpe_tokenizer(assets.documents[:50], tok, vocab_size=300)  # retrained in place
+    export = run_cli("--checkpoint", str(run_dir / "checkpoints"), "--output", str(tmp_path / "hf"),
+                     script="tools/convert_to_hf.py")
+    assert export.returncode == 2, export.stderr[-3000:]
+    assert re.fullmatch(rf"error: {re.escape(str(tok))}: not the tokenizer the model was trained with: the sha256 of "
+                        r"its files is [0-9a-f]{12}, .*global_step2/manifest\.json records [0-9a-f]{12} .*; pass "
+                        r"--tokenizer with the tokenizer of training", export.stderr.splitlines()[-1])
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.timeout(600)
+def test_sigint_to_the_deepspeed_group_and_sighup_to_torchrun_checkpoint(tmp_path):
+    """SIGINT to the whole ``deepspeed`` launcher group (Ctrl-C in its terminal): launch.py also
+    SIGTERMs the ranks; the ranks stop after the step with a checkpoint (under plain python
+    Ctrl-C stays an immediate stop, exit 130). SIGHUP to torchrun (its ssh session dropped):
+    torchrun forwards it and the ranks checkpoint instead of dying of it."""
+    run_dir = tmp_path / "run"
+    proc, out, first = _interrupted(run_dir, lambda p: os.killpg(p.pid, signal.SIGINT), "deepspeed")
+    assert first["reason"] in ("SIGINT", "SIGTERM"), out[-4000:]
+    assert "stopped without saving" not in out, out[-4000:]
+
+    proc, out, second = _interrupted(run_dir, lambda p: p.send_signal(signal.SIGHUP), "torchrun")
+    assert second["reason"] == "SIGHUP" and second["step"] > first["step"], out[-4000:]

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -196,7 +197,8 @@ def test_torch_write_failure_is_named_not_an_enforce_fail(tmp_path):
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, previous)
-    assert text.startswith("file too large (the process file-size limit, ulimit -f) (EFBIG) (torch: ")
+    assert text.startswith("file too large (the process file-size limit, ulimit -f) (EFBIG) (a file reached the limit "
+                           "of 100000 bytes; torch: ")
     assert write_failure(OSError(28, "No space left on device", "x.pt"), tmp_path) == \
         "no space left on device (ENOSPC): x.pt"
 
@@ -209,3 +211,83 @@ def test_slurm_example_sets_what_the_reliability_doc_says():
     sbatch = (REPO / "examples" / "slurm_pretrain.sbatch").read_text()
     missing = [line for line in block.splitlines() if line.strip() and line not in sbatch.splitlines()]
     assert not missing, f"examples/slurm_pretrain.sbatch lacks: {missing}"
+
+
+@pytest.mark.timeout(300)
+def test_resume_from_another_runs_checkpoint_adopts_it_as_the_branch_point(tmp_path):
+    """``--resume A/checkpoints/global_step9`` into folder B that has its own global_step9 (and 10):
+    B's own 9 and 10 move aside (another lineage), A's step 9 is published in B (hard links) and
+    ``latest`` names it, so an automatic restart after a crash resumes A's lineage."""
+    other = copy_run(reference_run().run_dir, tmp_path / "other") / "checkpoints"
+    ckpt = _ckpt(tmp_path)
+    own9 = {p.name: p.read_bytes() for p in (ckpt / "global_step9").iterdir()}
+    point = select_checkpoint(other / "global_step9")
+    dest = set_aside_newer(ckpt, point, ckpt.parent / "metrics.jsonl")
+    assert sorted(p.name for p in dest.iterdir()) == ["global_step10", "global_step9", "metrics.jsonl"]
+    assert {p.name: p.read_bytes() for p in (dest / "global_step9").iterdir()} == own9  # kept, not deleted
+    shard = "mp_rank_00_model_states.pt"
+    assert os.path.samefile(ckpt / "global_step9" / shard, other / "global_step9" / shard)  # A's, not B's
+    assert (ckpt / "latest").read_text() == "global_step9"
+    restart = select_automatic(ckpt)
+    assert restart.tag == "global_step9" and restart.root == ckpt and restart.notes == ()
+
+
+@pytest.mark.timeout(300)
+def test_latest_holding_bytes_that_are_not_a_tag_is_one_error_or_a_fallback(tmp_path):
+    ckpt = _ckpt(tmp_path)
+    (ckpt / "latest").write_bytes(b"\xff\xfe\x00garbage\x80")
+    chosen = select_automatic(ckpt)  # automatic: the newest complete checkpoint, with the reason
+    assert chosen.tag == "global_step10"
+    assert chosen.notes == (f"skipping checkpoint latest: {ckpt / 'latest'}: not a text file (11 bytes, not a tag); "
+                            "expected the tag of a checkpoint such as global_step30",)
+    from megatron_loop.model.io import select_explicit
+
+    with pytest.raises(LoopDataError, match=r"latest: not a text file \(11 bytes, not a tag\)"):
+        select_explicit(ckpt)  # --resume of the folder: refused with one line
+
+
+@pytest.mark.timeout(60)
+def test_file_size_limit_above_the_probe_size_is_named_as_efbig(tmp_path):
+    """``ulimit -f`` of 2 MiB: the 1 MiB probe write passes, so only the limit explains torch's failure."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, hard))
+    try:
+        with pytest.raises(RuntimeError) as raised:
+            torch.save(torch.zeros(1 << 20), tmp_path / "big.pt")  # 4 MiB
+        text = write_failure(raised.value, tmp_path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert text.startswith("file too large (the process file-size limit, ulimit -f) (EFBIG) (a file reached the "
+                           f"limit of {2 << 20} bytes; torch: "), text
+
+
+@pytest.mark.timeout(60)
+def test_lock_file_naming_a_live_process_says_so_when_taken_over(tmp_path):
+    """A run folder copied from a running run: its run.lock names a live pid on this host but no
+    process holds the flock. The takeover says what was seen, not that the holder ended."""
+    out = tmp_path / "copied"
+    out.mkdir()
+    (out / "run.lock").write_text(json.dumps({"host": os.uname().nodename, "pid": os.getpid(),
+                                              "started": "2026-01-01T00:00:00Z", "started_epoch": time.time()}))
+    lock = RunLock(out).acquire()
+    try:
+        note = lock.takeover_note()
+    finally:
+        lock.release()
+    assert note == (f"{out / 'run.lock'}: taking over train.output_dir: the lock file names host "
+                    f"{os.uname().nodename}, pid {os.getpid()}, started 2026-01-01T00:00:00Z (alive) but no process "
+                    "holds its lock: the folder was copied from another run, or that run holds a copy elsewhere")
+
+
+def test_connection_refused_is_not_reported_as_a_start_up_timeout():
+    """torch's TCPStore client after a torchrun restart (the old address); its text also names
+    the timeout it would have waited, which read as "did not all start within 60 s" 0.4 s in."""
+    from megatron_loop.training.distributed import collective_failure
+
+    seen = ("The client socket has failed to connect to [localhost]:29500 (errno: 111 - Connection refused). "
+            "The server socket has timed out (timeout 60000 ms)")
+    why = collective_failure(RuntimeError(seen), 60, started=False)
+    assert why == ("a rank could not connect to another rank (connection refused: no process listening there, "
+                   f"e.g. a rank that exited, or an old address after a torchrun restart; seen: {seen})")

@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from megatron_loop.atomic import write_atomic  # noqa: E402
 from megatron_loop.config import ModelConfig, build_model_config  # noqa: E402
 from megatron_loop.flops import H100_BF16_PEAK_FLOPS, hardware_flops_per_token, train_flops_per_token  # noqa: E402
 from megatron_loop.perf import (count_host_syncs, matmul_peak_flops, peak_memory_delta,  # noqa: E402
@@ -893,7 +894,7 @@ def main(argv: list[str] | None = None) -> int:
           f"MFU peak: {setup.peak_label}")
     print(render(rows))
     if args.json:
-        Path(args.json).write_text(json.dumps({"provenance": info, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+        write_atomic(args.json, json.dumps({"provenance": info, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
     return 0
 
 

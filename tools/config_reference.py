@@ -102,6 +102,7 @@ DESCRIPTIONS: dict[str, str] = {
                            "train prefix when it exists; `[]`: no validation.",
     "data.tokenizer": "Tokenizer folder or hub name (vocabulary check, HF export).",
     "data.num_workers": "DataLoader worker processes.",
+    "data.worker_timeout_s": "Longest wait (seconds) for a batch from the DataLoader workers; a worker that hung or was stopped (SIGSTOP) makes the run stop with one error line instead of freezing it (docs/RELIABILITY.md).",
     "data.order": "`stream` (default, the paper's order, App. C.1): documents packed in the order preprocessing wrote them; `tools/preprocess_data.py --streaming --shuffle-buffer 10000 --seed 42` streams FineWeb-Edu through the paper's 10,000-document shuffle buffer with seed 42, and later epochs repeat that order. `shuffled`: a further seeded permutation of the documents per epoch (`train.seed`), for corpora written in a meaningful order or read for several epochs; the bundled toy configs (`examples/tiny_*.yaml`, the `tools/small_study.sh` twins) use it because they read the generated corpus for several epochs.",
     # ---- logging
     "logging.wandb_project": "Weights & Biases project (`null`: no wandb).",

@@ -42,6 +42,7 @@ python tools/probe_geometry.py --checkpoint "$RUN/model/train/checkpoints" --val
 python - "$RUN" <<'PY'
 import json, sys
 from pathlib import Path
+from megatron_loop.atomic import write_atomic
 from megatron_loop.eval.report import format_table, read_results
 run = Path(sys.argv[1])
 results = read_results(run / "model" / "eval" / "results.json")
@@ -62,7 +63,7 @@ summary = {
     "probe": str(run / "model" / "probe" / "geometry.json"),
     "plots": sorted(str(p) for p in run.rglob("*.png")),
 }
-(run / "demo_results.json").write_text(json.dumps(summary, indent=2))
+write_atomic(run / "demo_results.json", json.dumps(summary, indent=2))
 
 print(f"\nDemo finished: {results['layout']} LoopLM, trained at K = {results['train_loops']}. Outputs in", run.resolve())
 print("\nHeld-out loss (validation split, nats/token) during training, by loop count r:")

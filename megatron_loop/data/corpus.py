@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from megatron_loop.atomic import write_atomic
 from megatron_loop.errors import LoopConfigError
 
 FEMALE_NAMES = (
@@ -488,11 +489,7 @@ def lm_eval_task_yaml(task: str, jsonl_path: Path, trained_depths: Iterable[int]
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 def generate_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> dict:
@@ -551,7 +548,7 @@ def generate_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> 
         # the reasoning tasks' training documents cover depths 1..train_max_depth; facts have no depth
         depths = range(1, spec.train_max_depth + 1) if task in tasks else ()
         yaml = lm_eval_task_yaml(task, path, trained_depths=depths)
-        (out / "eval" / f"{task}.yaml").write_text(yaml, encoding="utf-8")
+        write_atomic(out / "eval" / f"{task}.yaml", yaml)
         eval_counts[TASK_NAMES[task]] = len(rows)
     manifest = {
         "seed": spec.seed, "spec": spec.__dict__, "train_documents": len(train),
@@ -561,5 +558,5 @@ def generate_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> 
         "eval_include_path": str((out / "eval").resolve()),
         "licence": "generated from templates in megatron_loop/data/corpus.py; Apache-2.0",
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    write_atomic(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -25,6 +25,7 @@ from megatron.core.datasets.indexed_dataset import (
     get_idx_path,
 )
 
+from megatron_loop.atomic import write_atomic
 from megatron_loop.errors import LoopDataError
 
 _HEADER_BYTES = len(_INDEX_HEADER) + 8 + 1 + 8 + 8  # magic, version, dtype code, two counts
@@ -111,9 +112,7 @@ def max_token_id(prefix: str | os.PathLike) -> int:
     for start in range(0, len(tokens), _SCAN_CHUNK):
         result = max(result, int(tokens[start:start + _SCAN_CHUNK].max()))
     try:
-        tmp = cache.with_name(f"{cache.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"key": key, "max_token_id": result}))
-        tmp.replace(cache)
+        write_atomic(cache, json.dumps({"key": key, "max_token_id": result}))
     except OSError:
         pass  # read-only data folder: the scan is repeated next time
     return result
@@ -126,3 +125,30 @@ def check_token_ids(prefix: str | os.PathLike, vocab_size: int) -> None:
         raise LoopDataError(f"{get_bin_path(str(prefix))}: token id {largest} is not below the model's "
                             f"vocab_size {vocab_size}; expected data tokenised with a vocabulary of "
                             f"at most {vocab_size} tokens (raise model.vocab_size or re-tokenise)")
+
+
+CONTENT_BLOCKS = 256  # sampled blocks of P.bin in the content fingerprint
+CONTENT_BLOCK_BYTES = 1 << 16
+
+
+def content_fingerprint(prefix: str) -> str:
+    """sha256 of ``P.idx`` (document boundaries) and of ``CONTENT_BLOCKS`` blocks of
+    ``CONTENT_BLOCK_BYTES`` at evenly spaced offsets of ``P.bin`` (the first and last included):
+    data replaced by other tokens of the same size is caught without reading the whole corpus.
+    Cost: the index (about 20 bytes per document) plus 16 MiB of tokens, whatever the corpus size;
+    a change confined to the bytes between sampled blocks goes unnoticed."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(get_idx_path(prefix), "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    bin_path = get_bin_path(prefix)
+    size = os.path.getsize(bin_path)
+    last = max(size - CONTENT_BLOCK_BYTES, 0)
+    offsets = sorted({last * i // (CONTENT_BLOCKS - 1) for i in range(CONTENT_BLOCKS)})
+    with open(bin_path, "rb") as f:
+        for offset in offsets:
+            f.seek(offset)
+            digest.update(f.read(CONTENT_BLOCK_BYTES))
+    return digest.hexdigest()

@@ -21,6 +21,8 @@ that shifts internally (HF ``labels=``) takes ``tokens`` for both.
 from __future__ import annotations
 
 import os
+import re
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -204,3 +206,116 @@ def measure_loader_throughput(prefix: str, seq_length: int = 2048, micro_batch_s
     seconds = time.perf_counter() - start
     return {"samples_per_s": samples / seconds, "tokens_per_s": samples * seq_length / seconds,
             "batches": n, "index_build_s": index_s}
+
+
+# ----------------------------------------------------------------------------- worker failures
+
+
+class LoaderFailure(RuntimeError):
+    """A DataLoader worker died or stopped producing batches; the message is the one line to print."""
+
+
+class LoaderStalled(LoaderFailure):
+    """No batch from the DataLoader workers within ``data.worker_timeout_s``."""
+
+
+class SupervisedBatches:
+    """The batches of ``loader``, each awaited at most ``timeout_s`` seconds (``data.worker_timeout_s``).
+
+    A worker that hung or was stopped (SIGSTOP) blocks the main process in places torch's own
+    ``DataLoader(timeout=...)`` does not cover: the tensors of a batch arrive as file descriptors
+    that the receiver fetches from the worker's sharing thread, a blocking read. A real-time
+    timer (SIGALRM) interrupts any wait; its handler raises :class:`LoaderStalled`, which the
+    interrupted call propagates (PEP 475). Only with workers and in the main thread (where
+    signal handlers run); otherwise batches are passed through unchanged.
+    """
+
+    def __init__(self, loader: DataLoader, timeout_s: float) -> None:
+        import threading
+
+        self._batches = iter(loader)
+        self.num_workers = loader.num_workers
+        self.timeout_s = timeout_s
+        self._armed = loader.num_workers > 0 and threading.current_thread() is threading.main_thread()
+
+    def __iter__(self) -> "SupervisedBatches":
+        return self
+
+    def _expired(self, signum: int, frame) -> None:  # noqa: ARG002 - signal handler signature
+        raise LoaderStalled(f"data.worker_timeout_s={self.timeout_s:g}: no batch from the DataLoader workers "
+                            f"(data.num_workers={self.num_workers}) within {self.timeout_s:g} s: a worker hung "
+                            "or was stopped")
+
+    def exit_codes(self) -> dict[int, int | None]:
+        """pid -> exit code of this iterator's worker processes (a negative code: the signal).
+        torch keeps them in the iterator's private ``_workers``; without it, no codes."""
+        return {w.pid: w.exitcode for w in getattr(self._batches, "_workers", [])}
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if not self._armed:
+            return next(self._batches)
+        previous = signal.signal(signal.SIGALRM, self._expired)
+        signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
+        try:
+            return next(self._batches)
+        except RuntimeError as e:
+            if (why := loader_failure(e, self.num_workers, self.exit_codes())) is not None:
+                raise LoaderFailure(why) from None
+            raise
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+_KILLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: (.+?)\.?\s*$")
+_EXITED = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\) exited unexpectedly(?: with exit code (-?\d+))?")
+
+
+def _killed_text(pid: str, name: str, num_workers: int) -> str:
+    if name in ("Killed", "SIGKILL"):
+        name = "SIGKILL (Killed; the kernel's out-of-memory killer sends it: see dmesg)"
+    return (f"data.num_workers={num_workers}: DataLoader worker (pid {pid}) was killed by signal {name}; "
+            "with too little memory lower data.num_workers or give the job more memory")
+
+
+def loader_failure(error: BaseException, num_workers: int,
+                   exit_codes: dict[int, int | None] | None = None) -> str | None:
+    """One line for a DataLoader worker that died (torch reports it as a bare ``RuntimeError``,
+    from its SIGCHLD handler or, when its status check comes first, without the cause:
+    ``exit_codes`` (pid -> exit code) recovers it) or stopped producing batches; None for any
+    other error."""
+    if isinstance(error, LoaderFailure):
+        return str(error)
+    text = str(error).strip()
+    if m := _KILLED.search(text):
+        return _killed_text(m.group(1), m.group(2), num_workers)
+    if m := _EXITED.search(text):
+        pid = m.group(1).strip()
+        code = m.group(2)
+        if code is None and pid.isdigit():
+            code = (exit_codes or {}).get(int(pid))
+        if code is not None and int(code) < 0:
+            return _killed_text(pid, signal.Signals(-int(code)).name, num_workers)
+        code = f" with exit code {code}" if code is not None else ""
+        return f"data.num_workers={num_workers}: DataLoader worker (pid {pid}) exited unexpectedly{code}"
+    return None
+
+
+def end_loader_workers(join_s: float = 5.0) -> None:
+    """SIGKILL every DataLoader worker of this process that is still alive (an error path).
+
+    The workers ignore stop signals (``training.signals.ignore_stop_signals_in_worker``), and an
+    iterator kept alive by the traceback is not shut down before Python's exit handlers join
+    every child process: without this, an error with a worker alive never exits. The workers
+    only read data, so nothing is lost. torch's SIGCHLD handler is reset first: it would raise
+    "DataLoader worker ... killed" for the very workers ended here."""
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    if not children:
+        return
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in children:
+        child.kill()
+    for child in children:
+        child.join(join_s)

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from megatron_loop.atomic import atomic_path, write_atomic
 from megatron_loop.config import DATA_ORDERS as ORDERS
 from megatron_loop.data.indexed import open_indexed
 from megatron_loop.errors import LoopConfigError, LoopDataError
@@ -100,11 +101,9 @@ def _save_cache(files: dict[str, Path], index: PackIndex, key: dict) -> bool:
     try:
         files["key"].parent.mkdir(parents=True, exist_ok=True)
         for name in _ARRAYS:
-            tmp = files[name].with_name(f"{files[name].name}.tmp{os.getpid()}")
-            with open(tmp, "wb") as f:
+            with atomic_path(files[name]) as tmp, open(tmp, "wb") as f:
                 np.save(f, getattr(index, name))
-            tmp.replace(files[name])
-        files["key"].write_text(json.dumps(key, indent=2) + "\n")
+        write_atomic(files["key"], json.dumps(key, indent=2) + "\n")
         return True
     except OSError as e:
         warnings.warn(f"cannot cache the packing index in {files['key'].parent} ({e}); "

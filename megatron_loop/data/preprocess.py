@@ -29,6 +29,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from megatron_loop.atomic import write_atomic
 from megatron_loop.data.sources import ENCODING_ERRORS, HFSource, iter_documents
 from megatron_loop.data.tokenizer import check_tokenizer_location, load_tokenizer
 from megatron_loop.errors import LoopDataError
@@ -223,9 +224,7 @@ def _stats(writers: dict, tok, tokenizer: str, input_spec: str, dtype: type, sec
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def measure_preprocess_throughput(input_spec: str, tokenizer: str, workers: int = 1,

@@ -111,3 +111,20 @@ def train_bpe_tokenizer(texts: Iterable[str], output_dir: str | Path, vocab_size
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out))
     return out
+
+
+def tokenizer_fingerprint(tokenizer: str | None) -> dict | None:
+    """The identity of a tokenizer folder: sha256 over its files (names and bytes), so that a
+    folder retrained in place is told apart from the one the model was trained with. A hub
+    name (no local folder) is recorded by name only."""
+    if tokenizer is None:
+        return None
+    folder = Path(tokenizer)
+    if not folder.is_dir():
+        return {"name": tokenizer, "sha256": None}
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return {"name": tokenizer, "sha256": digest.hexdigest()}

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from megatron_loop.config import ModelConfig, build_model_config
-from megatron_loop.errors import LoopDataError
+from megatron_loop.errors import LoopDataError, write_failure
 
 MODELING_FILE = Path(__file__).with_name("modeling_looplm.py")
 DEFAULT_MAX_SHARD_SIZE = "2GB"
@@ -248,10 +248,20 @@ def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: 
                       train_seq_length: int | None = None) -> Path:
     """Write the HF folder for a training state dict; returns the folder. ``tokenizer_source`` names
     where ``tokenizer`` came from in error messages (default: the ``--tokenizer`` flag);
-    ``train_seq_length`` goes to config.json (:func:`hf_config`)."""
+    ``train_seq_length`` goes to config.json (:func:`hf_config`). One export at a time per output
+    folder (:class:`megatron_loop.training.lock.ExportLock`)."""
+    from megatron_loop.training.lock import ExportLock
+
+    with ExportLock(Path(output)):
+        return _export_state_dict(state, cfg, Path(output), tokenizer, overwrite, max_shard_size, tokenizer_source,
+                                  train_seq_length)
+
+
+def _export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: Path, tokenizer: str | None,
+                       overwrite: bool, max_shard_size: str | int, tokenizer_source: str | None,
+                       train_seq_length: int | None) -> Path:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    output = Path(output)
     _prepare_output(output, overwrite)
     tok = _load_tokenizer(tokenizer, tokenizer_source)
     token_ids = {}
@@ -285,6 +295,13 @@ def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: 
         if tok is not None:
             tok.save_pretrained(tmp)
         _write_readme(tmp, cfg, with_tokenizer=tok is not None)
+    except Exception as e:  # a full disk or a file-size limit (safetensors raises SafetensorError)
+        why = write_failure(e, tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(e, OSError) and "os error" not in str(e) and "EFBIG" not in why:
+            raise
+        kept = f"; the previous export in {output} is kept" if output.exists() else ""
+        raise LoopDataError(f"{output}: writing the export failed ({why}); nothing was published{kept}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -385,6 +402,20 @@ def _write_readme(folder: Path, cfg: ModelConfig, with_tokenizer: bool = True) -
         + (f"{tok_line}\n" if with_tokenizer else "") + "```\n")
 
 
+def check_tokenizer_identity(tokenizer: str | None, chosen) -> None:
+    """Refuse a tokenizer folder whose files differ from those the checkpoint's run trained with
+    (recorded in its manifest): a folder retrained in place would export another vocabulary."""
+    from megatron_loop.data.tokenizer import tokenizer_fingerprint
+    from megatron_loop.model.io import MANIFEST
+
+    recorded = (chosen.manifest or {}).get("tokenizer") or {}
+    now = tokenizer_fingerprint(tokenizer) or {}
+    if recorded.get("sha256") and now.get("sha256") and recorded["sha256"] != now["sha256"]:
+        raise LoopDataError(f"{tokenizer}: not the tokenizer the model was trained with: the sha256 of its files is "
+                            f"{now['sha256'][:12]}, {chosen.path / MANIFEST} records {recorded['sha256'][:12]} "
+                            f"({recorded.get('name')}); pass --tokenizer with the tokenizer of training")
+
+
 def convert_checkpoint(ckpt_dir: str | os.PathLike, output: str | os.PathLike, tag: str | None = None,
                        tokenizer: str | None = None, overwrite: bool = False,
                        max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE) -> Path:
@@ -392,20 +423,28 @@ def convert_checkpoint(ckpt_dir: str | os.PathLike, output: str | os.PathLike, t
     ZeRO stage) -> HF folder. The checkpoint is chosen and verified as training resumes: ``tag``
     (or a tag folder) must verify, otherwise ``latest`` with fallback to the newest complete
     checkpoint. The tokenizer defaults to the run config's ``data.tokenizer``."""
-    from megatron_loop.model.io import CONFIG_NAME, load_run_config, read_weights, report_selection, select_checkpoint
+    from megatron_loop.training.lock import ExportLock
 
     output = Path(output)
+    with ExportLock(output):  # also the writability check of the output's folder, before the slow work
+        return _convert_checkpoint(Path(ckpt_dir), output, tag, tokenizer, overwrite, max_shard_size)
+
+
+def _convert_checkpoint(ckpt_dir: Path, output: Path, tag: str | None, tokenizer: str | None, overwrite: bool,
+                        max_shard_size: str | int) -> Path:
+    from megatron_loop.model.io import CONFIG_NAME, load_run_config, read_weights, report_selection, select_checkpoint
+
     _prepare_output(output, overwrite)  # fail before the (slow) consolidation
     chosen = select_checkpoint(ckpt_dir, tag)
     cfg = load_run_config(chosen.root)
     source = None if tokenizer else f"{chosen.root / CONFIG_NAME}: data.tokenizer={cfg.data.tokenizer!r}"
     tokenizer = tokenizer or cfg.data.tokenizer
     _load_tokenizer(tokenizer, source)  # a bad tokenizer fails here, before the (slow) consolidation
+    check_tokenizer_identity(tokenizer, chosen)
     report_selection(chosen)
     state = read_weights(chosen)
-    return export_state_dict(state, cfg.model, output, tokenizer=tokenizer, overwrite=overwrite,
-                             max_shard_size=max_shard_size, tokenizer_source=source,
-                             train_seq_length=cfg.train.seq_length)
+    return _export_state_dict(state, cfg.model, output, tokenizer, overwrite, max_shard_size, source,
+                              cfg.train.seq_length)
 
 
 def read_hf_state_dict(hf_dir: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from megatron_loop.atomic import write_atomic
 from megatron_loop.config import Config, config_from_dict
 from megatron_loop.errors import LoopDataError
 
@@ -60,11 +61,7 @@ def step_of(tag: str) -> int | None:
 def save_run_config(directory: str | os.PathLike, cfg: Config) -> Path:
     """Write ``looplm_config.json`` atomically (temp file + rename)."""
     path = Path(directory) / CONFIG_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(cfg.to_dict(), indent=2))
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, json.dumps(cfg.to_dict(), indent=2))
 
 
 def load_run_config(ckpt_dir: str | os.PathLike) -> Config:
@@ -158,10 +155,20 @@ def complete_tags(root: Path) -> list[tuple[int, str]]:
 
 
 def read_latest(root: Path) -> str | None:
+    """The tag ``latest`` names (None: no file, or an empty one); :class:`LoopDataError` when it
+    holds anything but a tag (bytes that are not text: a damaged file)."""
     latest = root / LATEST
     if not latest.is_file():
         return None
-    return latest.read_text().strip() or None
+    raw = latest.read_bytes()
+    try:
+        tag = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        tag = None
+    if tag is None or not all(c.isprintable() for c in tag):
+        raise LoopDataError(f"{latest}: not a text file ({len(raw)} bytes, not a tag); expected the tag of a "
+                            "checkpoint such as global_step30")
+    return tag or None
 
 
 def split_checkpoint_path(path: Path) -> tuple[Path, str | None]:
@@ -197,9 +204,13 @@ def select_automatic(root: Path) -> SelectedCheckpoint | None:
     error (starting over would silently discard a run).
     """
     tags = complete_tags(root)
-    latest = read_latest(root)
-    latest_step = step_of(latest) if latest else None
     skipped: list[tuple[str, str]] = []
+    try:
+        latest = read_latest(root)
+    except LoopDataError as e:  # a damaged pointer: fall back to the newest complete checkpoint
+        latest = None
+        skipped.append((LATEST, str(e)))
+    latest_step = step_of(latest) if latest else None
     newer: list[str] = []
     if latest_step is not None and not (root / latest).is_dir():
         skipped.append((latest, f"{root / latest}: named by '{LATEST}' but missing"))

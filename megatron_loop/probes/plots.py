@@ -36,6 +36,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from megatron_loop import plotting
+from megatron_loop.atomic import atomic_path
 
 TRAJECTORY_PNG = "geometry_trajectory.png"
 INTERACTION_PNG = "geometry_interaction.png"
@@ -235,7 +236,8 @@ def write_figures(report: dict, output_dir: str | Path) -> list[Path]:
     for name, make in FIGURES:
         fig = make(report)
         if fig is not None:
-            fig.savefig(out / name, dpi=120, bbox_inches="tight")
+            with atomic_path(out / name) as tmp:
+                fig.savefig(tmp, dpi=120, bbox_inches="tight")
             plt.close(fig)
             paths.append(out / name)
     return paths

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from megatron_loop.atomic import write_atomic
 from megatron_loop.data.cli import read_tool_json
 from megatron_loop.probes import plots
 from megatron_loop.probes.runner import GeometryProbe, ProbeSettings
@@ -37,7 +38,7 @@ def write_report(report: dict, output_dir: str | Path) -> dict:
     """``geometry.json`` next to the PNG figures it lists under ``files``."""
     out = Path(output_dir)
     report["files"] = [p.name for p in plots.write_figures(report, out)]
-    (out / JSON_NAME).write_text(json.dumps(report, indent=1))
+    write_atomic(out / JSON_NAME, json.dumps(report, indent=1))
     return report
 
 

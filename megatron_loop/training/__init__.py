@@ -22,17 +22,20 @@ def main(cfg, args) -> int:
 
     Config/data errors propagate as ``LoopConfigError``/``LoopDataError`` (the CLI prints one
     ``error:`` line, exit 2); a stop on non-finite values prints one and returns 3; a collective
-    that timed out or lost a peer prints one and returns 1; Ctrl-C (SIGINT) stops at once
-    without saving (the last checkpoint stays published) and returns 130.
+    that timed out or lost a peer, or a DataLoader worker that died or hung, prints one and
+    returns 1; Ctrl-C (SIGINT) under plain python stops at once without saving (the last
+    checkpoint stays published) and returns 130 (under a launcher SIGINT is a stop request:
+    training/signals.py).
     """
-    from megatron_loop.training.loop import EXIT_FAILED, EXIT_NONFINITE, CollectiveFailure, NonFiniteStop, train
+    from megatron_loop.training.loop import (EXIT_FAILED, EXIT_NONFINITE, CollectiveFailure, LoaderFailure,
+                                             NonFiniteStop, train)
 
     try:
         return train(cfg, resume=getattr(args, "resume", None))
     except NonFiniteStop as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NONFINITE
-    except CollectiveFailure as e:
+    except (CollectiveFailure, LoaderFailure) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

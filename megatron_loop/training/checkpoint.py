@@ -34,8 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from megatron_loop.atomic import fsync_path, write_atomic
 from megatron_loop.config import Config
-from megatron_loop.errors import LoopDataError, os_error_text
+from megatron_loop.errors import LoopDataError, first_line as _first_line, write_failure
 from megatron_loop.model.io import (LATEST, MANIFEST, PARTIAL, SET_ASIDE, SelectedCheckpoint, complete_tags,
                                     read_latest, safe_load, save_run_config, select_automatic, select_explicit,
                                     sha256_file, tag_for, verify_checkpoint)
@@ -99,61 +100,14 @@ def restore_rng(state: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- files
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _first_line(error: BaseException) -> str:
-    """Errors are reported on one line (the CLI prints exactly one ``error:`` line)."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def write_failure(error: BaseException, folder: Path) -> str:
-    """Why writing under ``folder`` failed, in plain words. torch's zip writer reports a full disk
-    as ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``; a 1 MiB probe write
-    then names the condition (ENOSPC, EDQUOT, EFBIG, EROFS, ...)."""
-    if isinstance(error, OSError):
-        return os_error_text(error) + (f": {error.filename}" if error.filename else "")
-    probe = folder / f".write_probe.{os.getpid()}"
-    try:
-        with probe.open("wb") as f:
-            f.write(b"\0" * (1 << 20))
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as e:
-        return f"{os_error_text(e)} (torch: {_first_line(error)})"
-    finally:
-        probe.unlink(missing_ok=True)
-    try:
-        free = shutil.disk_usage(folder).free
-        return f"{_first_line(error)} ({free / 2**20:.0f} MiB free on that file system)"
-    except OSError:
-        return _first_line(error)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync(path.parent)
-
-
 def write_manifest(tag_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     """Size and sha256 of every file under ``tag_dir`` (flushed to disk first), plus ``meta``."""
     files = {}
     for path in sorted(p for p in tag_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
-        _fsync(path)
+        fsync_path(path)
         files[path.relative_to(tag_dir).as_posix()] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
     manifest = {"format": FORMAT_VERSION, **meta, "files": files}
-    _write_atomic(tag_dir / MANIFEST, json.dumps(manifest, indent=1))
+    write_atomic(tag_dir / MANIFEST, json.dumps(manifest, indent=1), durable=True)
     return manifest
 
 
@@ -178,8 +132,8 @@ def publish(root: Path, partial: Path, tag: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(partial, final)
-    _fsync(root)
-    _write_atomic(root / LATEST, tag)
+    fsync_path(root)
+    write_atomic(root / LATEST, tag, durable=True)
 
 
 def prune(root: Path, keep_last: int) -> list[str]:
@@ -265,7 +219,9 @@ def set_aside_newer(root: Path, point: SelectedCheckpoint, metrics: Path | None)
     the metrics records logged after it, to ``root/set_aside/<time>-resumed-<tag>/`` (nothing is
     deleted), and make ``latest`` follow the branch. Returns that folder (None: nothing newer)."""
     step = point.step or 0
-    newer = [tag for s, tag in complete_tags(root) if s > step]
+    outside = point.root.resolve() != root.resolve()
+    # From another run's folder: a local checkpoint of the same step belongs to another lineage too.
+    newer = [tag for s, tag in complete_tags(root) if s > step or (outside and s == step)]
     dest = None
     if newer:
         dest = root / SET_ASIDE / f"{time.strftime('%Y%m%d-%H%M%S')}-resumed-{point.tag}"
@@ -274,19 +230,33 @@ def set_aside_newer(root: Path, point: SelectedCheckpoint, metrics: Path | None)
             os.replace(root / tag, dest / tag)
         if metrics is not None and metrics.is_file():
             dropped = [line for line in metrics.read_text().splitlines() if _record_step(line) > step]
-            (dest / metrics.name).write_text("".join(line + "\n" for line in dropped))
-        _fsync(root)
-    latest = read_latest(root)
-    if point.root.resolve() == root.resolve():
-        if latest != point.tag:
-            _write_atomic(root / LATEST, point.tag)
-    elif latest is not None and not (root / latest).is_dir():  # it named a checkpoint just set aside
-        remaining = complete_tags(root)
-        if remaining:
-            _write_atomic(root / LATEST, remaining[0][1])
-        else:
-            (root / LATEST).unlink()
+            write_atomic(dest / metrics.name, "".join(line + "\n" for line in dropped))
+        fsync_path(root)
+    if outside:  # the branch point becomes this folder's: an automatic restart resumes this lineage
+        adopt_checkpoint(point, root)
+    if read_latest(root) != point.tag:
+        write_atomic(root / LATEST, point.tag, durable=True)
     return dest
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard link (free on the same file system; published checkpoints are never modified in place,
+    only renamed or removed), else copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def adopt_checkpoint(point: SelectedCheckpoint, root: Path) -> None:
+    """Publish the checkpoint ``point`` of another folder in ``root`` under its tag (through a
+    ``.partial`` folder and a rename, as a save)."""
+    partial = root / (point.tag + PARTIAL)
+    shutil.rmtree(partial, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(point.path, partial, copy_function=_link_or_copy)
+    os.replace(partial, root / point.tag)
+    fsync_path(root)
 
 
 def _record_step(line: str) -> int:

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megatron_loop.atomic import atomic_path
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.training.metrics import METRICS_NAME
 
@@ -126,12 +127,6 @@ def save_figure(fig, output: str | os.PathLike) -> Path:
     out = Path(output)
     if out.suffix.lower() != ".png":
         raise LoopConfigError(f"--output {str(out)!r}: expected a .png file")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}.png")  # created by savefig, with the user's umask
-    try:
+    with atomic_path(out) as tmp:  # created by savefig, with the user's umask
         fig.savefig(tmp, dpi=120)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return out

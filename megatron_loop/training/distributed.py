@@ -206,10 +206,14 @@ def collective_failure(error: BaseException, timeout_s: float | None, started: b
     """A one-line explanation when ``error`` is a collective that timed out or lost a peer
     (``started``: after the ranks had met; before, it is the start-up rendezvous)."""
     text = str(error)
+    seen = text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
+    if "Connection refused" in text or "ECONNREFUSED" in text:  # checked first: such errors also say "timeout"
+        return (f"a rank could not connect to another rank (connection refused: no process listening there, "
+                f"e.g. a rank that exited, or an old address after a torchrun restart; seen: {seen})")
     if "Timed out" in text or "timed out" in text or "Timeout" in text or "wait timeout" in text:
         if not started:
             return (f"the ranks did not all start within train.collective_timeout_s={timeout_s:g} s (a rank "
-                    "failed, or started much later than the others)")
+                    f"failed, or started much later than the others; seen: {seen})")
         return (f"a collective operation did not complete within train.collective_timeout_s={timeout_s:g} s: "
                 "another rank stopped, hung or died")
     if "Connection closed by peer" in text or "Connection reset by peer" in text or "Broken pipe" in text:

@@ -59,6 +59,16 @@ def _pid_alive(pid: int, started_epoch: float | None) -> bool:
         return False
 
 
+def _write_holder(fd: int) -> None:
+    now = time.time()
+    info = {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "started_epoch": now,
+            "command": " ".join(sys.argv)}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    os.fsync(fd)
+
+
 class RunLock:
     """``acquire`` before anything is written to ``output_dir``; ``release`` at the end."""
 
@@ -122,13 +132,18 @@ class RunLock:
         return not (isinstance(pid, int) and _pid_alive(pid, holder.get("started_epoch")))
 
     def _write_holder(self) -> None:
-        now = time.time()
-        info = {"host": socket.gethostname(), "pid": os.getpid(),
-                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "started_epoch": now,
-                "command": " ".join(sys.argv)}
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, (json.dumps(info) + "\n").encode(), 0)
-        os.fsync(self.fd)
+        _write_holder(self.fd)
+
+    def takeover_note(self) -> str | None:
+        """What the holder line of a lock taken over says, in words (None: nothing taken over)."""
+        if not self.taken_over:
+            return None
+        held = ", ".join(f"{k} {self.taken_over.get(k)}" for k in ("host", "pid", "started"))
+        if self._holder_gone(self.taken_over):
+            return f"{self.path}: taking over train.output_dir from a run that ended without releasing it ({held})"
+        seen = "on another host: not checked" if self.taken_over.get("host") != socket.gethostname() else "alive"
+        return (f"{self.path}: taking over train.output_dir: the lock file names {held} ({seen}) but no process "
+                "holds its lock: the folder was copied from another run, or that run holds a copy elsewhere")
 
     def still_ours(self) -> bool:
         """False once the folder was deleted, moved or unmounted under the run."""
@@ -167,3 +182,59 @@ class RunLock:
                 self.output_dir.rmdir()
         except OSError:
             pass
+
+
+class ExportLock:
+    """One writer per export folder (``tools/convert_to_hf.py --output``): an exclusive ``flock``
+    on a hidden ``.NAME.lock`` next to the output, held from the first check to the publish and
+    removed after. Creating it is also the early writability check of the output's folder
+    (a read-only or full file system fails here, before the slow consolidation)."""
+
+    def __init__(self, output: Path) -> None:
+        self.output = Path(output)
+        self.path = self.output.parent / f".{self.output.name}.lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> "ExportLock":
+        while True:  # a holder that removed the file as we opened it: lock the new one
+            try:
+                self.output.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError as e:
+                raise LoopDataError(f"{self.output}: cannot write an export there ({os_error_text(e)}: "
+                                    f"{e.filename or self.path}); expected a writable folder") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = _read_holder(fd)
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise LoopConfigError(f"{self.output}: another export to this folder is running "
+                                          f"({_holder_text(holder)}): wait for it to end, or choose another "
+                                          "--output") from None
+                raise LoopDataError(f"{self.output}: cannot lock {self.path} ({os_error_text(e)})") from None
+            try:
+                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        self.fd = fd
+        try:
+            _write_holder(fd)
+        except OSError as e:
+            self.__exit__()
+            raise LoopDataError(f"{self.output}: cannot write an export there ({os_error_text(e)}: {self.path}); "
+                                "expected a writable folder") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)  # while locked: a waiting process sees the new file
+        except OSError:
+            pass
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        self.fd = None

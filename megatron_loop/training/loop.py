@@ -17,6 +17,7 @@ good state: the weights before the bad batch, with the data position before it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from megatron_loop.config import Config
+from megatron_loop.data.loaders import LoaderFailure, SupervisedBatches, end_loader_workers, loader_failure
 from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
 from megatron_loop.model.io import SelectedCheckpoint, read_latest
 from megatron_loop.training import checkpoint as C
@@ -264,9 +266,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
 
     logger_msgs = [describe_precision(engine)]
     if lock is not None and lock.taken_over:
-        held = ", ".join(f"{k} {lock.taken_over.get(k)}" for k in ("host", "pid", "started"))
-        logger_msgs.append(f"{lock.path}: taking over train.output_dir from a run that ended without "
-                           f"releasing it ({held})")
+        logger_msgs.append(lock.takeover_note())
     if point is not None:
         fresh = R.Hyperparameters.of(engine, optimizer)  # the new config's settings, before the load
         state = C.load_checkpoint(engine, point, info, load_dir=load_dir)
@@ -281,7 +281,8 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
 
     from megatron_loop.flops import train_flops_per_token
 
-    run = Run(cfg=cfg, info=info, engine=engine, optimizer=optimizer, train_iter=iter(loaders.train),
+    batches = SupervisedBatches(loaders.train, cfg.data.worker_timeout_s)  # a hung worker is an error
+    run = Run(cfg=cfg, info=info, engine=engine, optimizer=optimizer, train_iter=batches,
               valid_batches=valid_batches, accumulation=accumulation, total_steps=total_steps,
               zero_stage=zero_stage, flops_per_token=train_flops_per_token(cfg.model, t.seq_length),
               peak_flops=peak_flops_per_device(cfg), root=root,
@@ -402,7 +403,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
     start = time.monotonic()
     t = cfg.train
     # Before anything forks (DataLoader workers): a signal during startup is not lost either.
-    stopper = StopController(t.wall_time_limit_s, start).install()
+    stopper = StopController(t.wall_time_limit_s, start).install(sigint=bool(D.launcher_processes()))
     run = logger = state = None
     try:
         run, state, logger = build_run(cfg, resume, stopper)
@@ -447,22 +448,40 @@ def train(cfg: Config, resume: str | None = None) -> int:
         logger.summary(state.step, state.consumed_samples, time.monotonic() - start)
         return 0
     except RuntimeError as e:
+        if isinstance(e, NonFiniteStop):
+            raise
+        if (why := loader_failure(e, cfg.data.num_workers)) is not None:
+            raise LoaderFailure(f"{why}{_where(run, state)}") from None
         why = D.collective_failure(e, t.collective_timeout_s, started=run is not None)
-        if why is None or isinstance(e, NonFiniteStop):
+        if why is None:
             raise
         raise CollectiveFailure(f"{why}{_where(run, state)}") from None
     except OSError as e:  # e.g. metrics.jsonl on a full disk: the file and the condition, one line
         raise LoopDataError(f"{e.filename or t.output_dir}: {os_error_text(e)}{_where(run, state)}") from None
     finally:
         stopper.uninstall()
-        if logger is not None:
+        _release(run, logger, failed=sys.exc_info()[0] is not None)
+
+
+def _release(run: Run | None, logger: MetricsLogger | None, failed: bool) -> None:
+    """The end of :func:`train`. On an error the DataLoader workers are ended first (they ignore
+    stop signals, so Python's exit would wait for them forever), and closing the metrics sinks
+    may not raise: a second error (metrics.jsonl on a full disk fails again as it is closed)
+    would mask the first."""
+    if failed:
+        end_loader_workers()
+    if logger is not None:
+        with contextlib.suppress(Exception) if failed else contextlib.nullcontext():
             logger.close()
-        if run is not None and run.lock is not None:
-            run.lock.release()
+    if run is not None and run.lock is not None:
+        run.lock.release()
 
 
 def _where(run: Run | None, state: C.TrainState | None) -> str:
     if run is None or state is None:
         return ""
-    latest = read_latest(run.root) if run.root.is_dir() else None
+    try:
+        latest = read_latest(run.root) if run.root.is_dir() else None
+    except LoopDataError:
+        latest = "unreadable"
     return f" (after step {state.step}; the latest checkpoint is {latest or 'none'})"

@@ -30,6 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from megatron_loop.atomic import write_atomic
 from megatron_loop.config import Config
 
 METRICS_NAME = "metrics.jsonl"
@@ -67,9 +68,7 @@ def truncate_after(path: Path, step: int) -> None:
             continue  # a line torn by a crash mid-write
         if record.get("step", 0) <= step:
             kept.append(line)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    write_atomic(path, "".join(line + "\n" for line in kept))
 
 
 def _wandb_mode(cfg: Config) -> str:
@@ -136,6 +135,7 @@ class MetricsLogger:
         self.last: dict[str, dict[str, Any]] = {}  # newest record per event (for the summary)
         self.train_usage: list[dict[str, Any]] = []
         self._file = None
+        self.recreated_at: int | None = None  # step at which a removed metrics.jsonl was recreated
         self._wandb = None
         self._tensorboard = None
         self._bar = None
@@ -166,18 +166,39 @@ class MetricsLogger:
         out = Path(cfg.train.output_dir)
         id_file = out / WANDB_ID_NAME
         run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
-        id_file.write_text(run_id)  # a resumed run continues the same wandb run
+        write_atomic(id_file, run_id)  # a resumed run continues the same wandb run
         return wandb.init(project=cfg.logging.wandb_project, name=cfg.logging.wandb_run_name,
                           id=run_id, resume="allow", dir=str(out), mode=_wandb_mode(cfg),
                           config=cfg.to_dict())
+
+    def _reopen_if_removed(self, step: int | None) -> None:
+        """``metrics.jsonl`` deleted or replaced under the run (the folder itself is watched by the
+        run lock): appending to the unlinked file would lose every record silently, so recreate
+        it, say so, and note the step in the file and in the summary."""
+        try:
+            same = os.path.samestat(os.fstat(self._file.fileno()), os.stat(self.path))
+        except FileNotFoundError:
+            same = False
+        if same or not self.path.parent.is_dir():  # the folder itself vanished: the run stops on that
+            return
+        self._file.close()
+        self._file = self.path.open("a", encoding="utf-8")
+        self.recreated_at = step
+        self.message(f"warning: {self.path} was removed during the run; recreated at step {step} "
+                     "(the records before it are lost)")
+        self._file.write(json.dumps({"event": "metrics_recreated", "step": step}) + "\n")
 
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         event = record.get("event")
         self.last[event] = record
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        try:
+            self._reopen_if_removed(record.get("step"))
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        except OSError as e:  # name the file (a failed flush carries no file name)
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
         numeric = _numeric(record)
         if self._wandb is not None and numeric:
             self._wandb.log(numeric, step=record.get("step"))
@@ -235,6 +256,7 @@ class MetricsLogger:
         record = {"event": "summary", "step": step, "total_steps": self.total_steps, "wall_time_s": wall_s,
                   "tokens": consumed_samples * t.seq_length, "tokens_this_run": tokens_run,
                   "final_loss": train.get("loss"), "checkpoint": ckpt.get("path"), "stopped": reason,
+                  "metrics_recreated_at": self.recreated_at,
                   "epochs": dict(epochs), **{k: v for k, v in ev.items() if k.startswith("val_loss_r")}}
         self.log(record)
         how = f"stopped ({reason})" if reason else "finished"
@@ -251,6 +273,8 @@ class MetricsLogger:
             lines.append("  " + " | ".join(losses))
         lines.append(f"  checkpoint: {os.path.abspath(ckpt['path']) if 'path' in ckpt else 'none'}")
         lines.append(f"  metrics: {self.path} (plot: python tools/plot_metrics.py {self.path.parent})")
+        if self.recreated_at is not None:
+            lines.append(f"  metrics: recreated at step {self.recreated_at} after it was removed; earlier records lost")
         if self._bar is not None:  # closed first: its final redraw would otherwise follow the summary
             self._bar.close()
             self._bar = None

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_loop.config import Config
+from megatron_loop.data.tokenizer import tokenizer_fingerprint
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model.io import MANIFEST, SelectedCheckpoint
 from megatron_loop.training.checkpoint import EXECUTION_KEYS, model_signature
@@ -48,20 +49,25 @@ REFUSED = {
 
 
 def data_fingerprint(cfg: Config) -> list[dict[str, Any]]:
-    """What the training data is, independently of where it lives: name, size and weight of each prefix."""
+    """What the training data is, independently of where it lives: name, size, weight and a content
+    hash (:func:`megatron_loop.data.indexed.content_fingerprint`) of each prefix."""
+    from megatron_loop.data.indexed import content_fingerprint
+
     weights = cfg.data.train_weights or [1.0] * len(cfg.data.train_prefixes)
     out = []
     for prefix, weight in zip(cfg.data.train_prefixes, weights):
         bin_file = Path(prefix + ".bin")
+        present = bin_file.is_file() and Path(prefix + ".idx").is_file()
         out.append({"prefix": prefix, "name": bin_file.name, "weight": float(weight),
-                    "bytes": bin_file.stat().st_size if bin_file.is_file() else None})
+                    "bytes": bin_file.stat().st_size if bin_file.is_file() else None,
+                    "content_sha256": content_fingerprint(prefix) if present else None})
     return out
 
 
 def run_settings(cfg: Config, world_size: int, zero_stage: int) -> dict[str, Any]:
     """The settings a checkpoint records for the next resume to compare (manifest fields)."""
     return {"world_size": world_size, "zero_stage": zero_stage, "config": cfg.to_dict(),
-            "data": data_fingerprint(cfg)}
+            "data": data_fingerprint(cfg), "tokenizer": tokenizer_fingerprint(cfg.data.tokenizer)}
 
 
 @dataclass
@@ -148,7 +154,7 @@ def plan_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_st
 
 
 def _check_data(where: Path, saved: list | None, current: list, plan: ResumePlan) -> None:
-    """Same files (by name and size) and weights: the data position stays meaningful."""
+    """Same files (by name, size and sampled content) and weights: the data position stays meaningful."""
     if saved is None:
         return
     describe = [(d["name"], d["bytes"], d["weight"]) for d in current]
@@ -159,6 +165,13 @@ def _check_data(where: Path, saved: list | None, current: list, plan: ResumePlan
             f"{where}: data.train_prefixes/train_weights differ: the checkpoint trained on {was}, the config "
             f"names {now}; the data position would point into other data: resume with the same data "
             "or start a new train.output_dir")
+    for a, b in zip(saved, current):
+        if a.get("content_sha256") and b.get("content_sha256") and a["content_sha256"] != b["content_sha256"]:
+            raise LoopConfigError(
+                f"{where}: {b['prefix']}.bin/.idx: same name and size ({b['bytes']} bytes) but other content than "
+                f"the checkpoint trained on (sha256 of the index and sampled blocks: {a['content_sha256'][:12]} "
+                f"then, {b['content_sha256'][:12]} now); the data position would point into other data: resume "
+                "with the original data or start a new train.output_dir")
     moved = [f"{a['prefix']} -> {b['prefix']}" for a, b in zip(saved, current) if a["prefix"] != b["prefix"]]
     if moved:
         plan.other.append("data.train_prefixes moved (same files by name and size): " + ", ".join(moved))

@@ -5,7 +5,12 @@ A handler only sets a flag; the loop asks :meth:`StopController.poll` after ever
 the loop then saves a checkpoint and exits 0 (as Megatron-LM's ``--exit-signal-handler`` and
 torchtitan do). A condition seen by one rank stops all of them.
 
-* ``SIGTERM`` / ``SIGUSR1`` (scancel, SLURM ``--signal``, systemd, the launchers forwarding them).
+* ``SIGTERM`` / ``SIGUSR1`` (scancel, SLURM ``--signal``, systemd, the launchers forwarding them)
+  and ``SIGHUP`` (the ssh session of an interactive launch dropped; torchrun forwards it).
+* ``SIGINT`` under a launcher (``torchrun`` or ``deepspeed``: they forward it, and Ctrl-C in their
+  terminal reaches the whole group): the same stop, so that interrupting a launcher checkpoints as
+  a SIGTERM does; a second SIGINT stops at once. Under plain ``python`` Ctrl-C keeps Python's
+  meaning (``KeyboardInterrupt``: stop at once without saving, exit 130).
   The handlers are installed before the DataLoader workers fork, and the workers ignore
   SIGTERM/SIGUSR1/SIGINT (:func:`ignore_stop_signals_in_worker`): a signal sent to the whole
   process group reaches them too, and a worker killed by it would end the run without a save.
@@ -26,13 +31,14 @@ from typing import Callable
 
 from megatron_loop.training.distributed import all_reduce_max
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-WORKER_IGNORED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-SIGNAL_REASONS = {signal.SIGTERM: "SIGTERM", signal.SIGUSR1: "SIGUSR1"}
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+WORKER_IGNORED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
+SIGNAL_REASONS = {signal.SIGTERM: "SIGTERM", signal.SIGUSR1: "SIGUSR1", signal.SIGHUP: "SIGHUP",
+                  signal.SIGINT: "SIGINT"}
 WALL_TIME = "wall-time limit"
 LAUNCHER_GONE = "launcher exited"
 OUTPUT_GONE = "output folder vanished"
-REASONS = (OUTPUT_GONE, "SIGTERM", "SIGUSR1", WALL_TIME, LAUNCHER_GONE)  # first set wins
+REASONS = (OUTPUT_GONE, "SIGTERM", "SIGUSR1", "SIGHUP", "SIGINT", WALL_TIME, LAUNCHER_GONE)  # first set wins
 ERROR_REASONS = (OUTPUT_GONE,)  # stop without a checkpoint, exit with an error
 
 
@@ -68,8 +74,9 @@ class StopController:
         self._previous: dict[int, object] = {}
         self._longest_step_s = 0.0
 
-    def install(self) -> "StopController":
-        for sig in STOP_SIGNALS:
+    def install(self, sigint: bool = False) -> "StopController":
+        """``sigint``: SIGINT is a stop request too (under a launcher)."""
+        for sig in STOP_SIGNALS + ((signal.SIGINT,) if sigint else ()):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -82,7 +89,10 @@ class StopController:
         self._checks[reason] = check
 
     def _handle(self, signum: int, frame) -> None:  # noqa: ARG002 - signal handler signature
-        self._flags[REASONS.index(SIGNAL_REASONS[signum])] = 1.0
+        index = REASONS.index(SIGNAL_REASONS[signum])
+        if signum == signal.SIGINT and self._flags[index]:
+            raise KeyboardInterrupt  # the second Ctrl-C: stop now
+        self._flags[index] = 1.0
 
     def poll(self, last_step_s: float) -> str | None:
         """After a step: the first reason any rank has to stop, or None."""

@@ -18,6 +18,13 @@ FAULT is one of
                          kernel then fails the write with EFBIG, as it fails a full disk with ENOSPC)
   stall@RANK:N           rank RANK stops itself (SIGSTOP) before its N-th training forward in this
                          process: a stopped, not killed, rank
+  raise@[RANK:]N         the N-th training forward (of rank RANK only, if given) raises a plain
+                         RuntimeError (a bug in a step)
+  worker@SIGNAL:N        the DataLoader worker sends itself SIGNAL (STOP: hung, KILL: what the
+                         out-of-memory killer sends) as it reads its N-th sample
+  metrics@full:N         after the N-th train record, metrics.jsonl writes fail with ENOSPC (the
+                         appends go to /dev/full, as to a full disk: the flush and the close fail)
+  metrics@remove:N       after the N-th train record, metrics.jsonl is deleted (rm under a run)
   kill_in_swap           SIGKILL an HF export right after its old folder was moved aside, before
                          the new one is renamed into place
 """
@@ -176,6 +183,81 @@ def stall(rank: int, nth: int) -> None:
     LoopLM.forward = patched
 
 
+def raise_in_step(rank: int | None, nth: int) -> None:
+    from megatron_loop.model.looplm import LoopLM
+
+    if rank is not None and int(os.environ.get("RANK", "0")) != rank:
+        return
+    forward = LoopLM.forward
+    bump = _counter()
+
+    def patched(self, *args, **kwargs):
+        if self.training and bump() == nth:
+            raise RuntimeError(f"injected fault in training forward {nth}")
+        return forward(self, *args, **kwargs)
+
+    LoopLM.forward = patched
+
+
+def signal_in_worker(name: str, nth: int) -> None:
+    import torch.utils.data
+
+    from megatron_loop.data.packed import PackedDataset
+
+    getitem = PackedDataset.__getitem__
+    bump = _counter()
+
+    def patched(self, index):
+        if torch.utils.data.get_worker_info() is not None and bump() == nth:
+            os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+        return getitem(self, index)
+
+    PackedDataset.__getitem__ = patched
+
+
+class FullDiskFile:
+    """A text file on a full disk: writes are buffered, then every flush fails with ENOSPC, and so
+    does the close (which flushes the buffer again), as Python's buffered files behave."""
+
+    def __init__(self, real) -> None:
+        self.real, self.pending = real, []
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    def write(self, text: str) -> int:
+        self.pending.append(text)
+        return len(text)
+
+    def _fail(self):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def flush(self) -> None:
+        self._fail()
+
+    def close(self) -> None:
+        self.real.close()
+        if self.pending:
+            self._fail()
+
+
+def metrics_fault(how: str, nth: int) -> None:
+    from megatron_loop.training.metrics import MetricsLogger
+
+    log = MetricsLogger.log
+    bump = _counter()
+
+    def patched(self, record):
+        log(self, record)
+        if record.get("event") == "train" and bump() == nth:
+            if how == "full":
+                self._file = FullDiskFile(self._file)
+            else:
+                os.unlink(self.path)
+
+    MetricsLogger.log = patched
+
+
 def kill_in_swap() -> None:
     real_replace = os.replace
 
@@ -206,6 +288,15 @@ def apply(fault: str) -> None:
     elif kind == "stall":
         rank, _, nth = arg.partition(":")
         stall(int(rank), int(nth))
+    elif kind == "raise":
+        rank, _, nth = arg.rpartition(":")
+        raise_in_step(int(rank) if rank else None, int(nth))
+    elif kind == "worker":
+        name, _, nth = arg.partition(":")
+        signal_in_worker(name, int(nth))
+    elif kind == "metrics":
+        how, _, nth = arg.partition(":")
+        metrics_fault(how, int(nth))
     elif kind == "kill_in_swap":
         kill_in_swap()
     else:
