@@ -69,3 +69,30 @@ def test_peers_train_and_profile_modes(tmp_path):
     assert train["metrics"]["exit_code"] == 0 and train["metrics"]["tokens_per_s"] > 0 and "mfu" in train["metrics"]
     shares = [r["metrics"]["share"] for r in rows.values() if r["mode"] == "profile"]
     assert shares[-1] == 1.0 and 0 < sum(shares[:-1]) <= 1.0
+
+
+def test_checkpointing_reference_micro_batch_and_recompute_cost(tmp_path):
+    """--ac-reference-micro-batch runs the unconstrained `none` case at its own micro-batch and compares
+    per token; --mode recompute gives the extra step time per recomputed loop in forwards of that loop."""
+    out_json = tmp_path / "bench.json"
+    out = _bench("--device", "cpu", "--mode", "checkpointing,recompute", "--families", "llama", "--loops", "3",
+                 "--micro-batch", "2", "--ac-reference-micro-batch", "1", "--ac-modes", "none,per_loop",
+                 "--steps", "1", "--warmup", "0", "--seq", "16", "--json", str(out_json))
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {(r["mode"], r["case"]): r for r in json.loads(out_json.read_text())["rows"]}
+    none = rows["checkpointing", "llama 4x3 none (micro-batch 1)"]
+    per_loop = rows["checkpointing", "llama 4x3 per_loop"]
+    assert none["params"]["micro_batch"] == 1 and per_loop["params"]["micro_batch"] == 2
+    assert per_loop["metrics"]["loop_input_mib"] == 2 * none["metrics"]["loop_input_mib"]
+    ratio = none["metrics"]["tokens_per_s"] / per_loop["metrics"]["tokens_per_s"]  # per token, not per step
+    assert per_loop["metrics"]["time_vs_none"] == ratio and none["metrics"]["time_vs_none"] == 1
+    loop = rows["recompute", "llama 4x3 forward, one loop"]["metrics"]
+    steps = {kind: rows["recompute", f"llama 4x3 {kind}"]["metrics"] for kind in ("none", "selective", "per_loop")}
+    for kind, m in steps.items():
+        extra = m["step_s"] - steps["none"]["step_s"]
+        assert m["extra_s"] == extra
+        assert m["recompute_cost"] == (extra / (2 * loop["step_s"]) if kind != "none" else 0.0)  # K - 1 = 2 loops
+        assert m["backward_vs_none"] == (m["step_s"] - loop["forward_s"]) / (steps["none"]["step_s"]
+                                                                              - loop["forward_s"])
+    bad = _bench("--device", "cpu", "--mode", "recompute", "--loops", "1")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: --mode recompute")

@@ -14,7 +14,10 @@ transient buffers; ``perf.peak_memory_delta``), measured in one extra step.
 
 Modes (each case of a mode runs in this one process, side by side):
   loop-vs-nonloop  LoopLM vs NonLoop at equal effective depth (Llama 4x5 vs 20x1, Qwen 4x7 vs 28x1)
-  checkpointing    activation checkpointing none / per_loop / per_block across K
+  checkpointing    activation checkpointing none / per_loop / selective / auto / per_block across K (the
+                   none case optionally at a smaller --ac-reference-micro-batch, for micro-batches it cannot fit)
+  recompute        what recomputation costs under each per-loop checkpointing kind, in forwards of the
+                   recomputed loop (the cost the auto planner ranks plans by)
   optimizer        Muon+AdamW vs AdamW step time as a fraction of an accumulated global-batch step
   data             loader samples/s; preprocessing tokens/s vs the bare tokenizer
   eval             forward throughput of the HF export at several r
@@ -36,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from bench_report import cpu_name, git_commit, markdown_table, train_summary  # noqa: E402  (tools/, beside this file)
 
 from megatron_loop.atomic import write_atomic  # noqa: E402
 from megatron_loop.config import ModelConfig, build_model_config  # noqa: E402
@@ -55,8 +58,8 @@ from megatron_loop.flops import H100_BF16_PEAK_FLOPS, hardware_flops_per_token, 
 from megatron_loop.perf import (count_host_syncs, matmul_peak_flops, peak_memory_delta,  # noqa: E402
                                 time_interleaved)
 
-MODES = ("loop-vs-nonloop", "checkpointing", "optimizer", "data", "eval", "compile", "peers", "train", "profile",
-         "loss", "backprop", "exit-decode")
+MODES = ("loop-vs-nonloop", "checkpointing", "recompute", "optimizer", "data", "eval", "compile", "peers", "train",
+         "profile", "loss", "backprop", "exit-decode")
 PAPER_GLOBAL_BATCH = 1824  # sequences of 2048 tokens (App. C.2): 38 micro x 6 accumulation x 8 ranks
 PAPER_DATA_PARALLEL = 8
 
@@ -281,20 +284,36 @@ def _midway_budget_gib(cfg: ModelConfig, setup: Setup, loops: int) -> float:
 AC_MODES = ("none", "per_loop", "selective", "auto", "per_block")
 
 
+def fits(step: Callable[[], None], model: torch.nn.Module, setup: Setup) -> bool:
+    """One untimed call of ``step``; False (its memory given back) if it ran out of device memory."""
+    try:
+        step()
+    except torch.cuda.OutOfMemoryError:
+        model.zero_grad(set_to_none=True)
+        release(setup)
+        return False
+    return True
+
+
 def bench_checkpointing(setup: Setup, family: str, loops_list: list[int], ac_budget_gib: float | None = None,
-                        modes: tuple[str, ...] = AC_MODES) -> list[Row]:
+                        modes: tuple[str, ...] = AC_MODES, reference_micro_batch: int | None = None) -> list[Row]:
     """Every checkpointing mode at each K: step time (forward + backward) and step peak memory.
 
     ``auto`` runs with ``--ac-budget-gib`` (default: halfway between per_loop's and none's peak as
     the memory model predicts them), so the planner has to mix loop kinds.
 
+    ``reference_micro_batch``: the unconstrained reference (``none``) runs at this micro-batch (one
+    that fits without checkpointing, e.g. 8 when the paper's 38 does not), so ``time_vs_none`` is
+    per token: tokens/s of none over tokens/s of the mode (the step ratio at equal micro-batches).
+
     Per-loop checkpointing should add one stored loop input ``h_l`` ([seq, batch, hidden]) per
-    extra loop; ``loop_inputs_per_loop`` is the peak's growth per loop in those units.
+    extra loop; ``loop_inputs_per_loop`` is the peak's growth per loop in those units. A mode whose
+    step runs out of device memory is reported as such (``fits: false``) and left out of the timing.
     """
     rows = []
     core = FAMILIES[family][2][0]
     for loops in loops_list:
-        cases, cfgs, plans = {}, {}, {}
+        cases, cfgs, plans, micro, too_big = {}, {}, {}, {}, []
         for mode in modes:
             extra = {}
             if mode == "auto":
@@ -302,36 +321,90 @@ def bench_checkpointing(setup: Setup, family: str, loops_list: list[int], ac_bud
                     model_config(setup, family, core, loops), setup, loops)
             cfg = cfgs[mode] = model_config(setup, family, core, loops, activation_checkpointing=mode, **extra)
             model = build(cfg, setup)
-            tokens = batch(cfg, setup)
-            cases[mode] = Case(train_step(model, None, tokens), tokens.numel(), train_flops_per_token(cfg, setup.seq))
+            tokens = batch(cfg, setup, reference_micro_batch if mode == "none" else None)
+            micro[mode] = tokens.shape[0]
+            step = train_step(model, None, tokens)
+            if not fits(step, model, setup):  # one untimed step (auto: plans the loops)
+                too_big.append(mode)
+                continue
+            cases[mode] = Case(step, tokens.numel(), train_flops_per_token(cfg, setup.seq))
             if mode == "auto":
-                model(tokens, labels=tokens, compute_logits=False)  # plans the loops
                 plans[mode] = next(iter(model._checkpoint_plans.values()))
-        loop_input_mib = tokens.numel() * cfg.hidden_size * setup.dtype.itemsize / 2**20
         measured = measure(cases, setup)
         for mode in modes:
+            name = f"{family} {core}x{loops} {mode}" + (f" (micro-batch {micro[mode]})"
+                                                        if micro[mode] != setup.micro_batch else "")
+            params = {"K": loops, "mode": mode, "micro_batch": micro[mode]}
+            if mode in too_big:
+                rows.append(Row("checkpointing", name, params, {"fits": False}))
+                continue
             m = measured[mode]
-            if "none" in measured:
-                m["time_vs_none"] = m["step_s"] / measured["none"]["step_s"]
+            if "none" in measured:  # per token: the reference may run another micro-batch
+                m["time_vs_none"] = measured["none"]["tokens_per_s"] / m["tokens_per_s"]
             # hardware TFLOP/s: model FLOPs plus the recomputed forward
             full = sum(k == "full" for k in plans[mode].kinds) if mode in plans else None
             m["hw_tflops"] = m["tokens_per_s"] * hardware_flops_per_token(cfgs[mode], setup.seq,
                                                                           full_loops=full) / 1e12
-            m["loop_input_mib"] = loop_input_mib
+            m["loop_input_mib"] = micro[mode] * setup.seq * cfgs[mode].hidden_size * setup.dtype.itemsize / 2**20
             if mode in plans:
                 m["plan"] = "/".join(k[0] for k in plans[mode].kinds)  # n(one) s(elective) f(ull) per loop
                 m["predicted_peak_mib"] = plans[mode].peak_bytes / 2**20
                 m["budget_mib"] = cfgs[mode].activation_checkpointing_budget_gib * 1024
-            rows.append(Row("checkpointing", f"{family} {core}x{loops} {mode}", {"K": loops, "mode": mode}, m))
+            rows.append(Row("checkpointing", name, params, m))
         del cases
         release(setup)
     for mode in modes:
-        pts = [(r.params["K"], r.metrics) for r in rows if r.params.get("mode") == mode]
+        pts = [(r.params["K"], r.metrics) for r in rows
+               if r.params.get("mode") == mode and "peak_step_mib" in r.metrics]
         if len(pts) >= 2:
             (k0, m0), (k1, m1) = pts[0], pts[-1]
             per_loop = (m1["peak_step_mib"] - m0["peak_step_mib"]) / (k1 - k0)
             rows.append(Row("checkpointing", f"{mode}: peak growth per added loop (K={k0}..{k1})", {},
                             {"mib_per_loop": per_loop, "loop_inputs_per_loop": per_loop / m0["loop_input_mib"]}))
+    return rows
+
+
+RECOMPUTED_KINDS = ("selective", "per_loop")  # the per-loop checkpointing kinds that recompute
+
+
+def bench_recompute(setup: Setup, family: str, loops: int) -> list[Row]:
+    """What recomputation costs, in forwards of the loop it recomputes (the unit of the ``auto``
+    planner's cost of a loop kind, ``megatron_loop/model/checkpointing.py``).
+
+    One model per mode (same weights) at K loops; every per-loop mode recomputes K - 1 loops (the
+    last never), so for each kind ``recompute_cost`` = (t_step(kind) - t_step(none)) / ((K - 1) t_loop),
+    where t_loop, one loop's forward, is (t_forward(r=K) - t_forward(r=1)) / (K - 1) of the ``none``
+    model (forward with autograd recording, no backward). ``per_loop`` recomputes a whole loop, so its
+    cost should come out near 1 (a check of the method); ``selective``'s is the measured figure for
+    the planner. ``backward_vs_none``: the step minus the forward, against none's (the backward with
+    recomputation over the backward without). Steps are forward + backward, timed interleaved.
+    """
+    core = FAMILIES[family][2][0]
+    cases: dict[str, Case] = {}
+    for mode in ("none", *RECOMPUTED_KINDS):
+        cfg = model_config(setup, family, core, loops, activation_checkpointing=mode)
+        model = build(cfg, setup)
+        tokens = batch(cfg, setup)
+        cases[mode] = Case(train_step(model, None, tokens), tokens.numel(), train_flops_per_token(cfg, setup.seq),
+                           memory=False)
+        if mode == "none":
+            for r in (loops, 1):
+                cases[f"forward r={r}"] = Case(
+                    lambda model=model, tokens=tokens, r=r: model(tokens, num_loops=r, labels=tokens,
+                                                                  compute_logits=False),
+                    tokens.numel(), memory=False)
+    measured = measure(cases, setup)
+    forward = measured[f"forward r={loops}"]["step_s"]
+    loop_s = (forward - measured["forward r=1"]["step_s"]) / (loops - 1)
+    rows = [Row("recompute", f"{family} {core}x{loops} forward, one loop", {"K": loops},
+                {"step_s": loop_s, "forward_s": forward})]
+    for mode in ("none", *RECOMPUTED_KINDS):
+        m = measured[mode]
+        extra = m["step_s"] - measured["none"]["step_s"]
+        m.update(extra_s=extra, recompute_cost=extra / ((loops - 1) * loop_s) if mode != "none" else 0.0,
+                 backward_vs_none=(m["step_s"] - forward) / (measured["none"]["step_s"] - forward))
+        rows.append(Row("recompute", f"{family} {core}x{loops} {mode}", {"K": loops, "mode": mode}, m))
+    release(setup)
     return rows
 
 
@@ -599,15 +672,13 @@ def bench_train(setup: Setup, config: str, data_prefix: str | None, micro_batch:
         cfg = load_config(config, overrides=sets + list(overrides) + [f"data.train_prefixes=[{prefix}]"])
         code = train(cfg)
         records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if r.get("event") == "train"][setup.warmup:]
-    keys = [k for k, v in steps[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-            and k not in ("step", "consumed_samples", "tokens", "lr_muon", "lr_adamw", "skipped_updates")]
-    metrics = {k: statistics.median(r[k] for r in steps) for k in keys}
+    metrics = train_summary(records, setup.warmup)
+    measured = metrics.pop("steps_measured")
     metrics["exit_code"] = code
     params = {"config": config, "micro_batch": micro, "accumulation": accumulation,
               "activation_checkpointing": cfg.model.activation_checkpointing, "compile": cfg.model.compile_enabled,
-              "loss_implementation": cfg.model.loss_implementation, "steps_measured": len(steps)}
-    return [Row("train", f"{Path(config).stem} ({len(steps)} steps, median)", params, metrics)]
+              "loss_implementation": cfg.model.loss_implementation, "steps_measured": measured}
+    return [Row("train", f"{Path(config).stem} ({measured} steps, median)", params, metrics)]
 
 
 def bench_profile(setup: Setup, config: str, top: int) -> list[Row]:
@@ -726,48 +797,19 @@ def bench_exit_decode(setup: Setup, model_dir: str, valid_prefix: str, fixed: li
 # ----------------------------------------------------------------------------- output
 
 
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
 def render(rows: list[Row]) -> str:
     """A markdown table per mode: case, then every metric the mode's rows carry."""
     out = []
     for mode in dict.fromkeys(r.mode for r in rows):
-        group = [r for r in rows if r.mode == mode]
-        keys = list(dict.fromkeys(k for r in group for k in r.metrics if not k.startswith("_")))  # _: raw data
-        out.append(f"\n### {mode}\n")
-        out.append("| case | " + " | ".join(keys) + " |")
-        out.append("|---" * (len(keys) + 1) + "|")
-        for r in group:
-            out.append(f"| {r.case} | " + " | ".join(_fmt(r.metrics.get(k, "")) for k in keys) + " |")
+        out += [f"\n### {mode}\n", *markdown_table([(r.case, r.metrics) for r in rows if r.mode == mode])]
     return "\n".join(out)
 
 
-def _cpu_name() -> str:
-    import os
-
-    name = "CPU"
-    try:
-        name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{name} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
-
-
 def provenance(setup: Setup, argv: list[str]) -> dict:
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        except OSError:
-            return "unknown"
-
-    device = torch.cuda.get_device_name(setup.device) if setup.cuda else _cpu_name()
+    device = torch.cuda.get_device_name(setup.device) if setup.cuda else cpu_name()
     return {"command": "python tools/bench.py " + " ".join(argv),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "commit": git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain") else ""),
+            "commit": git_commit(),
             "device": device, "torch": torch.__version__, "dtype": str(setup.dtype).replace("torch.", ""),
             "seq": setup.seq, "micro_batch": setup.micro_batch, "steps": setup.steps, "warmup": setup.warmup,
             "compile": setup.compile, "engine": setup.engine, "peak_flops": setup.peak_flops,
@@ -794,7 +836,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="full training steps: the model with MuonAdamW (plain) or the DeepSpeed engine of "
                          "megatron_loop.optim.build_engine (ZeRO-1, bf16 master weights on CUDA)")
     ap.add_argument("--compile", action="store_true", help="model.compile=true: torch.compile each block")
-    ap.add_argument("--loops", default=None, help="K values for checkpointing (default 5,10 cuda, 2,4,8 cpu)")
+    ap.add_argument("--loops", default=None,
+                    help="K values for checkpointing (default 5,10 cuda, 2,4,8 cpu); backprop, recompute: the last")
     ap.add_argument("--eval-loops", default="1,2,4,8", help="r values for the eval mode")
     ap.add_argument("--accumulation", type=int, default=None,
                     help="micro-batches of the measured accumulated step (default 6 cuda, 4 cpu)")
@@ -810,6 +853,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="activation_checkpointing=auto budget in the checkpointing mode (default: midway)")
     ap.add_argument("--ac-modes", default=",".join(AC_MODES),
                     help="activation_checkpointing modes of the checkpointing mode (comma list)")
+    ap.add_argument("--ac-reference-micro-batch", type=int, default=None,
+                    help="checkpointing mode: run the none case at this micro-batch (one that fits unconstrained); "
+                         "time_vs_none is then per token")
     ap.add_argument("--top", type=int, default=12, help="rows of the profile table")
     ap.add_argument("--json", default=None, help="write every figure and its provenance here")
     ap.add_argument("--hf-model", default=None, help="exit-decode: an HF export (tools/convert_to_hf.py)")
@@ -818,10 +864,16 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def fail(message: str) -> None:
+    """A bad argument: one ``error:`` line, exit code 2 (docs/ERRORS.md)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def make_setup(args: argparse.Namespace) -> Setup:
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device visible")
+        fail("--device cuda: no CUDA device visible")
     device = torch.device("cuda" if cuda else "cpu")
     if args.engine == "deepspeed" or "train" in args.mode.split(","):
         from megatron_loop.optim import init_distributed
@@ -850,10 +902,14 @@ def main(argv: list[str] | None = None) -> int:
         m.strip() for m in args.mode.split(","))
     unknown = [m for m in modes if m not in MODES]
     if unknown:
-        raise SystemExit(f"--mode {unknown[0]!r}: expected one of {', '.join(MODES)} or 'all'")
+        fail(f"--mode {unknown[0]!r}: expected one of {', '.join(MODES)} or 'all'")
     setup = make_setup(args)
     families = (args.families.split(",") if args.families else (["llama", "qwen"] if setup.cuda else ["llama"]))
     loops = [int(k) for k in (args.loops or ("5,10" if setup.cuda else "2,4,8")).split(",")]
+    if "recompute" in modes and loops[-1] < 2:
+        fail(f"--mode recompute: expected --loops K >= 2 (K - 1 loops are recomputed), got {loops[-1]}")
+    if args.ac_reference_micro_batch is not None and args.ac_reference_micro_batch < 1:
+        fail(f"--ac-reference-micro-batch {args.ac_reference_micro_batch}: expected a positive integer")
     rows: list[Row] = []
     for mode in modes:
         start = time.perf_counter()
@@ -861,7 +917,9 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_loop_vs_nonloop(setup, families)
         elif mode == "checkpointing":
             rows += bench_checkpointing(setup, families[0], loops, args.ac_budget_gib,
-                                        tuple(args.ac_modes.split(",")))
+                                        tuple(args.ac_modes.split(",")), args.ac_reference_micro_batch)
+        elif mode == "recompute":
+            rows += bench_recompute(setup, families[0], loops[-1])
         elif mode == "peers":
             rows += bench_peers(setup, families)
         elif mode == "train":
@@ -884,7 +942,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_backprop(setup, families[0], loops[-1])
         elif mode == "exit-decode":
             if not (args.hf_model and args.valid_prefix):
-                raise SystemExit("--mode exit-decode: expected --hf-model DIR and --valid-prefix P")
+                fail("--mode exit-decode: expected --hf-model DIR and --valid-prefix P")
             rows += bench_exit_decode(setup, args.hf_model, args.valid_prefix,
                                       [int(r) for r in args.eval_loops.split(",")], args.exits.split(","))
         print(f"[bench] {mode}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
