@@ -93,6 +93,8 @@ NOT_LITERAL_IN_CODE = {
     "warning: skipping ...": "shorthand for the skipping messages above it in the same row",
     "pretrain_loop.py: error: the following arguments are required: --config": "argparse",
     "argument --data-parallel-size: invalid int value: 'abc'": "argparse",
+    "unknown section '<name>'; expected one of ['data', 'logging', 'model', 'train']": "config.py composes the "
+                                                                                       "list from SECTIONS",
     "(We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the cached "
     "files)": "transformers (quoted inside our tokenizer message)",
 }
@@ -183,6 +185,10 @@ def code_literal_pieces() -> set[str]:
             if isinstance(node, (ast.JoinedStr, ast.Constant, ast.BinOp)):
                 text = _template(node)
                 pieces.update(p for p in (" ".join(x.split()) for x in (text or "").split("\0")) if len(p) >= 6)
+    for path in sorted(REPO.glob("tools/*.sh")):  # shell tools: double-quoted strings, cut at their $variables
+        for text in re.findall(r'"((?:[^"\\]|\\.)*)"', path.read_text()):
+            pieces.update(p for p in (" ".join(x.split()) for x in re.split(r"\$\{?\w+\}?|\$\(", text))
+                          if len(p) >= 6)
     return pieces
 
 
