@@ -272,7 +272,7 @@ def test_seeded_study_twins(tmp_path, capsys):
     assert plan[1].split("\t")[2:] == ["1,2,3,4,5,6", "-"] and plan[0].split("\t")[2] == "1"
     assert generate_configs.main(["--study", "finding1", "--toy-env"]) == 0
     env = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
-    assert env["STUDY_TASKS"] == "facts,arith" and env["STUDY_SEEDS"] == "'1 2 3'"
-    assert env["STUDY_DEFAULT_STEPS"] == "800" and "--reasoning-tasks arith" in env["STUDY_CORPUS_ARGS"]
+    assert env["STUDY_TASKS"] == "facts,clutrr=looplm_clutrr_local" and env["STUDY_SEEDS"] == "'1 2 3'"
+    assert env["STUDY_DEFAULT_STEPS"] == "800" and "--reasoning-tasks clutrr" in env["STUDY_CORPUS_ARGS"]
     assert generate_configs.main(["--study", "toy", "--toy-env"]) == 0
     assert "STUDY_SEEDS=''" in capsys.readouterr().out

@@ -1,5 +1,6 @@
 """The knowledge/reasoning study at CPU scale (``bash tools/small_study.sh finding1``): its corpus
-(stored facts asked as trained, chained arithmetic held out from depth 3), the seed summary of
+(stored facts asked as trained, CLUTRR-style kinship chains of depths 1-4 with held-out contexts),
+the corpus options it rests on (chained arithmetic held out from depth 3), the seed summary of
 ``tools/seed_study.py`` (mean and standard error over seeds, tables, figure), and where AdaLN's
 W_k^b goes under both readings of the optimizer split."""
 
@@ -65,14 +66,23 @@ def test_bad_study_corpus_spec(tmp_path, change, message):
 
 
 def test_make_corpus_cli_takes_the_study_flags(tmp_path):
-    """The study's corpus flags (registry) go through tools/make_corpus.py as written; old flags still work."""
+    """The study's corpus flags (registry) go through tools/make_corpus.py as written: the trained
+    facts and the CLUTRR-style chains alone, items at every trained depth (1-4); old flags still work."""
     args = shlex.split(registry.STUDIES["finding1"].corpus_args.replace("20000", "40").replace("150", "6")
-                       .replace("--eval-items-per-depth 50", "--eval-items-per-depth 2"))
+                       .replace("--eval-items-per-depth 75", "--eval-items-per-depth 2"))
     r = run_tool("make_corpus.py", "--output-dir", str(tmp_path / "c"), "--seed", "1", *args)
     assert r.returncode == 0, r.stderr
     manifest = json.loads(r.stdout)
-    assert manifest["eval_items"] == {"looplm_arith_local": 8, "looplm_facts_local": 18}
-    assert manifest["spec"]["knowledge_eval"] == "trained" and manifest["spec"]["reasoning_tasks"] == ["arith"]
+    assert manifest["eval_items"] == {"looplm_clutrr_local": 8, "looplm_facts_local": 18}
+    assert manifest["spec"]["knowledge_eval"] == "trained" and manifest["spec"]["reasoning_tasks"] == ["clutrr"]
+    train = [json.loads(line) for line in (tmp_path / "c" / "train.jsonl").open()]
+    assert {d["source"] for d in train} == {"clutrr", "facts"}
+    assert {d["depth"] for d in train if d["source"] == "clutrr"} == {1, 2, 3, 4}
+    items = [json.loads(line) for line in (tmp_path / "c" / "eval" / "clutrr.jsonl").open()]
+    assert sorted(d["depth"] for d in items) == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert all(len(d["choices"]) == 4 for d in items)  # chance 25 %
+    trained = {d["text"].split("\nQuestion")[0] for d in train if d["source"] == "clutrr"}
+    assert not any(d["query"].split("\nQuestion")[0] in trained for d in items)  # held-out contexts
     bad = run_tool("make_corpus.py", "--output-dir", str(tmp_path / "d"), "--reasoning-tasks", "clutrr,nope")
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: reasoning_tasks=")
 
@@ -84,9 +94,9 @@ def _results(layout: str, loops: list[int], depth: dict, knowledge: list[float],
             "effective_depth": {k: depth[k] for k in keys},
             "groups": {"knowledge": dict(zip(keys, knowledge)), "reasoning": dict(zip(keys, reasoning)),
                        "overall": {k: (a + b) / 2 for k, a, b in zip(keys, knowledge, reasoning)}},
-            "groups_chance": {"knowledge": 25.0, "reasoning": 10.0, "overall": 17.5},
+            "groups_chance": {"knowledge": 25.0, "reasoning": 25.0, "overall": 25.0},
             "heldout": {k: {"loss": x} for k, x in zip(keys, loss)},
-            "per_depth": {"arith": {k: {"3": {"accuracy": x}} for k, x in zip(keys, reasoning)}}}  # r -> depth
+            "per_depth": {"clutrr": {k: {"3": {"accuracy": x}} for k, x in zip(keys, reasoning)}}}  # r -> depth
 
 
 def test_seed_summary_means_and_standard_errors(tmp_path, capsys):
@@ -116,7 +126,7 @@ def test_seed_summary_means_and_standard_errors(tmp_path, capsys):
     assert loop["heldout_loss"][0]["mean"] == pytest.approx(1.2)
     table = (tmp_path / "summary.md").read_text()
     assert "| `baseloop_2x3` (0+2x3+0, 3 seeds) | 33.0 ± 1.7 | 33.0 ± 1.7 | **33.0 ± 1.7** | 33.0 ± 1.7 |" in table
-    assert "| `baseloop_2x3` (L = 6) | 20.0 ± 2.6 |" in table  # arith by depth, at r = K
+    assert "| `baseloop_2x3` (L = 6) | 20.0 ± 2.6 |" in table  # clutrr by depth, at r = K
     assert (tmp_path / "knowledge_reasoning_vs_depth.png").stat().st_size > 10_000
     capsys.readouterr()
     (tmp_path / "nonloop_6x1-seed2" / "eval" / "results.json").unlink()
