@@ -58,7 +58,7 @@ def test_cli_on_hf_export_writes_json_and_plots(tmp_path, capsys):
 @pytest.mark.parametrize("extra,needle", [
     (["--num-positions", "999"], "--num-positions 999"),
     (["--num-positions", "100000"], "--num-positions 100000: 3 sequences of 12 predictions hold 36; expected 1..36 "
-                                    "or 'all' (the default, 100000 as in the paper, needs e.g. 49 sequences of 2048 "
+                                    "or 'all' (the default is 100000 as in the paper, App. C.4, which needs e.g. 49 sequences of 2048 "
                                     "tokens)"),
     (["--loops", "2,x"], "--loops"),
     (["--loops", "5,2"], "--loops '5,2': expected loop counts in increasing order, e.g. 2,5"),

@@ -93,6 +93,9 @@ def _number(text: str) -> float:
 
 def read_groups(lines: list[str], results: dict) -> None:
     """The Knowledge / Reasoning / Overall tables: ``L=`` columns, ``score ± stderr`` cells."""
+    start = lines.index("## Results")  # the toy study's section; later sections (finding1) have tables of their own
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    lines = lines[start:end]
     for heading, group in GROUP_HEADINGS:
         (table,) = [t for t in tables_after(lines, heading + " (") if t and t[0][0] == "model"] or _missing(heading)
         chance = float(re.search(r"chance ([\d.]+)", next(x for x in lines if x.startswith(heading + " ("))).group(1))

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from megatron_loop import registry as R  # noqa: E402
+from megatron_loop.atomic import atomic_path, write_atomic  # noqa: E402
 from megatron_loop.errors import LoopConfigError  # noqa: E402
 
 GROUPS = (("knowledge", "Knowledge"), ("reasoning", "Reasoning"))
@@ -138,10 +139,9 @@ def figure(summary: dict, path: Path) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle("Knowledge vs reasoning against effective depth (mean ± s.e. over seeds; circled: L(K))")
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,9 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for name, text in (("summary.json", json.dumps(summary, indent=1) + "\n"), ("summary.md", markdown(summary))):
-        tmp = run / (name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(run / name)
+        write_atomic(run / name, text)
     figure(summary, run / "knowledge_reasoning_vs_depth.png")
     print(markdown(summary))
     print(f"wrote {run}/summary.json, summary.md, knowledge_reasoning_vs_depth.png")

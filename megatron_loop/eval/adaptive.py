@@ -35,6 +35,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from megatron_loop.atomic import atomic_path  # noqa: E402
 from megatron_loop.errors import LoopConfigError  # noqa: E402
 from megatron_loop.eval.sweep import SweepSession, SweepSettings, architecture  # noqa: E402
 from megatron_loop.eval.tasks import aggregate, aggregate_stderr  # noqa: E402
@@ -234,7 +235,8 @@ def plot_frontier(results_list: list[dict], path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return path
 

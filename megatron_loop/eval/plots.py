@@ -30,6 +30,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
 from megatron_loop import plotting
+from megatron_loop.atomic import atomic_path
 
 PANELS = (("overall", "Overall"), ("knowledge", "Knowledge"), ("reasoning", "Reasoning"))
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
@@ -251,6 +252,7 @@ def _legend_right(ax, fig, every_axis: bool = False) -> None:
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    with atomic_path(path) as tmp:  # a kill mid-write leaves the previous figure, never a partial PNG
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -33,6 +33,7 @@ import json
 import os
 from pathlib import Path
 
+from megatron_loop.atomic import write_atomic
 from megatron_loop.errors import LoopConfigError, LoopDataError
 
 RESULTS_NAME = "results.json"
@@ -97,16 +98,14 @@ def check_output(output: str | Path, fingerprint: dict, overwrite: bool = False)
 def write_results_json(results: dict, output: str | Path) -> Path:
     """``results.json`` atomically (temp file + rename): after each r of a sweep, so an interrupted
     sweep keeps every finished r."""
-    from megatron_loop.training.checkpoint import _write_atomic
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out / RESULTS_NAME, json.dumps(results, indent=2))
+    write_atomic(out / RESULTS_NAME, json.dumps(results, indent=2))
     return out / RESULTS_NAME
 
 
 def write_results(results: dict, output: str | Path) -> dict[str, Path]:
-    from megatron_loop.training.checkpoint import _write_atomic
 
     out = Path(output)
     paths = {"json": write_results_json(results, out), "csv": out / "results.csv",
@@ -121,7 +120,7 @@ def write_results(results: dict, output: str | Path) -> dict[str, Path]:
             w.writerow([name, kind, metric] + [_fmt(by_r.get(r)) for r in loops] + [_fmt(chance)])
             if stderr:
                 w.writerow([name, kind, f"{metric}_stderr"] + [_fmt(stderr.get(r)) for r in loops] + [""])
-        _write_atomic(paths["csv"], f.getvalue())
+        write_atomic(paths["csv"], f.getvalue())
     with io.StringIO(newline="") as f:
         w = csv.writer(f)
         w.writerow(["task", "depth", "r", "effective_depth", "accuracy", "stderr", "chance", "n"])
@@ -130,7 +129,7 @@ def write_results(results: dict, output: str | Path) -> dict[str, Path]:
                 for depth, cell in strata.items():
                     w.writerow([task, depth, r, results["effective_depth"][r], _fmt(cell["accuracy"]),
                                 _fmt(cell.get("stderr")), _fmt(cell.get("chance")), cell["n"]])
-        _write_atomic(paths["per_depth_csv"], f.getvalue())
+        write_atomic(paths["per_depth_csv"], f.getvalue())
     return paths
 
 
