@@ -139,3 +139,29 @@ def test_metrics_file_removed_mid_run_is_recreated_and_reported(tmp_path):
                          "path": str(run_dir / "checkpoints" / "global_step3")}]
     assert [r["step"] for r in recs if r["event"] == "train"] == list(range(4, 11))
     assert records(run_dir, "summary")[0]["metrics_recreated_at"] == 3
+
+
+def test_a_worker_killed_during_the_descriptor_handshake_is_named_not_a_broken_connection():
+    """The kill can land while the main process fetches a batch's tensors from the worker: the
+    socket breaks (ECONNRESET) before torch's SIGCHLD check names the worker. The same one line
+    as above, from the worker's exit code, not an I/O error of the run folder."""
+    import torch
+    from types import SimpleNamespace
+
+    from megatron_loop.data.loaders import LoaderFailure, SupervisedBatches
+
+    loader = torch.utils.data.DataLoader(list(range(4)), num_workers=1)
+    batches = SupervisedBatches(loader, timeout_s=30)
+
+    class Broken:
+        _workers = [SimpleNamespace(pid=4242, exitcode=-9)]
+
+        def __next__(self):
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+    batches._batches = Broken()
+    with pytest.raises(LoaderFailure, match=r"DataLoader worker \(pid 4242\) was killed by signal SIGKILL"):
+        next(batches)
+    Broken._workers = [SimpleNamespace(pid=4242, exitcode=None)]  # no worker died (after a 2 s grace): unchanged
+    with pytest.raises(ConnectionResetError):
+        next(batches)

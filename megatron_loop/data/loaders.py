@@ -262,9 +262,30 @@ class SupervisedBatches:
             if (why := loader_failure(e, self.num_workers, self.exit_codes())) is not None:
                 raise LoaderFailure(why) from None
             raise
+        except (ConnectionError, EOFError):
+            # A worker killed while the main process fetches a batch's tensors from it: the
+            # descriptor handshake sees the closed socket before torch's SIGCHLD check runs.
+            if (why := self._dead_worker()) is not None:
+                raise LoaderFailure(why) from None
+            raise
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+
+    def _dead_worker(self, wait_s: float = 2.0) -> str | None:
+        """The one-line cause when a worker has died (its exit code may lag the broken socket)."""
+        import time
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = {pid: code for pid, code in self.exit_codes().items() if code is not None}
+            if dead:
+                pid, code = next(iter(dead.items()))
+                return loader_failure(RuntimeError(f"DataLoader worker (pid {pid}) exited unexpectedly with exit "
+                                                   f"code {code}"), self.num_workers)
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
 
 
 _KILLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: (.+?)\.?\s*$")
