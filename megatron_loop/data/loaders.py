@@ -10,8 +10,9 @@
 ``cache_dir``  where packing indexes are cached (default: next to each prefix).
 ``num_workers`` DataLoader worker processes (default 0).
 ``valid_samples`` cap on validation sequences per evaluation (default: all).
-``order``      ``shuffled`` (default: a seeded permutation per epoch) or ``stream`` (documents
-               in the order preprocessing wrote them, as the paper trains; see ``packed.py``).
+``order``      ``stream`` (documents in the order preprocessing wrote them, as the paper trains,
+               App. C.1; the default of ``DataConfig``) or ``shuffled`` (a seeded permutation per
+               epoch; what a plain dict without the key gets); see ``packed.py``.
 
 Batches are ``{"tokens": LongTensor[B, S], "inputs": tokens[:, :-1], "targets": tokens[:, 1:]}``;
 ``inputs``/``targets`` are already shifted (the loss averages the ``S - 1`` predictions). A model
