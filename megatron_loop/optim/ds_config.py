@@ -40,17 +40,17 @@ DTYPE_ALIASES = {
 }
 
 
-def dtype_name(value) -> str | None:
+def dtype_name(value, source: str = "DeepSpeed config") -> str | None:
     """DeepSpeed's name of a dtype (``"fp32"``, ``"bf16"``, ...) for any alias it accepts; None if unset."""
     if value is None:
         return None
     for name, aliases in DTYPE_ALIASES.items():
         if str(value) in aliases:
             return name
-    raise LoopConfigError(f"DeepSpeed config {ACCUMULATION_KEY}={value!r}: expected 'fp32' or 'bf16'")
+    raise LoopConfigError(f"{source}: {ACCUMULATION_KEY}={value!r}: expected 'fp32' or 'bf16'")
 
 
-def check_precision(config: dict, bf16: bool) -> None:
+def check_precision(config: dict, bf16: bool, source: str = "DeepSpeed config") -> None:
     """Refuse a bf16 run whose micro-batch gradients DeepSpeed would sum in bf16 without being asked.
 
     DeepSpeed 0.19 sums micro-batch gradients in the weights' dtype unless
@@ -60,15 +60,15 @@ def check_precision(config: dict, bf16: bool) -> None:
     accumulation explicitly. An unset ``communication_data_type`` follows it, so the data-parallel
     sum is in the same precision as the micro-batch sum.
     """
-    accumulation = dtype_name((config.get("data_types") or {}).get("grad_accum_dtype"))
+    accumulation = dtype_name((config.get("data_types") or {}).get("grad_accum_dtype"), source)
     if bf16 and accumulation is None:
         raise LoopConfigError(
-            f"DeepSpeed config sets no {ACCUMULATION_KEY}: a bf16 run would sum the micro-batch gradients in "
+            f"{source}: sets no {ACCUMULATION_KEY}: a bf16 run would sum the micro-batch gradients in "
             f"bf16; set it to \"fp32\" (as deepspeed_configs/zero*.json) or to \"bf16\" to accept bf16 accumulation")
     allowed = ("fp32", "bf16") if bf16 else ("fp32", None)
     if accumulation not in allowed:
         expected = "'fp32' or 'bf16'" if bf16 else "'fp32' (or unset) in an fp32 run"
-        raise LoopConfigError(f"DeepSpeed config {ACCUMULATION_KEY}={accumulation!r}: expected {expected}")
+        raise LoopConfigError(f"{source}: {ACCUMULATION_KEY}={accumulation!r}: expected {expected}")
     if bf16:
         config.setdefault(COMMUNICATION_KEY, accumulation)
 
@@ -154,7 +154,7 @@ def resolve_ds_config(
     config["bf16"] = {**(config.get("bf16") or {}), "enabled": AUTO if bf16 is None else bool(bf16)}
     config["fp16"] = {**(config.get("fp16") or {}), "enabled": False}
     if bf16 is not None:
-        check_precision(config, bool(bf16))
+        check_precision(config, bool(bf16), source)
     given_clip = config.get("gradient_clipping", AUTO)
     if given_clip != AUTO and (isinstance(given_clip, bool) or not isinstance(given_clip, (int, float))
                                or float(given_clip) != float(grad_clip)):
