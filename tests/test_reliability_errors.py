@@ -36,7 +36,7 @@ def _run_to_end(fault, run_dir, *overrides, nproc=1, launcher="python"):
     start = time.monotonic()
     proc = subprocess.Popen(command(fault, *_args(run_dir, *overrides), nproc=nproc, launcher=launcher,
                                     script=str(FAULTS)),
-                            cwd=REPO, env=dict(env(), TORCH_ELASTIC_SHUTDOWN_TIMEOUT="1"), stdout=subprocess.PIPE,
+                            cwd=REPO, env=dict(env(), TORCH_ELASTIC_SHUTDOWN_TIMEOUT="10"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     tree: set[psutil.Process] = set()
     deadline = start + BOUND_S

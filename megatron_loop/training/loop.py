@@ -459,8 +459,13 @@ def train(cfg: Config, resume: str | None = None) -> int:
     except OSError as e:  # e.g. metrics.jsonl on a full disk: the file and the condition, one line
         raise LoopDataError(f"{e.filename or t.output_dir}: {os_error_text(e)}{_where(run, state)}") from None
     finally:
-        stopper.uninstall()
-        _release(run, logger, failed=sys.exc_info()[0] is not None)
+        # Cleanup first, with the stop handlers still installed: a launcher's SIGTERM to the
+        # surviving ranks (torchrun ends them when one rank fails) then only sets a flag and
+        # cannot kill the process between the error and the lock's release.
+        try:
+            _release(run, logger, failed=sys.exc_info()[0] is not None)
+        finally:
+            stopper.uninstall()
 
 
 def _release(run: Run | None, logger: MetricsLogger | None, failed: bool) -> None:
