@@ -4,7 +4,7 @@
     deepspeed pretrain_loop.py --config examples/llama_4x5.yaml [--set key.path=value ...]
     python pretrain_loop.py --config FILE --dry-run [--data-parallel-size 8]   # checks + one JSON line
     python pretrain_loop.py --config FILE --print-config [--set ...]  # the resolved config, then exit
-    python pretrain_loop.py --list-configs               # the paper's runs (megatron_loop/registry.py)
+    python pretrain_loop.py --list-configs               # the paper's runs (megatron_loop/registry/)
     torchrun --nproc_per_node 2 pretrain_loop.py --config FILE        # also: plain python, srun
 
 The loop lives in ``megatron_loop.training``; errors in the config or data print one
@@ -26,7 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML config (see examples/)")
     p.add_argument("--list-configs", action="store_true",
-                   help="print every paper run of the registry (examples/NAME.yaml): layout, parameters, figure/table")
+                   help="print every paper run of the registry (configs indexed in examples/paper/README.md): "
+                        "layout, parameters, figure/table")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a config value, e.g. --set model.train_loops=3 (repeatable)")
     p.add_argument("--dry-run", action="store_true",

@@ -1,52 +1,218 @@
-"""The README's commands (issue: quickstart): every script and example it names exists, every
-script answers --help, every config it names loads; the Makefile has the two commands."""
+"""What the README and docs/*.md quote is real: every command that runs one of the repository's
+scripts parses with that script's own argparse parser, every file of the repository they name
+exists, every config they name loads with the ``--set`` overrides its command gives, and every
+``--set key=value`` they quote names a config key whose value validates. The commands are parsed
+in this process and stop right after parsing (nothing trains); the scripts answer ``--help``.
+"""
 
 from __future__ import annotations
 
+import argparse
 import re
+import runpy
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from megatron_loop.config import load_config
+from megatron_loop.errors import LoopConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
-CODE = "\n".join(re.findall(r"```[a-z]*\n(.*?)```", README, flags=re.S)) + "\n" + "\n".join(
-    re.findall(r"`([^`\n]+)`", README))
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SCRIPT = r"(?:tools/\w+\.py|pretrain_loop\.py)"
+LAUNCHER = re.compile(r"^(?:python3?|deepspeed|torchrun|srun|\.venv/bin/python)\b")
+# the placeholders the docs write for "any key" (docs/CONFIG.md, the Slurm example)
+PLACEHOLDER_OVERRIDES = {"key.path=value", "section.key=value"}
+BASE_CONFIG = ROOT / "examples" / "tiny_2x3.yaml"
 
-SCRIPTS = sorted(set(re.findall(r"(?<![\w/])(tools/\w+\.py|pretrain_loop\.py)", CODE)))
-CONFIGS = sorted(set(re.findall(r"\b(examples/[\w.+-]+\.yaml)\b", CODE)))
-FILES = sorted(set(re.findall(r"\b((?:deepspeed_configs|examples)/[\w.+-]+)\b", CODE)))
+
+def code_spans(path: Path) -> list[str]:
+    """The lines of the fenced blocks (continuations joined, comments dropped) and the inline
+    code spans outside them."""
+    text = path.read_text()
+    spans = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = " ".join(re.sub(r"(^|\s)#.*$", "", line).split())
+            if line:
+                spans.append(line)
+    spans += re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    return spans
 
 
-def test_readme_names_the_pipeline():
-    for needle in ("make demo", "make test", "tools/preprocess_data.py", "pretrain_loop.py", "tools/convert_to_hf.py",
-                   "tools/eval_loops.py", "tools/probe_geometry.py", "tools/bench.py", "--hostfile", "sbatch"):
-        assert needle in README, needle
-    assert len(SCRIPTS) >= 6 and len(CONFIGS) >= 2
+def quoted_commands() -> list[tuple[str, str, str, list[str]]]:
+    """(doc, command, script, arguments) of every quoted command that runs one of our scripts.
+    Optional ``[--flag ...]`` groups, ``...``, ``&`` and ``"$@"`` are dropped; a shell variable
+    stays a plain value."""
+    out = []
+    for doc in DOCS:
+        for span in code_spans(doc):
+            span = re.sub(r"^mkdir -p \S+ && ", "", span)
+            found = re.search(rf"(?:^|\s)({SCRIPT})(?:\s|$)", span)
+            if not LAUNCHER.match(span) or not found:
+                continue
+            rest = re.sub(r"\s\[--[^\]]*\]", "", span[found.end(1):])
+            args = [a for a in shlex.split(rest) if a not in ("...", "&", "$@")]
+            out.append((doc.name, span, found.group(1), args))
+    return out
+
+
+COMMANDS = quoted_commands()
+
+
+class _Parsed(BaseException):
+    """Raised by the patched ``parse_args`` to stop a script right after parsing (a BaseException,
+    so that no ``except Exception`` of the script catches it)."""
+
+    def __init__(self, namespace: argparse.Namespace):
+        super().__init__()
+        self.namespace = namespace
+
+
+def parse_like_the_script(script: str, args: list[str]) -> argparse.Namespace | None:
+    """Run ``script`` as ``__main__`` with ``args`` until its parser returns (None for ``--help``);
+    argparse's error (``SystemExit``) propagates."""
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(parser, argv=None, namespace=None):
+        raise _Parsed(original(parser, argv, namespace))
+
+    path = ROOT / script
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop), \
+            mock.patch.object(sys, "argv", [str(path), *args]), \
+            mock.patch.object(sys, "path", [str(path.parent), *sys.path]):  # as `python SCRIPT` sets it
+        try:
+            runpy.run_path(str(path), run_name="__main__")
+        except _Parsed as parsed:
+            return parsed.namespace
+        except SystemExit as e:
+            if e.code == 0 and "--help" in args:  # argparse printed the help
+                return None
+            raise
+    raise AssertionError(f"{script} returned without parsing its command line")
+
+
+def test_the_docs_quote_the_pipeline():
+    scripts = {script for _, _, script, _ in COMMANDS}
+    assert {"pretrain_loop.py", "tools/preprocess_data.py", "tools/convert_to_hf.py", "tools/eval_loops.py",
+            "tools/probe_geometry.py", "tools/bench.py", "tools/generate_configs.py"} <= scripts
+    assert len(COMMANDS) >= 60
+
+
+@pytest.mark.parametrize("doc, command, script, args", COMMANDS, ids=[f"{d}:{c[:60]}" for d, c, _, _ in COMMANDS])
+def test_quoted_command_parses_and_its_config_loads(doc, command, script, args, capsys):
+    try:
+        namespace = parse_like_the_script(script, args)
+    except SystemExit as e:
+        raise AssertionError(f"{doc}: `{command}` does not parse: {capsys.readouterr().err.strip()}") from e
+    config = getattr(namespace, "config", None) if namespace is not None else None
+    if config and "$" not in config:
+        assert (ROOT / config).is_file(), f"{doc}: `{command}`: no config {config}"
+    if script == "pretrain_loop.py" and config and "$" not in config:
+        try:
+            load_config(ROOT / config, namespace.overrides)
+        except LoopConfigError as e:
+            raise AssertionError(f"{doc}: `{command}`: {e}") from e
+
+
+def _named_files() -> list[tuple[str, str]]:
+    """(doc, path) of every repository file or folder named in the docs' code (``tools/x.sh``,
+    ``examples/...``, ``deepspeed_configs/...``; a ``*`` is a glob, ``<...>`` a placeholder)."""
+    pattern = re.compile(r"(?<![\w/.-])((?:examples|deepspeed_configs|tools)/[\w.+*/-]*[\w*])(?![\w<])")
+    out = set()
+    for doc in DOCS:
+        for span in code_spans(doc):
+            out.update((doc.name, p) for p in pattern.findall(span) if "<" not in p)
+    return sorted(out)
+
+
+FILES = _named_files()
+
+
+def test_every_file_the_docs_name_exists():
+    assert len(FILES) >= 20
+    missing = [f"{doc}: {path}" for doc, path in FILES if not list(ROOT.glob(path))]
+    assert not missing, missing
+
+
+BARE_OVERRIDE = re.compile(r"(model|train|data|logging)\.\w+=\S+")
+
+
+def _tokens(span: str) -> list[str]:
+    try:
+        return shlex.split(span)
+    except ValueError:  # prose with an apostrophe
+        return span.split()
+
+
+def _quoted_overrides() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(doc, config, overrides) to validate together: the ``--set`` values of each quoted command
+    or option span, on its ``--config`` (else the tiny CPU config), and the bare
+    ``section.key=value`` spans of each paragraph, on the config the paragraph names (else the
+    tiny one). Spans with ``<placeholders>`` (the error messages of docs/ERRORS.md) are skipped."""
+    out = set()
+    tiny = str(BASE_CONFIG.relative_to(ROOT))
+    for doc in DOCS:
+        for span in code_spans(doc):
+            if "<" in span or not (LAUNCHER.match(span) or span.startswith("--")):
+                continue
+            tokens = _tokens(span)
+            sets = tuple(b for a, b in zip(tokens, tokens[1:]) if a == "--set" and b not in PLACEHOLDER_OVERRIDES)
+            configs = [b for a, b in zip(tokens, tokens[1:]) if a == "--config" and "$" not in b]
+            if sets:
+                out.add((doc.name, configs[0] if configs else tiny, sets))
+        prose = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+        for paragraph in prose.split("\n\n"):
+            spans = re.findall(r"`([^`\n]+)`", paragraph)
+            sets = tuple(span for span in spans if BARE_OVERRIDE.fullmatch(span))
+            configs = [span for span in spans if re.fullmatch(r"examples/\S+\.yaml", span)]
+            if sets:
+                out.add((doc.name, configs[0] if configs else tiny, sets))
+    return sorted(out)
+
+
+OVERRIDES = _quoted_overrides()
+
+
+def test_every_quoted_override_is_a_key_that_validates():
+    """An unknown key or a value the config refuses is an error."""
+    assert sum(len(sets) for _, _, sets in OVERRIDES) >= 20
+    bad = []
+    for doc, config, overrides in OVERRIDES:
+        try:
+            load_config(ROOT / config, list(overrides))
+        except LoopConfigError as e:
+            bad.append(f"{doc}: {config} --set {' --set '.join(overrides)}: {e}")
+    assert not bad, bad
+
+
+def test_the_checks_catch_what_they_are_for(capsys):
+    """A misspelt flag and a misspelt key are caught; optional groups of a usage line are dropped."""
+    with pytest.raises(SystemExit):
+        parse_like_the_script("tools/eval_loops.py", ["--model", "hf/x", "--loops", "1", "--loopz", "2"])
+    assert "unrecognized arguments: --loopz" in capsys.readouterr().err
+    assert parse_like_the_script("pretrain_loop.py", ["--config", "examples/tiny_2x3.yaml", "--set",
+                                                      "train.lr=1e-3"]).overrides == ["train.lr=1e-3"]
+    with pytest.raises(LoopConfigError, match="trian"):
+        load_config(BASE_CONFIG, ["trian.lr=1e-3"])
+    commands = {command for _, command, _, _ in COMMANDS}
+    assert "python tools/convert_to_hf.py --checkpoint runs/tiny/checkpoints --output runs/tiny/hf" in {
+        re.sub(r"\s\[--[^\]]*\]", "", c) for c in commands}  # optional [--flag] groups dropped
+
+
+SCRIPTS = sorted({script for _, _, script, _ in COMMANDS})
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_readme_script_answers_help(script):
-    path = ROOT / script
-    assert path.is_file(), f"README names {script}, which does not exist"
-    out = subprocess.run([sys.executable, str(path), "--help"], cwd=ROOT, capture_output=True, text=True,
+def test_quoted_script_answers_help(script):
+    out = subprocess.run([sys.executable, str(ROOT / script), "--help"], cwd=ROOT, capture_output=True, text=True,
                          timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "usage" in out.stdout.lower()
-
-
-@pytest.mark.parametrize("name", FILES)
-def test_readme_files_exist(name):
-    assert (ROOT / name).exists(), name
-
-
-@pytest.mark.parametrize("config", CONFIGS)
-def test_readme_configs_load(config):
-    load_config(ROOT / config)
 
 
 def test_makefile_and_ci_entry_points():

@@ -1,6 +1,7 @@
-"""KV-cached generate() of the HF LoopLM (issue 6): one cache slot per executed block occurrence,
-greedy decoding equal to cache-free step-by-step decoding at r = K and 2K, batched with left
-padding, and equal to decoding each prompt alone without padding."""
+"""KV-cached generate() of the HF LoopLM: one cache slot per executed block occurrence, greedy
+decoding equal to cache-free step-by-step decoding at r = K and 2K, batched with left padding,
+equal to decoding each prompt alone without padding, and, token for token, to a step-by-step
+argmax decode with the training model (``LoopLM``) at the same r."""
 
 from __future__ import annotations
 
@@ -54,15 +55,31 @@ def test_generate_with_cache_equals_cache_free_decoding(loaded):
     model.config.num_loops = None
 
 
-def test_decoding_depends_on_loop_count(loaded):
-    """The cache is per occurrence, so r really changes the computation (no stale slots)."""
+def test_cached_generation_follows_the_training_model_at_each_loop_count(loaded):
+    """generate() with the KV cache at r = K and 2K picks, at every step, the argmax of the
+    training LoopLM (the same weights, read back from the export) rerun on the whole sequence at
+    that r, and its step logits equal the LoopLM's. A cache holding slots of another r, or a
+    num_loops the cached path ignores, fails at 2K: the LoopLM's logits at K and 2K differ by far
+    more than the tolerance."""
+    from megatron_loop.hf.convert import load_looplm_from_hf
+
     name, model = loaded
-    ids = torch.tensor([[11, 12, 13, 14]])
-    k = MODELS[name][1]["train_loops"]
+    native = load_looplm_from_hf(hf_assets().exports[name])
+    prompt = torch.tensor([[11, 12, 13, 14]])
+    for r in _loops(name):
+        model.config.num_loops = r
+        out = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=PAD, eos_token_id=None,
+                             output_logits=True, return_dict_in_generate=True)
+        sequence = out.sequences
+        with torch.no_grad():
+            reference = native(sequence, num_loops=r).logits[0, prompt.shape[1] - 1:-1]
+        cached = torch.cat(out.logits)
+        torch.testing.assert_close(cached, reference, rtol=1e-4, atol=1e-4)
+        assert torch.equal(sequence[0, prompt.shape[1]:], reference.argmax(-1)), (name, r)
+    model.config.num_loops = None
     with torch.no_grad():
-        a = model(ids, num_loops=k).logits
-        b = model(ids, num_loops=2 * k).logits
-    assert not torch.allclose(a, b)
+        at_k, at_2k = (native(prompt, num_loops=r).logits for r in _loops(name))
+    assert (at_k - at_2k).abs().max() > 1e-2  # far above the tolerance: running K loops for 2K would fail above
 
 
 def test_changing_loops_mid_decoding_is_refused(loaded):

@@ -108,13 +108,13 @@ def test_make_corpus_output_dir_that_is_a_file(tmp_path, capsys):
 
 @pytest.mark.parametrize("flags", [["--commands"], ["--toy-dir", "somewhere"]])
 def test_generate_configs_study_flags_without_study_leave_examples_alone(flags, tmp_path):
-    before = {p.name: p.stat().st_mtime_ns for p in (REPO / "examples").iterdir()}
+    before = {p: p.stat().st_mtime_ns for p in (REPO / "examples").rglob("*")}  # examples/paper/ too
     r = subprocess.run([sys.executable, str(REPO / "tools" / "generate_configs.py"), *flags], cwd=tmp_path,
                        env=env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines()[-1] == (f"generate_configs.py: error: {flags[0]}: only with --study NAME "
                                          "(see --list-studies)")
-    assert {p.name: p.stat().st_mtime_ns for p in (REPO / "examples").iterdir()} == before
+    assert {p: p.stat().st_mtime_ns for p in (REPO / "examples").rglob("*")} == before
     assert not (tmp_path / "somewhere").exists()
 
 

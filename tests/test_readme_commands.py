@@ -1,5 +1,5 @@
-"""Every command of the README's ``bash`` blocks that can run on CPU runs as documented (issue 16
-item 1), in a sandbox laid out like the repository after ``make demo``'s data stage.
+"""Every command of the README's ``bash`` blocks that can run on CPU runs as documented, in a
+sandbox laid out like the repository after ``make demo``'s data stage.
 
 The sandbox links the repository's scripts, examples and DeepSpeed configs, and gets its data
 from ``tools/pipeline.sh``'s ``prepare_data runs/demo`` (the stage of ``make demo`` that writes

@@ -1,11 +1,13 @@
-"""The registry of the paper's runs (issue 14): every run builds with the paper's parameter
-count, examples/ is generated from it and current, the issue's list is covered, studies and
-their CPU twins resolve, and ``pretrain_loop.py --list-configs`` prints every run."""
+"""The registry of the paper's runs: every run builds with the paper's parameter count, the
+configs under examples/ are generated from it and current, in the folder of their experiment,
+every run the paper trains is covered, studies and their CPU twins resolve, and
+``pretrain_loop.py --list-configs`` prints every run."""
 
 from __future__ import annotations
 
 import collections
 import importlib.util
+import re
 
 import pytest
 
@@ -30,23 +32,61 @@ def test_examples_are_generated_from_the_registry_and_current():
     """A stale file, a registry run without its file, or a paper-config file the registry does
     not know all fail (``tools/generate_configs.py --check``)."""
     assert generate_configs.problems() == []
-    assert len(generate_configs.expected_files()) == len(registry.RUNS)
+    assert len(generate_configs.expected_files()) == len(registry.RUNS) + 1  # and the index
 
 
 def test_check_reports_stale_missing_and_unknown(tmp_path, monkeypatch):
-    for name in ("llama_4x5", "qwen_4x7"):
-        (tmp_path / f"{name}.yaml").write_text(registry.render_run(registry.RUNS[name]))
-    (tmp_path / "qwen_4x7.yaml").write_text("model: {}\n")
-    (tmp_path / "qwen_9x9.yaml").write_text("model: {}\n")
-    (tmp_path / "tiny_2x3.yaml").write_text("model: {}\n")  # CPU configs are not the registry's
-    monkeypatch.setattr(generate_configs, "EXAMPLES", tmp_path)
-    monkeypatch.setattr(generate_configs, "ROOT", tmp_path.parent)
+    """Under examples/paper/ every file is the registry's; at the top of examples/ every YAML but
+    the hand-written tiny_* ones. A config left at its old flat path is unknown there, missing
+    at its folder."""
+    examples = tmp_path / "examples"
+    (examples / "paper" / "qwen" / "layouts").mkdir(parents=True)
+    (examples / "llama_4x5.yaml").write_text(registry.render_run(registry.RUNS["llama_4x5"]))
+    (examples / "qwen_4x7.yaml").write_text("model: {}\n")
+    (examples / "llama_2x10.yaml").write_text(registry.render_run(registry.RUNS["llama_2x10"]))  # the old place
+    (examples / "paper" / "qwen" / "layouts" / "qwen_9x9.yaml").write_text("model: {}\n")
+    (examples / "paper" / "notes.txt").write_text("by hand\n")
+    (examples / "tiny_2x3.yaml").write_text("model: {}\n")  # CPU configs are not the registry's
+    (examples / "hostfile").write_text("localhost slots=8\n")
+    monkeypatch.setattr(generate_configs, "ROOT", tmp_path)
+    monkeypatch.setattr(generate_configs, "EXAMPLES", examples)
+    monkeypatch.setattr(generate_configs, "PAPER_EXAMPLES", examples / "paper")
     found = generate_configs.problems()
-    assert f"{tmp_path.name}/qwen_4x7.yaml: stale" in found
-    assert f"{tmp_path.name}/qwen_9x9.yaml: not in the registry" in found
-    assert f"{tmp_path.name}/llama_2x10.yaml: missing" in found
-    assert not any("llama_4x5.yaml" in p or "tiny_2x3" in p for p in found)
-    assert len(found) == len(registry.RUNS) - 2 + 2
+    assert "examples/qwen_4x7.yaml: stale" in found
+    assert "examples/llama_2x10.yaml: not in the registry" in found
+    assert "examples/paper/llama/layouts/llama_2x10.yaml: missing" in found
+    assert "examples/paper/qwen/layouts/qwen_9x9.yaml: not in the registry" in found
+    assert "examples/paper/notes.txt: not in the registry" in found
+    assert "examples/paper/README.md: missing" in found
+    assert not any("llama_4x5.yaml" in p or "tiny_2x3" in p or "hostfile" in p for p in found)
+    assert len(found) == (len(registry.RUNS) - 2 + 1) + 1 + 3
+
+
+def test_generated_configs_are_laid_out_by_family_and_experiment():
+    """The README's two runs at the top of examples/, every other run in the folder of its
+    experiment, and the index links every config once, to a file that exists."""
+    path = registry.example_path
+    assert [str(path(n)) for n in ("llama_4x5", "qwen_4x7")] == ["examples/llama_4x5.yaml", "examples/qwen_4x7.yaml"]
+    assert str(path("llama_20x1")) == "examples/paper/llama/layouts/llama_20x1.yaml"
+    assert str(path("qwen_0+2x13+2")) == "examples/paper/qwen/layouts/qwen_0+2x13+2.yaml"
+    assert str(path("llama_2x10_init_dense")) == "examples/paper/llama/initial_injection/llama_2x10_init_dense.yaml"
+    assert str(path("qwen_4x7_init_channel+noise")) == (
+        "examples/paper/qwen/initial_injection/qwen_4x7_init_channel+noise.yaml")
+    assert str(path("qwen_4x7_hist_dense_w4")) == "examples/paper/qwen/history_injection/qwen_4x7_hist_dense_w4.yaml"
+    assert str(path("llama_5x4_adaln")) == "examples/paper/llama/timestep/llama_5x4_adaln.yaml"
+    assert str(path("qwen_4x7_hist_dense_w1+bg")) == "examples/paper/qwen/combinations/qwen_4x7_hist_dense_w1+bg.yaml"
+    assert str(path("pilot_huginn_1+2x5+1_muon")) == "examples/paper/optimizer_pilot/pilot_huginn_1+2x5+1_muon.yaml"
+    folders = collections.Counter(str(path(n).parent) for n in registry.RUNS)
+    assert folders == {"examples": 2, "examples/paper/llama/layouts": 18, "examples/paper/llama/initial_injection": 16,
+                       "examples/paper/llama/timestep": 12, "examples/paper/qwen/layouts": 7,
+                       "examples/paper/qwen/initial_injection": 19, "examples/paper/qwen/history_injection": 9,
+                       "examples/paper/qwen/timestep": 12, "examples/paper/qwen/combinations": 27,
+                       "examples/paper/optimizer_pilot": 12}
+    index = REPO / registry.INDEX
+    links = re.findall(r"^\| \[([^\]]+)\]\(([^)]+)\) \|", index.read_text(), flags=re.M)
+    assert sorted(name for name, _ in links) == sorted(registry.RUNS)
+    for name, target in links:
+        assert (index.parent / target).resolve() == (REPO / path(name)).resolve() and (index.parent / target).is_file()
 
 
 def test_every_run_builds_with_the_papers_parameter_count():
@@ -61,7 +101,7 @@ def test_every_run_builds_with_the_papers_parameter_count():
             with_paper += 1
             assert abs(backbone - run.paper_params) * 2 <= run.paper_params_precision, (run.name, backbone)
         if not run.train:  # the optimizer pilot has its own depths (App. D.1)
-            assert run.effective_depth == run.fam.effective_depth, run.name
+            assert run.effective_depth == run.recipe.effective_depth, run.name
     assert with_paper == len(registry.RUNS) - 12  # all but the pilot
     # the count is the built model's, not a formula: spot-check one run against a real build
     model = build_model(build_model_config(registry.RUNS["qwen_4x7_hist_dense_w2+lg"].model_fields()),
@@ -71,7 +111,7 @@ def test_every_run_builds_with_the_papers_parameter_count():
     assert any(roles.is_conditioning_matrix(p) for p in model.parameters())
 
 
-def test_registry_covers_the_issue_list():
+def test_registry_covers_every_run_the_paper_trains():
     runs = list(registry.RUNS.values())
     paper = [r for r in runs if not r.train]
 
@@ -145,7 +185,9 @@ def test_toy_twins_load_with_the_execution_settings(tmp_path):
 def test_study_commands_and_cli_errors(capsys):
     lines = generate_configs.study_commands(registry.STUDIES["fig7"])
     trains = [line for line in lines if line.startswith("deepspeed pretrain_loop.py")]
-    assert trains == [f"deepspeed pretrain_loop.py --config examples/{n}.yaml" for n in registry.STUDIES["fig7"].runs]
+    assert trains == [f"deepspeed pretrain_loop.py --config {registry.example_path(n)}"
+                      for n in registry.STUDIES["fig7"].runs]
+    assert all((REPO / line.split("--config ")[1]).is_file() for line in trains)
     evals = [line for line in lines if "eval_loops.py" in line]
     assert "--loops 1,2,3," in evals[0] and evals[0].split("--loops ")[1].split()[0].endswith(",21")  # 3 x K
     assert evals[-1].count("--compare") == len(trains) - 1
@@ -158,10 +200,11 @@ def test_list_configs_cli_prints_every_run(monkeypatch, capsys):
     """Counts go through registry.parameter_counts (checked above); here the CLI wiring and table."""
     pretrain_loop = _load(REPO / "pretrain_loop.py")
     seen = []
-    monkeypatch.setattr(registry, "parameter_counts", lambda fields: seen.append(fields) or (1234567, 1))
+    monkeypatch.setattr(registry.listing, "parameter_counts", lambda fields: seen.append(fields) or (1234567, 1))
     assert pretrain_loop.main(["--list-configs"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(seen) == len(registry.RUNS) and len(out) == len(registry.RUNS) + 4
+    assert len(seen) == len(registry.RUNS) and len(out) == len(registry.RUNS) + 5
+    assert "examples/qwen_4x7.yaml" in out[-2] and "examples/paper/README.md" in out[-2]
     row = next(line for line in out if line.startswith("qwen_4x7_hist_channel_w2+lg "))
     for cell in ("Qwen3-0.6B", "BaseLoop", "0+4x7+0", "H(channel, w=2)+LG", "1,234,567", "Fig. 7", "Fig. 20",
                  "r 1-21 (D 28 @ r 7, 56 @ r 14, 84 @ r 21)"):
@@ -178,7 +221,7 @@ def test_list_configs_cli_prints_every_run(monkeypatch, capsys):
 
 @pytest.mark.parametrize("name", ["llama_4x5", "qwen_4x7", "qwen_4x7_init_channel+hist_channel_w2+lg"])
 def test_existing_names_keep_working(name):
-    cfg = load_config(REPO / "examples" / f"{name}.yaml")
+    cfg = load_config(REPO / registry.example_path(name))
     assert cfg.model.backbone in BACKBONES and cfg.train.seq_length == 2048
 
 
@@ -240,7 +283,7 @@ def test_paper_configs_use_the_papers_data_order(tmp_path):
 
     assert DataConfig().order == "stream"
     for name in registry.RUNS:
-        assert load_config(REPO / "examples" / f"{name}.yaml").data.order == "stream", name
+        assert load_config(REPO / registry.example_path(name)).data.order == "stream", name
     assert "data.order: stream" not in (REPO / "examples" / "llama_4x5.yaml").read_text()  # a section key
     assert "  order: stream  # App. C.1" in (REPO / "examples" / "llama_4x5.yaml").read_text()
     generate_configs.write_toys(registry.STUDIES["toy"], str(tmp_path))

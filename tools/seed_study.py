@@ -4,7 +4,7 @@
     python tools/seed_study.py --study finding --run runs/study_finding
 
 Reads ``RUN/NAME-seedS/eval/results.json`` (tools/eval_loops.py) of every twin and seed of the
-study (megatron_loop/registry.py), and writes ``RUN/summary.json``, ``RUN/summary.md`` (Knowledge,
+study (megatron_loop/registry/), and writes ``RUN/summary.json``, ``RUN/summary.md`` (Knowledge,
 Reasoning and held-out loss by effective depth L(r), and Reasoning by compositional depth) and
 ``RUN/knowledge_reasoning_vs_depth.png`` (the paper's Fig. 1 (a) layout: Knowledge / Reasoning
 against L(r), one curve per model). The standard error is over seeds: sd / sqrt(n), sd with n - 1.

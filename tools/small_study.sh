@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A paper study at toy scale on CPU (docs/REPRODUCE.md): the CPU twins of a study of the registry
-# (megatron_loop/registry.py) trained on the bundled corpus, exported, swept over r (bundled
+# (megatron_loop/registry/) trained on the bundled corpus, exported, swept over r (bundled
 # lm-eval tasks + held-out loss), compared in shared plots, and probed when the study is a
 # geometry figure.
 #

@@ -14,9 +14,9 @@
                App. C.1; the default of ``DataConfig``) or ``shuffled`` (a seeded permutation per
                epoch; what a plain dict without the key gets); see ``packed.py``.
 
-Batches are ``{"tokens": LongTensor[B, S], "inputs": tokens[:, :-1], "targets": tokens[:, 1:]}``;
-``inputs``/``targets`` are already shifted (the loss averages the ``S - 1`` predictions). A model
-that shifts internally (HF ``labels=``) takes ``tokens`` for both.
+Batches are ``{"tokens": LongTensor[B, S]}``: the model takes ``tokens`` as its input and as its
+labels and shifts them itself (HF ``labels=``), so the loss averages the ``S - 1`` next-token
+predictions of each sequence (SPEC "Data semantics").
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def _packed(prefixes: list[tuple[str, float]], seq_length: int, seed: int, num_s
 
 
 def collate_packed(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    tokens = torch.stack([x["tokens"] for x in items])
-    return {"tokens": tokens, "inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+    """Stack packed sequences into one ``{"tokens": [B, S]}`` batch."""
+    return {"tokens": torch.stack([x["tokens"] for x in items])}
 
 
 @dataclass

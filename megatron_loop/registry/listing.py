@@ -1,0 +1,49 @@
+"""The table ``pretrain_loop.py --list-configs`` prints: every run with its layout, parameter
+count, loop sweep and the paper figures and tables it belongs to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from megatron_loop.config import build_model_config
+from megatron_loop.dryrun import count_parameters
+from megatron_loop.registry.example_files import EXAMPLES, HEADLINE_RUNS, INDEX, PAPER_EXAMPLES
+from megatron_loop.registry.pilot import PILOT_ASSUMPTIONS, PILOT_BUDGET, is_pilot
+from megatron_loop.registry.runs import RUNS
+from megatron_loop.registry.studies import STUDIES, STUDY_LIST, paper_refs
+from megatron_loop.registry.sweeps import run_depth_multiple, sweep_summary
+
+
+def parameter_counts(model_fields: dict[str, Any]) -> tuple[int, int]:
+    """(all trainable parameters, backbone parameters without conditioning) of a model section:
+    the dry run's count, the one call site (an analytic count can replace it here)."""
+    return count_parameters(build_model_config(model_fields))
+
+
+def list_configs() -> str:
+    """The table ``pretrain_loop.py --list-configs`` prints."""
+    rows = [("name", "family", "kind", "layout", "L_phys", "L(K)", "conditioning", "params", "loop sweep", "paper")]
+    for run in RUNS.values():
+        params, _ = parameter_counts(run.model_fields())
+        rows.append((run.name, run.recipe.label, run.kind, f"{run.prelude}+{run.core}x{run.loops}+{run.coda}",
+                     str(run.physical_depth), str(run.effective_depth), run.conditioning.label, f"{params:,}",
+                     sweep_summary(run.layout_tuple, run_depth_multiple(run.name)),
+                     (", ".join(paper_refs(run.name)) or "— (" + ", ".join(
+                         s.name for s in STUDY_LIST if run.name in s.runs) + ")")
+                     + (" (assumed recipe*)" if is_pilot(run) else "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    figures = {ref for run in RUNS for ref in paper_refs(run)}
+    lines.append("* optimizer pilot (App. D.1 gives no recipe): " + "; ".join(
+        f"{section}.{key} {note.removeprefix('assumed: ').removeprefix('assumed ')}"
+        for (section, key), note in PILOT_ASSUMPTIONS.items() if note.startswith("assumed"))
+        + f"; budget: {PILOT_BUDGET}")
+    lines.append("loop sweep: r swept at inference and the r at which L(r) = p + r·s + c reaches each matched "
+                 "depth D (Sec. 2.2 (iii)); L is shown where it overshoots D")
+    lines.append(f"config files: {', '.join(f'{EXAMPLES}/{name}.yaml' for name in HEADLINE_RUNS)}; the others under "
+                 f"{PAPER_EXAMPLES}/, indexed in {INDEX}")
+    lines.append(f"{len(RUNS)} runs behind {len(figures)} paper figures/tables; studies: {', '.join(STUDIES)} "
+                 "(bash tools/small_study.sh STUDY)")
+    return "\n".join(lines)
+
+
