@@ -1,5 +1,6 @@
-"""Activation checkpointing modes (issue 13 item 3): identical gradients in every mode, the
-auto planner, and the memory model against measured CPU peaks (``perf.peak_memory_delta``)."""
+"""Activation checkpointing modes, applied from outside the model (``model/apply.py``): identical
+gradients in every mode, the auto planner, and the memory model against measured CPU peaks
+(``measure.memory.peak_memory_delta``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from torch.utils.checkpoint import CheckpointPolicy
 from megatron_loop.model import checkpointing
 from megatron_loop.model.checkpointing import (FULL, NONE, SELECTIVE, LoopMemory, loop_memory, plan_loops,
                                                predicted_peak)
-from megatron_loop.perf import peak_memory_delta
+from megatron_loop.measure.memory import peak_memory_delta
+from megatron_loop.model.apply import CheckpointingPlan, apply_activation_checkpointing
 
 MODES = ("none", "per_loop", "selective", "auto", "per_block")
 CPU = torch.device("cpu")
@@ -25,7 +27,14 @@ def _model(backbone="tiny-llama", **kw):
                 activation_checkpointing="none")
     base.update(kw)
     torch.manual_seed(0)
-    return build_model(build_model_config(base))
+    model = build_model(build_model_config(base))
+    apply_activation_checkpointing(model, CheckpointingPlan.from_config(model.config))
+    return model
+
+
+def _checkpoint(model, mode, budget_gib=None, selective_cost=None):
+    """Re-apply checkpointing to ``model`` (replacing the last plan); returns what was applied."""
+    return apply_activation_checkpointing(model, CheckpointingPlan(mode, budget_gib, selective_cost))
 
 
 def _step(model, x):
@@ -35,18 +44,22 @@ def _step(model, x):
     return step
 
 
-def test_every_mode_gives_bitwise_identical_gradients():
-    model = _model("tiny-qwen", timestep="branch_gating", initial_injection="channel", history_injection="scalar",
+@pytest.mark.parametrize("timestep", ["branch_gating", "adaln"])
+def test_every_mode_gives_bitwise_identical_gradients(timestep):
+    model = _model("tiny-qwen", timestep=timestep, initial_injection="channel", history_injection="scalar",
                    history_window=2)
+    for p in model.parameters():  # conditioning away from its identity start, so that it matters
+        if p.looplm_role == "conditioning":
+            torch.nn.init.normal_(p, std=0.1)
     x = torch.randint(0, 2048, (2, 16))
     grads = {}
     for mode in MODES:
-        model.activation_checkpointing = mode
-        model.activation_checkpointing_budget_gib = 0.0005 if mode == "auto" else None  # forces a mixed plan
+        applied = _checkpoint(model, mode, 0.0005 if mode == "auto" else None)  # auto: the budget forces a mix
         _step(model, x)()
         grads[mode] = [p.grad.clone() for p in model.parameters()]
-    assert model._checkpoint_plans, "auto planned nothing"
-    assert len(set(next(iter(model._checkpoint_plans.values())).kinds)) > 1  # a real mix of kinds
+        if mode == "auto":
+            assert applied.plans, "auto planned nothing"
+            assert len(set(next(iter(applied.plans.values())).kinds)) > 1  # a real mix of kinds
     for mode in MODES[1:]:
         assert all(torch.equal(a, b) for a, b in zip(grads[mode], grads["none"])), mode
 
@@ -96,14 +109,14 @@ def test_selective_cost_is_the_config_key_or_the_flop_share(cost):
     x = torch.randint(0, 2048, (2, seq))
     mem = loop_memory(cfg, 2, seq, 4, model.loss_chunk_tokens, 4 * model.num_parameters())
     budget = predicted_peak((SELECTIVE,) * 3 + (NONE,), mem)  # three selective loops fit exactly
-    model.activation_checkpointing_budget_gib = budget / 2**30
+    applied = _checkpoint(model, "auto", budget / 2**30, cost)
     _step(model, x)()
-    plan = next(iter(model._checkpoint_plans.values()))
+    plan = next(iter(applied.plans.values()))
     d, f, q = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads * cfg.head_dim
     share = 2 * (q * d + f * d) / block_forward_flops_per_token(cfg, seq)
     assert plan.selective_cost == pytest.approx(share if cost is None else cost)
     assert plan.kinds == ((SELECTIVE,) * 3 + (NONE,) if cost is None else (FULL, FULL, NONE, NONE))
-    assert plan.fits and f"selective loop {plan.selective_cost:.2f}" in model.new_checkpoint_plans()[0]
+    assert plan.fits and f"selective loop {plan.selective_cost:.2f}" in applied.new_plans()[0]
 
 
 def test_planner_picks_the_cheapest_plan_that_fits():
@@ -135,7 +148,7 @@ def test_memory_model_follows_measured_peak(backbone, dtype):
     mem = loop_memory(model.config, batch, seq, size, model.loss_chunk_tokens, size * model.num_parameters())
     kinds = {"none": (NONE,) * 4, "per_loop": (FULL,) * 3 + (NONE,), "selective": (SELECTIVE,) * 3 + (NONE,)}
     for mode, plan in kinds.items():
-        model.activation_checkpointing = mode
+        _checkpoint(model, mode)
         step = _step(model, x)
         step()
         measured = peak_memory_delta(step, CPU)
@@ -143,11 +156,10 @@ def test_memory_model_follows_measured_peak(backbone, dtype):
         assert measured == pytest.approx(predicted_peak(plan, mem), rel=0.02), mode
     # auto under a budget between per_loop and none: the plan fits and the measured peak obeys it
     budget = (predicted_peak(kinds["per_loop"], mem) + predicted_peak(kinds["none"], mem)) / 2
-    model.activation_checkpointing = "auto"
-    model.activation_checkpointing_budget_gib = budget / 2**30
+    applied = _checkpoint(model, "auto", budget / 2**30)
     step = _step(model, x)
     step()
-    plan = next(iter(model._checkpoint_plans.values()))
+    plan = next(iter(applied.plans.values()))
     assert plan.fits and NONE in plan.kinds and plan.kinds != kinds["none"]
     measured = peak_memory_delta(step, CPU)
     assert measured <= budget and measured == pytest.approx(plan.peak_bytes, rel=0.02)
@@ -167,7 +179,7 @@ def test_device_budget_counts_what_the_first_step_allocates(monkeypatch):
     muon = sum(p.numel() for p in model.parameters() if roles.uses_muon(p))
     state = 4 * (muon + 2 * (model.num_parameters() - muon))  # fp32 momentum; two fp32 moments
     buckets = 2**16
-    model.pending_memory = lambda: checkpointing.PendingMemory(unallocated_optimizer_state(optimizer), buckets)
+    model.checkpointing.pending_memory = lambda: checkpointing.PendingMemory(unallocated_optimizer_state(optimizer), buckets)
     batch, seq = 2, 64
     x = torch.randint(0, 2048, (batch, seq))
     mem = loop_memory(model.config, batch, seq, 4, model.loss_chunk_tokens, 4 * model.num_parameters())
@@ -176,11 +188,11 @@ def test_device_budget_counts_what_the_first_step_allocates(monkeypatch):
     total = (predicted_peak((NONE,) * 4, mem) + state / 2 + allocated) / 0.9
     monkeypatch.setattr(checkpointing, "device_memory", lambda device: (int(total), allocated))
     _step(model, x)()
-    plan = next(iter(model._checkpoint_plans.values()))
+    plan = next(iter(model.checkpointing.plans.values()))
     assert plan.budget.pending == checkpointing.PendingMemory(state, buckets)
     assert plan.budget.bytes == pytest.approx(0.9 * int(total) - allocated - state - buckets)
     assert plan.fits and plan.kinds != (NONE,) * 4 and plan.peak_bytes <= plan.budget.bytes
-    line = model.new_checkpoint_plans()[0]
+    line = model.checkpointing.new_plans()[0]
     assert "optimizer state not yet allocated" in line and "DeepSpeed buckets" in line
     optimizer.step()
     assert unallocated_optimizer_state(optimizer) == 0  # once created it is in the allocated figure

@@ -1,15 +1,19 @@
-"""Compiled blocks (issue 8): same outputs as eager, compiled once, no recompilation when r changes."""
+"""Compiled blocks, applied from outside the model (``model/apply.py``): the same outputs and gradients
+as eager through AOTAutograd (``aot_eager``: dynamo's graphs, functionalised and split into forward
+and backward as inductor receives them), compiled once, no recompilation when r changes, and one
+rule for when training compiles."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from torch._dynamo.testing import CompileCounter
+from torch._dynamo.testing import CompileCounterWithBackend
 
 from megatron_loop import build_model, load_config
 from megatron_loop.config import build_model_config
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.perf import compile_blocks
+from megatron_loop.model.apply import (CheckpointingPlan, apply_activation_checkpointing, apply_compile,
+                                       prepare_for_training)
 
 
 def _config(**kw):
@@ -27,12 +31,17 @@ def _pair(cfg):
     return eager, compiled
 
 
-def test_compiled_blocks_match_eager_and_never_recompile_across_r():
+def _compiled_graphs():
+    """A backend that counts the graphs dynamo hands it and runs them through AOTAutograd."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
+    return CompileCounterWithBackend("aot_eager")
+
+
+def test_compiled_blocks_match_eager_and_never_recompile_across_r():
     eager, compiled = _pair(_config())
-    counter = CompileCounter()  # a backend that counts the graphs dynamo hands it
-    compile_blocks([*compiled.prelude, *compiled.core, *compiled.coda], backend=counter)
+    counter = _compiled_graphs()
+    apply_compile(compiled, backend=counter)
     x = torch.randint(0, 2048, (2, 16))
     with torch.no_grad():
         for r in (2, 3, 5, 1):
@@ -46,12 +55,15 @@ def test_compiled_blocks_match_eager_and_never_recompile_across_r():
     assert not stats["graph_break"], dict(stats["graph_break"])
 
 
-def test_compiled_training_step_matches_eager_gradients():
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    eager, compiled = _pair(_config(timestep="none", activation_checkpointing="per_loop"))
-    counter = CompileCounter()
-    compile_blocks([*compiled.prelude, *compiled.core, *compiled.coda], backend=counter)
+@pytest.mark.parametrize("mode", ["per_loop", "selective", "per_block"])
+def test_compiled_training_step_matches_eager_gradients(mode):
+    """Checkpointing applied first, compilation second: a compiled block traces its checkpointed
+    region (the selective policy included) and the gradients stay those of eager."""
+    eager, compiled = _pair(_config(timestep="none"))
+    for model in (eager, compiled):
+        apply_activation_checkpointing(model, CheckpointingPlan(mode))
+    counter = _compiled_graphs()
+    apply_compile(compiled, backend=counter)
     x = torch.randint(0, 2048, (2, 16))
     for r in (3, 4):
         losses = [m(x, num_loops=r, labels=x, compute_logits=False).loss for m in (eager, compiled)]
@@ -63,17 +75,20 @@ def test_compiled_training_step_matches_eager_gradients():
             torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6)
         if r == 3:
             graphs = counter.frame_count
+            assert graphs > 0
     assert counter.frame_count == graphs
 
 
 def test_compile_config_key():
     cfg = load_config("examples/tiny_2x3.yaml", overrides=["model.compile=true"])
     assert cfg.model.compile is True
-    default = build_model_config(dict(backbone="tiny-llama"))
-    assert default.compile == "auto" and default.compile_enabled is torch.cuda.is_available()  # auto: CUDA only
     model = build_model(cfg.model, device="meta")
-    assert all(block._compiled_call_impl is not None for block in model.core)
-    assert all(block._compiled_call_impl is None for block in build_model(default, device="meta").core)
+    assert all(block._compiled_call_impl is None for block in model.blocks())  # as built: eager
+    assert "each block compiled once" in prepare_for_training(model, zero_stage=0)
+    assert all(block._compiled_call_impl is not None for block in model.blocks())
+    off = build_model(build_model_config(dict(backbone="tiny-llama", compile=False)), device="meta")
+    assert prepare_for_training(off, zero_stage=0) == "model.compile=False: off"
+    assert all(block._compiled_call_impl is None for block in off.blocks())
     with pytest.raises(LoopConfigError, match="model.compile"):
         build_model_config(dict(backbone="tiny-llama", compile="yes"))
 
@@ -91,19 +106,23 @@ def test_execution_keys_stay_out_of_the_checkpoint_signature():
                                                              overrides=["model.train_loops=4"]))
 
 
+@pytest.mark.parametrize("cuda", [True, False])
 @pytest.mark.parametrize("compile_key", ["auto", True])
-def test_zero3_turns_auto_compile_off_and_says_so(monkeypatch, compile_key):
-    """Under ZeRO-3 DeepSpeed's compiler-disabled parameter hooks split a compiled block into many
-    graphs (measured in tests/perf_scripts/zero_engine.py): ``compile: auto`` is then off, an
-    explicit ``true`` is kept with a warning; other stages keep whole compiled blocks."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # auto compiles where CUDA is
+def test_when_training_compiles(monkeypatch, compile_key, cuda):
+    """``compile: auto`` compiles where CUDA is, except under ZeRO-3, whose compiler-disabled parameter
+    hooks split a compiled block into many graphs (measured in tests/perf_scripts/zero_engine.py);
+    an explicit ``true`` compiles everywhere and, under ZeRO-3, says what it costs."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     cfg = _config(compile=compile_key)
     for stage in (0, 1, 2, 3):
         model = build_model(cfg, device="meta")
-        note = model.fit_compile_to_zero(stage)
+        note = prepare_for_training(model, stage)
         compiled = [block._compiled_call_impl is not None for block in model.blocks()]
-        if stage == 3 and compile_key == "auto":
+        if compile_key == "auto" and not cuda:
+            assert not any(compiled) and note == "model.compile=auto: off"
+        elif compile_key == "auto" and stage == 3:
             assert not any(compiled) and "off under ZeRO-3" in note
         else:
             assert all(compiled) and "each block compiled once" in note
             assert ("ZeRO-3" in note) == (stage == 3)
+        assert model.compile_note == note

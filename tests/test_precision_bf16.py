@@ -12,7 +12,7 @@
   update from the same gradients (``MuonAdamW`` on whole weights, itself checked against
   ``torch.optim.Muon`` in test_optim_zero.py), and the bf16 checkpoint round trip is bitwise.
 * A bf16 run of the tiny config tracks the fp32 run of the same seed (``LOSS_TOLERANCE``).
-* The chunked loss (``megatron_loop.perf``) scales its gradients by 1/count and the incoming
+* The chunked loss (``megatron_loop.model.loss``) scales its gradients by 1/count and the incoming
   gradient in fp32, and sums the head gradient in fp32 with ops every supported torch has.
 """
 
@@ -35,7 +35,7 @@ from megatron_loop.model.io import safe_load
 from megatron_loop.optim import OptimizerSettings
 from megatron_loop.optim.ds_config import resolve_ds_config
 from megatron_loop.optim.engine import CONFIG_DIR, build_optimizer, load_ds_config
-from megatron_loop.perf import chunked_linear_cross_entropy
+from megatron_loop.model.loss import chunked_linear_cross_entropy
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "precision_bf16.py"
 STAGES = (1, 2, 3)

@@ -406,7 +406,7 @@ def training_section(inp: Inputs, smoke: bool) -> list[str]:
 BENCH_SECTIONS = (
     ("loss", "B. LM head + cross-entropy alone (fused vs chunked, host syncs)",
      "Forward + backward of the head and the loss at micro-batch x 2048 tokens, interleaved; `host_syncs` "
-     "counted in one step (CUDA: `torch.cuda.set_sync_debug_mode`; CPU: `perf.HostSyncDetector`)."),
+     "counted in one step (CUDA: `torch.cuda.set_sync_debug_mode`; CPU: `measure.host_sync.HostSyncDetector`)."),
     ("peers", "C. Our step vs HF transformers (eager and compiled)",
      "Forward + backward, same widths, effective depth and micro-batch; ratios > 1: ours is faster."),
     ("ckpt", "D. Checkpointing modes at the paper's micro-batch",

@@ -1,4 +1,4 @@
-"""Per-token adaptive exit at inference (issue 15 item 3), for ``LoopLM.forward``.
+"""Per-token adaptive exit at inference, for ``LoopLM.forward``.
 
 ``num_loops`` r becomes a cap: after every loop t (t = 1..r) each token compares its output
 with the previous one and *exits* once they agree to within ``exit_threshold``; an exited

@@ -1,7 +1,9 @@
 """Activation checkpointing of the recurrent core (App. C.2 "Recurrent backpropagation").
 
 Training backpropagates through all K loops, so without checkpointing the activations of
-L(K) = p + K s + c blocks are alive at the end of the forward. ``model.activation_checkpointing``:
+L(K) = p + K s + c blocks are alive at the end of the forward. This module holds the policies, the
+memory model and the planner; ``apply.py`` applies them to a built model (what each loop and each
+block keeps). ``model.activation_checkpointing``:
 
 * ``none``      -- keep everything (fastest, most memory).
 * ``per_loop``  -- recompute every loop but the last in backward; each checkpointed loop keeps
@@ -25,7 +27,7 @@ Gradients are identical in every mode (the model draws no random numbers, so reg
 save nor restore RNG state). The last loop is never recomputed: backward would recompute it
 first thing, so its peak would not drop while its cost would be paid.
 
-Memory model (per token; exact on CPU against ``perf.peak_memory_delta`` within the loss's
+Memory model (per token; exact on CPU against ``measure.memory.peak_memory_delta`` within the loss's
 transients, in fp32 and bf16: tests/test_perf_checkpointing.py). For one block with width d, MLP
 width f, H query heads and G key/value heads of size e, batch b, activation itemsize i:
 
@@ -109,19 +111,6 @@ def run_checkpointed(kind: str, fn: Callable, *args):
     return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False, **context)
 
 
-def run_loop(kind: str, owner, fn: Callable, *args):
-    """One loop ``fn(*args)`` under ``kind``: a ``full`` loop is one checkpointed region; a
-    ``selective`` loop runs its blocks with ``owner.selective_blocks`` set, each block applying
-    the policy inside its own (possibly compiled) forward (``LoopBlock.forward``)."""
-    if kind != SELECTIVE:
-        return run_checkpointed(kind, fn, *args)
-    owner.selective_blocks = True
-    try:
-        return fn(*args)
-    finally:
-        owner.selective_blocks = False
-
-
 # ----------------------------------------------------------------------------- memory model
 
 
@@ -161,7 +150,7 @@ def selective_recompute_fraction(cfg, seq: int) -> float:
     """FLOPs the selective policy recomputes per block (the attention output and down projections)
     over the block's forward FLOPs (``flops.block_forward_flops_per_token``): the default
     recomputation cost of a selective loop. Elementwise work is left out (no FLOP count says what
-    it costs on a GPU; tools/bench.py measures the real ratio)."""
+    it costs on a GPU; the benchmark measures the real ratio)."""
     from megatron_loop.flops import block_forward_flops_per_token, selective_recompute_flops_per_token
 
     return selective_recompute_flops_per_token(cfg) / block_forward_flops_per_token(cfg, seq)
@@ -179,7 +168,7 @@ def loop_memory(cfg, batch: int, seq: int, itemsize: int, chunk_tokens: int, par
     loss = (predictions * d * itemsize  # d loss / d hidden, formed in the forward
             + v * d * 4  # fp32 head-gradient accumulator
             # one chunk's fp32 logits and logsumexp's temporary; in low precision the accumulation of
-            # the head gradient from the chunk's low-precision logits gradient (perf._accumulate_fp32)
+            # the head gradient from the chunk's low-precision logits gradient (loss._accumulate_fp32)
             + max(8 * chunk * v, (itemsize * chunk * v + (itemsize + 4) * v * d) if itemsize < 4 else 0))
     # embedding output, final norm (fp32 copy and normalised tensor in low precision) and its output
     final = (3 * d * itemsize) if itemsize == 4 else (2 * d * itemsize + 2 * d * 4)

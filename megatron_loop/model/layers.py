@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 from megatron_loop.model import roles
-from megatron_loop.model.checkpointing import SELECTIVE, run_checkpointed
 from megatron_loop.model.compat import SDPACoreAttention
 
 with warnings.catch_warnings():
@@ -116,19 +115,9 @@ class LoopBlock(nn.Module):
         out, _ = branch(x, **branch_kwargs)
         return u + gate.to(out.dtype) * out
 
-    def forward(self, hidden: torch.Tensor, rotary_pos_emb: torch.Tensor, psi: torch.Tensor | None = None,
-                selective: bool = False) -> torch.Tensor:
-        """``hidden`` is ``[s, b, d]`` (megatron-core layout); ``psi`` the timestep features of this loop.
-
-        ``selective``: keep only matmul and attention outputs for backward (``checkpointing.py``).
-        The region is inside ``forward`` so that a compiled block traces the policy with it.
-        """
-        if selective and torch.is_grad_enabled():
-            return run_checkpointed(SELECTIVE, self._forward, hidden, rotary_pos_emb, psi)
-        return self._forward(hidden, rotary_pos_emb, psi)
-
-    def _forward(self, hidden: torch.Tensor, rotary_pos_emb: torch.Tensor,
-                 psi: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, rotary_pos_emb: torch.Tensor,
+                psi: torch.Tensor | None = None) -> torch.Tensor:
+        """``hidden`` is ``[s, b, d]`` (megatron-core layout); ``psi`` the timestep features of this loop."""
         hidden = self._modulated(self.self_attention, self.input_layernorm, hidden,
                                  self.attn_gate or self.attn_adaln, psi,
                                  attention_mask=None, rotary_pos_emb=rotary_pos_emb)

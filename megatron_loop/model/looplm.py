@@ -14,27 +14,24 @@ any combination:
               (u_l in place of h_l with ``model.loop_gating_reference: injected``)
 
 Training runs exactly K loops with full backpropagation through all of them (App. C.2
-"Recurrent backpropagation"); nothing is detached. Activation checkpointing (``per_loop``,
-``selective``, ``auto`` with a memory budget, ``per_block``) lives in ``checkpointing.py``;
-gradients equal ``none`` in every mode.
+"Recurrent backpropagation"); nothing is detached.
 
-Variable depth (issue 15), all off by default: ``backprop_loops=N`` runs the first r - N loops
-without a graph (truncated backpropagation; their states still flow forward, and as history
-states they are constants), and ``exit_criterion`` / ``exit_threshold`` make r a cap with a
-per-token exit at inference (``adaptive_exit.py``). The training loop draws r per step
-(``training/loop_sampling.py``).
+Variable depth, all off by default: ``backprop_loops=N`` runs the first r - N loops without a
+graph (truncated backpropagation; their states still flow forward, and as history states they
+are constants), and ``exit_criterion`` / ``exit_threshold`` make r a cap with a per-token exit at
+inference (``adaptive_exit.py``). The training loop draws r per step (``training/loop_sampling.py``).
 
-Fast path (issues 8 and 13, ``megatron_loop/perf.py``): the loss is a chunked linear +
-cross-entropy that never materialises the full-vocabulary logits of the batch (Liger-Kernel's
-fused kernel on CUDA); ``model.compile`` (auto: on with CUDA) compiles each block once (the loop
-stays in Python, so any r reuses the compiled block); the step never reads a value back to the host.
+The loss (``loss.py``) is a chunked linear + cross-entropy that never materialises the
+full-vocabulary logits of the batch. How the model executes for training -- activation
+checkpointing (``checkpointing.py``; gradients equal in every mode) and compiled blocks -- is
+applied from outside after the model is built (``apply.py``); the loop itself stays in Python, so
+any r reuses the compiled blocks. The step never reads a value back to the host.
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -44,15 +41,11 @@ from transformers.utils import ModelOutput
 from megatron_loop.config import ModelConfig
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
-from megatron_loop.model.checkpointing import (FULL, NONE, PendingMemory, loop_kinds, loop_memory, plan_loops,
-                                               planning_budget, run_checkpointed, run_loop,
-                                               selective_recompute_fraction)
 from megatron_loop.model.compat import ensure_parallel_state, rope_freqs, rope_inv_freq, transformer_config
 from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStateInjection, LoopGating,
                                               branch_modulation, history_window, timestep_features)
 from megatron_loop.model.layers import loop_block_spec
-from megatron_loop.perf import (DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked_linear_cross_entropy, compile_blocks,
-                                uncompile_blocks)
+from megatron_loop.model.loss import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked_linear_cross_entropy
 
 with __import__("warnings").catch_warnings():
     __import__("warnings").simplefilter("ignore")
@@ -121,15 +114,9 @@ class LoopLM(nn.Module):
         # bf16 engine does, would round them and shift every angle away from the HF export's).
         with torch.device("cpu"):
             self._inv_freq_fp32 = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
-        self.activation_checkpointing = config.activation_checkpointing
-        self.activation_checkpointing_budget_gib = config.activation_checkpointing_budget_gib
-        self.activation_checkpointing_selective_cost = config.activation_checkpointing_selective_cost
-        self._checkpoint_plans: dict[tuple, object] = {}  # activation_checkpointing=auto, per input shape
-        self._plans_to_report: list[str] = []  # new plans' descriptions, for the training log
-        # What the training step will still allocate when a plan is made (optimizer state, DeepSpeed's
-        # buckets): set by optim.build_engine, counted by an ``auto`` plan without a budget.
-        self.pending_memory: Callable[[], PendingMemory] | None = None
-        self.selective_blocks = False  # set while a selective loop runs (checkpointing.run_loop)
+        # What each loop keeps for backward: everything (None) unless activation checkpointing is
+        # applied from outside (apply.apply_activation_checkpointing sets an ActivationCheckpointing).
+        self.checkpointing = None
         self.loss_chunk_tokens = DEFAULT_CHUNK_TOKENS
         self.loss_implementation = config.loss_implementation
         # psi grids and rotary angles, built once per key on the device: later forwards copy
@@ -137,10 +124,6 @@ class LoopLM(nn.Module):
         self._device_constants: dict[tuple, torch.Tensor] = {}
         for name, p in self.named_parameters():
             roles.role_of(p)  # every parameter must carry a role (raises otherwise)
-        self.compile_note = f"model.compile={config.compile}: " + (
-            "each block compiled once (one graph per block kind)" if config.compile_enabled else "off")
-        if config.compile_enabled:
-            compile_blocks(self.blocks())
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -150,27 +133,6 @@ class LoopLM(nn.Module):
     def blocks(self) -> list[nn.Module]:
         """Every transformer block: Prelude, Core, Coda."""
         return [*self.prelude, *self.core, *self.coda]
-
-    def fit_compile_to_zero(self, stage: int) -> str:
-        """Under ZeRO-3, DeepSpeed's parameter-gathering hooks run around every submodule and are
-        ``torch.compiler.disable``d, so a compiled block breaks into many graphs (15 graphs and 28
-        breaks for one block's forward and backward on CPU, against one whole graph under ZeRO-1:
-        tests/perf_scripts/zero_engine.py). ``compile: auto`` is then off; ``compile: true`` is kept
-        (the user asked) and the note says what it costs. Returns :attr:`compile_note`."""
-        if stage == 3 and self.config.compile_enabled:
-            if self.config.compile == "auto":
-                uncompile_blocks(self.blocks())
-                self.compile_note = ("model.compile=auto: off under ZeRO-3 (DeepSpeed's compiler-disabled parameter "
-                                     "hooks would split each block into many graphs)")
-            else:
-                self.compile_note += ("; under ZeRO-3 DeepSpeed's compiler-disabled parameter hooks split each block "
-                                      "into many graphs (compile: auto would turn it off)")
-        return self.compile_note
-
-    def new_checkpoint_plans(self) -> list[str]:
-        """The descriptions of ``auto`` plans made since the last call (each once, for the log)."""
-        notes, self._plans_to_report = self._plans_to_report, []
-        return notes
 
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -206,36 +168,6 @@ class LoopLM(nn.Module):
         return self._constant(("psi", r, grid, device),
                               lambda: timestep_features(r, self.config.train_loops, grid, device=device))
 
-    # Checkpointed regions draw no random numbers (no dropout anywhere), so the RNG states are not
-    # saved per region: saving costs a copy per loop/block (the CPU state alone is 5 KB, the only
-    # memory per checkpointed loop beyond h_l).
-    def _run_block(self, block: nn.Module, h: torch.Tensor, rope: torch.Tensor, psi: torch.Tensor | None):
-        if self.activation_checkpointing == "per_block" and torch.is_grad_enabled():
-            return run_checkpointed(FULL, block, h, rope, psi)
-        return block(h, rope, psi, selective=self.selective_blocks)
-
-    def loop_checkpointing(self, num_loops: int, hidden: torch.Tensor) -> tuple[str, ...] | None:
-        """What each loop keeps for backward (``model/checkpointing.py``); None without autograd."""
-        if not torch.is_grad_enabled():
-            return None
-        s, b = hidden.shape[:2]  # [s, b, d]
-
-        def plan():
-            key = (num_loops, b, s, hidden.dtype, hidden.device, self.activation_checkpointing_budget_gib)
-            if key not in self._checkpoint_plans:  # planned once per shape, dtype, device and budget
-                budget = planning_budget(self.activation_checkpointing_budget_gib, hidden.device, self.pending_memory)
-                params = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in self.parameters()
-                             if p.requires_grad)  # ZeRO-3 partitions report their full size as ds_numel
-                memory = loop_memory(self.config, b, s, hidden.element_size(), self.loss_chunk_tokens, params)
-                cost = self.activation_checkpointing_selective_cost
-                plan = plan_loops(num_loops, memory, budget,
-                                  selective_recompute_fraction(self.config, s) if cost is None else cost)
-                self._checkpoint_plans[key] = plan
-                self._plans_to_report.append(f"{plan.describe()} (micro-batch {b} x {s}, {hidden.dtype})")
-            return self._checkpoint_plans[key]
-
-        return loop_kinds(self.activation_checkpointing, num_loops, plan)
-
     def loop_iteration(self, h: torch.Tensor, h0: torch.Tensor, rope: torch.Tensor, psi: torch.Tensor | None,
                        *past: torch.Tensor) -> torch.Tensor:
         """One complete loop h_l -> h_{l+1}: injection, the shared core, loop-level gating.
@@ -248,7 +180,7 @@ class LoopLM(nn.Module):
             u = u + self.history_injection(h, list(past))
         y = u
         for block in self.core:
-            y = self._run_block(block, y, rope, psi)
+            y = block(y, rope, psi)
         if self.loop_gating is not None:  # reference h_l or u_l: conditioning.LoopGating
             y = self.loop_gating(u if self.config.loop_gating_reference == "injected" else h, y, psi)
         return y
@@ -292,7 +224,7 @@ class LoopLM(nn.Module):
         h = self.embed_tokens(input_ids).transpose(0, 1)  # [s, b, d]
         rope = self._rope(input_ids.shape[1], input_ids.device)
         for block in self.prelude:
-            h = self._run_block(block, h, rope, None)
+            h = block(h, rope)
 
         h0 = h
         trajectory = [h0] if return_trajectory else None
@@ -300,8 +232,8 @@ class LoopLM(nn.Module):
         w = cfg.history_window if self.history_injection is not None else 0
         # Truncated backpropagation: loops 0 .. detached-1 run without a graph; h_detached is a constant.
         detached = 0 if backprop_loops is None else max(r - int(backprop_loops), 0)
-        # none / selective / full per graphed loop (checkpointing.py); detached loops keep nothing
-        kinds = self.loop_checkpointing(r - detached, h)
+        # How each graphed loop runs (activation checkpointing, when applied); detached loops keep nothing
+        runners = None if self.checkpointing is None else self.checkpointing.loop_runners(r - detached, h)
         token_exit = None
         if exit_criterion != "none":
             from megatron_loop.model.adaptive_exit import TokenExit
@@ -314,9 +246,10 @@ class LoopLM(nn.Module):
                 if step < detached:
                     with torch.no_grad():
                         h_next = self.loop_iteration(h, h0, rope, psi, *past)
+                elif runners is None:
+                    h_next = self.loop_iteration(h, h0, rope, psi, *past)
                 else:
-                    h_next = run_loop(kinds[step - detached] if kinds else NONE, self, self.loop_iteration,
-                                      h, h0, rope, psi, *past)
+                    h_next = runners[step - detached](self.loop_iteration, h, h0, rope, psi, *past)
                 h = h_next if token_exit is None else token_exit.step(h, h_next)
                 del h_next  # no second reference to the state past its loop (it would outlive the core)
                 if w:
@@ -327,7 +260,7 @@ class LoopLM(nn.Module):
                     break  # every token exited: the remaining loops would change nothing
 
         for block in self.coda:
-            h = self._run_block(block, h, rope, None)
+            h = block(h, rope)
         h = self.norm(h).transpose(0, 1)  # [b, s, d]
 
         loss = None
@@ -343,7 +276,7 @@ class LoopLM(nn.Module):
         """Mean next-token cross-entropy (App. C.2) from final hidden states ``[b, s, d]``.
 
         Chunked over tokens (``self.loss_chunk_tokens`` at a time); equal to ``F.cross_entropy`` of
-        the full fp32 logits (``perf.chunked_linear_cross_entropy``). ``model.loss_implementation``
+        the full fp32 logits (``loss.chunked_linear_cross_entropy``). ``model.loss_implementation``
         picks torch's fp32 chunks (CPU, the reference) or Liger-Kernel's fused kernel (CUDA).
         """
         h = hidden[:, :-1].reshape(-1, hidden.shape[-1])

@@ -118,12 +118,6 @@ def projection_rows(param: torch.nn.Parameter) -> list[torch.Tensor] | None:
     return None if split is None else split.row_index()
 
 
-def split_projections(matrix: torch.Tensor, param: torch.nn.Parameter) -> list[torch.Tensor]:
-    """The per-projection sub-matrices of ``matrix`` (shaped like ``param``)."""
-    rows = projection_rows(param)
-    return [matrix] if rows is None else [matrix.index_select(0, r.to(matrix.device)) for r in rows]
-
-
 def tag_all(module: torch.nn.Module, role: str) -> None:
     """Tag every parameter of ``module`` with ``role`` (used for conditioning modules)."""
     for p in module.parameters():

@@ -262,17 +262,19 @@ def build_engine(
 
     if stage == 3:
         register_external_parameters(model)
-    if hasattr(model, "fit_compile_to_zero"):  # LoopLM: no compiled blocks under ZeRO-3's hooks (compile: auto)
-        model.fit_compile_to_zero(stage)
+    if hasattr(model, "blocks"):  # LoopLM: checkpointing and compiled blocks as model.* asks, for this stage
+        from megatron_loop.model.apply import prepare_for_training
+
+        prepare_for_training(model, stage)
     engine, engine_optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
     )
     if stage >= 1:
         attach_zero_layouts(engine_optimizer, optimizer)
-    if hasattr(model, "pending_memory"):  # LoopLM: auto checkpointing counts what the step still allocates
+    if getattr(model, "checkpointing", None) is not None:  # auto checkpointing counts what the step still allocates
         from megatron_loop.optim.memory import pending_training_memory
 
-        model.pending_memory = lambda: pending_training_memory(engine, optimizer)
+        model.checkpointing.pending_memory = lambda: pending_training_memory(engine, optimizer)
     return EngineParts(engine, optimizer, scheduler)
 
 

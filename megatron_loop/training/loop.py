@@ -35,6 +35,7 @@ import torch
 from megatron_loop.config import Config
 from megatron_loop.data.loaders import LoaderFailure, SupervisedBatches, end_loader_workers, loader_failure
 from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
+from megatron_loop.model.apply import new_checkpoint_plans
 from megatron_loop.model.io import SelectedCheckpoint, read_latest
 from megatron_loop.training import checkpoint as C
 from megatron_loop.training import distributed as D
@@ -94,7 +95,7 @@ def peak_flops_per_device(cfg: Config) -> float:
         from megatron_loop.flops import H100_BF16_PEAK_FLOPS
 
         return H100_BF16_PEAK_FLOPS
-    from megatron_loop.perf import matmul_peak_flops
+    from megatron_loop.measure.peak_flops import matmul_peak_flops
 
     # best of the repetitions: a probe slowed by a busy neighbour must not understate the peak
     return matmul_peak_flops(torch.device("cpu"), torch.float32, size=512, reps=8)
@@ -414,7 +415,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
             loops = sample_train_loops(t, cfg.model.train_loops, state.step)  # from (seed, step): same on every rank
             loss, grad_norm, lrs, applied = train_step(run, loops)
             step_s = time.perf_counter() - step_start
-            for note in run.engine.module.new_checkpoint_plans():  # auto: each new plan and its assumptions
+            for note in new_checkpoint_plans(run.engine.module):  # auto: each new plan and its assumptions
                 logger.message(note)
             state.step += 1
             state.consumed_samples += t.global_batch_size

@@ -2,7 +2,7 @@
 
 Prints one JSON line with, per part:
 
-* ``train_step``: host syncs the detector (``perf.find_host_syncs``) sees in ``training.loop.train_step``
+* ``train_step``: host syncs the detector (``measure.host_sync.find_host_syncs``) sees in ``training.loop.train_step``
   on the tiny run config (real loaders and ZeRO-1 engine; the second step, after the first built
   the caches), grouped by kind and by site;
 * ``pending``: what ``auto`` checkpointing counts as not yet allocated at the first forward
@@ -29,7 +29,7 @@ def train_step_syncs(out_dir: Path) -> dict:
     from train_fixtures import tiny_config
 
     from megatron_loop.config import load_config
-    from megatron_loop.perf import find_host_syncs
+    from megatron_loop.measure.host_sync import find_host_syncs
     from megatron_loop.training.loop import build_run, train_step
 
     cfg = load_config(str(tiny_config(out_dir, train={"max_steps": 3})))
@@ -49,7 +49,8 @@ def engines(stage: int) -> dict:
     from megatron_loop.config import build_model_config
     from megatron_loop.model import build_model, roles
     from megatron_loop.optim import OptimizerSettings, build_engine
-    from megatron_loop.perf import compile_blocks
+    from megatron_loop.model.apply import apply_compile
+    from megatron_loop.optim.memory import pending_training_memory
 
     torch._dynamo.reset()
     cfg = build_model_config(dict(backbone="tiny-llama", core_layers=1, train_loops=2, compile=False,
@@ -59,16 +60,16 @@ def engines(stage: int) -> dict:
     muon = sum(p.numel() for p in model.parameters() if roles.uses_muon(p))
     adamw = sum(p.numel() for p in model.parameters()) - muon
     counter = CompileCounter()
-    compile_blocks(model.blocks(), backend=counter)
+    apply_compile(model, backend=counter)
     parts = build_engine(model, OptimizerSettings(lr=1e-3), micro_batch_size=2, grad_accum=1, total_steps=10,
                          bf16=False, zero_stage=stage)
     engine = parts.engine
-    before = model.pending_memory()
+    before = pending_training_memory(engine, parts.optimizer)
     x = torch.randint(0, cfg.vocab_size, (2, 16))
     engine.backward(engine(x, labels=x, compute_logits=False).loss)
     graphs = counter.frame_count
     engine.step()
-    after = model.pending_memory()
+    after = pending_training_memory(engine, parts.optimizer)
     return {"graphs": graphs, "graph_breaks": sum(torch._dynamo.utils.counters["graph_break"].values()),
             "muon_numel": muon, "adamw_numel": adamw, "reduce_bucket_size": engine.zero_reduce_bucket_size(),
             "prefetch_bucket_size": engine.zero_prefetch_bucket_size(),

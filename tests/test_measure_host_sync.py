@@ -1,6 +1,7 @@
-"""The CPU host-sync detector (``perf.HostSyncDetector``) sees what makes a GPU step wait for the
+"""The CPU host-sync detector (``measure.host_sync.HostSyncDetector``) sees what makes a GPU step wait for the
 device -- scalar reads, ``.tolist()``/``.numpy()``, host-to-device copies from pageable memory and
-copies of tensors built on the host in the step -- and the Muon step and the batch path make none."""
+copies of tensors built on the host in the step -- and a training step (forward, loss, backward
+under every checkpointing mode), the Muon step and the batch path make none."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 from megatron_loop import build_model
 from megatron_loop.config import build_model_config
 from megatron_loop.optim import MuonAdamW, role_param_groups
-from megatron_loop.perf import find_host_syncs
+from megatron_loop.measure import host_sync
+from megatron_loop.measure.host_sync import find_host_syncs
+from megatron_loop.model.apply import CheckpointingPlan, apply_activation_checkpointing
 
 PAGEABLE = "host-to-device copy from pageable memory"
 HOST_BUILT = "host-to-device copy of a tensor built on the host"
@@ -41,17 +44,43 @@ def test_detector_catches_each_kind(probe, kind):
         assert found == []
     else:
         assert len(found) == 1 and kind in found[0], found
-        assert "test_perf_host_syncs.py" in found[0]  # it names the line that did it
+        assert "test_measure_host_sync.py" in found[0]  # it names the line that did it
 
 
 def test_unpinned_source_is_pageable_where_pinning_exists(monkeypatch):
     """With CUDA, ``non_blocking=True`` is not enough: from pageable memory the copy still waits."""
-    import megatron_loop.perf as perf
-
     t = torch.randn(8)
-    monkeypatch.setattr(perf, "pinning_available", lambda: True)
+    monkeypatch.setattr(host_sync, "pinning_available", lambda: True)
     found = find_host_syncs(lambda: t.to(t.device, non_blocking=True))
     assert len(found) == 1 and PAGEABLE in found[0], found
+
+
+@pytest.mark.parametrize("probe, syncs", [
+    (lambda t: t.sum().item(), True), (lambda t: bool(t.sum() > 0), True), (lambda t: int(t.argmax()), True),
+    (lambda t: t[t > 0], True), (lambda t: torch.nonzero(t), True), (lambda t: t + torch.tensor([1.0]), True),
+    (lambda t: t.sum() + 1, False), (lambda t: torch.where(t > 0, t, 0.0).sum(), False)])
+def test_host_sync_detector(probe, syncs):
+    """The CPU detector sees what .item(), bool(t), int(t), boolean masks and host tensors call."""
+    found = find_host_syncs(lambda: probe(torch.randn(8)))
+    assert bool(found) == syncs, found
+    if syncs:
+        assert "test_measure_host_sync.py" in found[0]  # it names the line that synchronised
+
+
+@pytest.mark.parametrize("mode", ["per_loop", "selective", "auto"])
+def test_training_step_reads_nothing_back_to_the_host(mode):
+    """No op inside forward + loss + backward reads a device value on the host (the CPU stand-in
+    for CUDA's sync debug mode, which the benchmark uses on GPU; the engine's step is checked
+    under ZeRO-3 in tests/perf_scripts/fused_loss.py)."""
+    cfg = build_model_config(dict(backbone="tiny-qwen", prelude_layers=1, core_layers=1, coda_layers=1,
+                                  train_loops=3, timestep="loop_gating", initial_injection="channel",
+                                  history_injection="scalar", history_window=2, activation_checkpointing=mode,
+                                  activation_checkpointing_budget_gib=1e-3 if mode == "auto" else None))
+    model = build_model(cfg)
+    apply_activation_checkpointing(model, CheckpointingPlan.from_config(cfg))
+    x = torch.randint(0, cfg.vocab_size, (2, 8))
+    model(x, labels=x, compute_logits=False)  # the first call builds the cached constants and plans
+    assert find_host_syncs(lambda: model(x, labels=x, compute_logits=False).loss.backward()) == []
 
 
 def test_muon_step_copies_nothing_to_the_device():
