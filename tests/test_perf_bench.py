@@ -1,4 +1,5 @@
-"""tools/bench.py CLI (issue 8): --help and a tiny CPU loop-vs-nonloop run producing the table.
+"""tools/bench.py CLI: --help, tiny CPU runs of its modes producing the tables, and its dispatch to
+tools/benchmarks/.
 
 No timing is asserted here; the figures and targets live in docs/BENCHMARKS.md.
 """
@@ -57,7 +58,7 @@ def test_full_steps_through_the_deepspeed_engine():
 
 
 def test_peers_train_and_profile_modes(tmp_path):
-    """One small CPU run of the three issue-13 modes: ours vs HF's LlamaForCausalLM (ratio printed),
+    """One small CPU run of the peers, train and profile modes: ours vs HF's LlamaForCausalLM (ratio printed),
     the real training path on the shipped llama_4x5 config (its checkpointing: auto; metrics.jsonl figures), a profile."""
     out_json = tmp_path / "bench.json"
     out = _bench("--device", "cpu", "--mode", "peers,train,profile", "--families", "llama", "--steps", "1",
