@@ -1,7 +1,8 @@
 """Where and at what size a run measures, and the one timing helper every mode uses.
 
-Every import from ``megatron_loop.perf`` of the benchmarks is here (the timers, the peak-memory
-and host-sync probes, the measured CPU matmul peak).
+Every measurement helper the benchmarks take from ``megatron_loop.perf`` is imported here (the
+timer, the peak-memory and host-sync probes, the measured CPU matmul peak); the only other import
+from it is the loss the ``loss`` mode times (``loss.py``).
 """
 
 from __future__ import annotations
