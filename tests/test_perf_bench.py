@@ -1,4 +1,5 @@
-"""tools/bench.py CLI (issue 8): --help and a tiny CPU loop-vs-nonloop run producing the table.
+"""tools/bench.py CLI: --help, tiny CPU runs of its modes producing the tables, and its dispatch to
+tools/benchmarks/.
 
 No timing is asserted here; the figures and targets live in docs/BENCHMARKS.md.
 """
@@ -6,9 +7,12 @@ No timing is asserted here; the figures and targets live in docs/BENCHMARKS.md.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,7 +58,7 @@ def test_full_steps_through_the_deepspeed_engine():
 
 
 def test_peers_train_and_profile_modes(tmp_path):
-    """One small CPU run of the three issue-13 modes: ours vs HF's LlamaForCausalLM (ratio printed),
+    """One small CPU run of the peers, train and profile modes: ours vs HF's LlamaForCausalLM (ratio printed),
     the real training path on the shipped llama_4x5 config (its checkpointing: auto; metrics.jsonl figures), a profile."""
     out_json = tmp_path / "bench.json"
     out = _bench("--device", "cpu", "--mode", "peers,train,profile", "--families", "llama", "--steps", "1",
@@ -96,3 +100,62 @@ def test_checkpointing_reference_micro_batch_and_recompute_cost(tmp_path):
                                                                               - loop["forward_s"])
     bad = _bench("--device", "cpu", "--mode", "recompute", "--loops", "1")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: --mode recompute")
+
+
+# Modes left to their own tests: a real run of each costs tens of seconds here (DeepSpeed's engine,
+# inductor, a corpus and tokenizer) or needs a trained export. loop-vs-nonloop and train run in this
+# file, exit-decode in test_depth_eval.py, compile and data in tools/gpu_report.sh on a GPU.
+SPIED_ONLY = ("loop-vs-nonloop", "train", "exit-decode", "compile", "data")
+
+
+def test_every_mode_listed_by_help_dispatches_to_its_module(tmp_path, monkeypatch, capsys):
+    """Every --mode value of --help is one module of tools/benchmarks/ whose ``run`` main calls once,
+    in the order asked; the cheap modes really run at tiny sizes and their rows reach the JSON."""
+    import importlib.util
+
+    import torch
+
+    import megatron_loop.optim
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # bench.py adds tools/ to it
+    spec = importlib.util.spec_from_file_location("bench_tool", ROOT / "tools" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as help_exit:
+        bench.main(["--help"])
+    assert help_exit.value.code == 0
+    listed = re.search(r"Modes: (.*?)\. Figures", capsys.readouterr().out).group(1).split(", ")
+    assert sorted(listed) == sorted(bench.MODES) and len(listed) == 13
+
+    calls = []
+
+    def spy(mode, real_run):
+        def run(setup, args):
+            calls.append(mode)
+            if mode in SPIED_ONLY:
+                return [bench.Row(mode, "spied", {}, {"ran": False})]
+            return real_run(setup, args)
+        return run
+
+    for mode in listed:
+        module = importlib.import_module(f"benchmarks.{bench.MODES[mode]}")
+        monkeypatch.setattr(module, "run", spy(mode, module.run))
+    monkeypatch.setattr(megatron_loop.optim, "init_distributed", lambda: calls.append("init_distributed"))
+    out_json = tmp_path / "bench.json"
+    threads = torch.get_num_threads()
+    try:
+        code = bench.main(["--device", "cpu", "--mode", ",".join(listed), "--families", "llama", "--loops", "2",
+                           "--steps", "1", "--warmup", "0", "--seq", "16", "--micro-batch", "1", "--accumulation", "1",
+                           "--eval-loops", "1,2", "--top", "3", "--hf-model", "unused", "--valid-prefix", "unused",
+                           "--json", str(out_json)])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    assert calls == ["init_distributed", *listed]  # train asks for DeepSpeed's process group before any model
+    rows = json.loads(out_json.read_text())["rows"]
+    for mode in listed:
+        mine = [r for r in rows if r["mode"] == mode]
+        assert mine, mode
+        if mode not in SPIED_ONLY:
+            assert all(r["case"] != "spied" for r in mine)
+            assert any(v > 0 for r in mine for v in r["metrics"].values() if isinstance(v, float)), mode
