@@ -10,7 +10,7 @@ tokens/s, achieved TFLOP/s counts model FLOPs over the effective depth L(K)
 (``megatron_loop.flops``), MFU divides by 989 TFLOP/s on CUDA (H100/H200 dense bf16) and, on
 CPU, by a measured matmul throughput of the same dtype (labelled ``mfu_vs_matmul``). Peak
 memory is the peak above what was allocated when the step started (activations, gradients,
-transient buffers; ``perf.peak_memory_delta``), measured in one extra step.
+transient buffers; ``measure.memory.peak_memory_delta``), measured in one extra step.
 
 Modes (each case of a mode runs in this one process, side by side):
   loop-vs-nonloop  LoopLM vs NonLoop at equal effective depth (Llama 4x5 vs 20x1, Qwen 4x7 vs 28x1)

@@ -55,7 +55,7 @@ def bench_checkpointing(setup: Setup, family: str, loops_list: list[int], ac_bud
                 continue
             cases[mode] = Case(step, tokens.numel(), ModelFlops(cfg, setup.seq))
             if mode == "auto":
-                plans[mode] = next(iter(model._checkpoint_plans.values()))
+                plans[mode] = next(iter(model.checkpointing.plans.values()))
         measured = measure(cases, setup)
         for mode in modes:
             name = f"{family} {core}x{loops} {mode}" + (f" (micro-batch {micro[mode]})"

@@ -1,8 +1,7 @@
 """Where and at what size a run measures, and the one timing helper every mode uses.
 
-Every measurement helper the benchmarks take from ``megatron_loop.perf`` is imported here (the
-timer, the peak-memory and host-sync probes, the measured CPU matmul peak); the only other import
-from it is the loss the ``loss`` mode times (``loss.py``).
+Every measurement helper the benchmarks take from ``megatron_loop.measure`` is imported here (the
+timer, the peak-memory and host-sync probes, the measured CPU matmul peak).
 """
 
 from __future__ import annotations
@@ -17,7 +16,10 @@ import torch
 
 from megatron_loop.config import ModelConfig
 from megatron_loop.flops import H100_BF16_PEAK_FLOPS, mfu
-from megatron_loop.perf import count_host_syncs, matmul_peak_flops, peak_memory_delta, time_interleaved
+from megatron_loop.measure.host_sync import count_host_syncs
+from megatron_loop.measure.memory import peak_memory_delta
+from megatron_loop.measure.peak_flops import matmul_peak_flops
+from megatron_loop.measure.timing import time_interleaved
 
 
 @dataclass

@@ -7,7 +7,7 @@ import argparse
 
 import torch
 
-from megatron_loop.perf import DEFAULT_CHUNK_TOKENS, chunked_linear_cross_entropy
+from megatron_loop.model.loss import DEFAULT_CHUNK_TOKENS, chunked_linear_cross_entropy
 
 from .harness import Case, ModelFlops, Row, Setup, measure, speed_ratios
 from .models import loop_shape, model_config

@@ -12,6 +12,7 @@ import torch
 
 from megatron_loop.config import ModelConfig, build_model_config
 from megatron_loop.model import build_model
+from megatron_loop.model.apply import prepare_for_training
 from megatron_loop.optim import OptimizerSettings, build_engine, build_optimizer
 
 from .harness import Setup
@@ -42,9 +43,12 @@ def model_config(setup: Setup, family: str, core: int, loops: int, **overrides) 
 
 
 def build(cfg: ModelConfig, setup: Setup) -> torch.nn.Module:
-    """The model of ``cfg`` on the setup's device and dtype, seeded so every case starts equal."""
+    """The model of ``cfg`` on the setup's device and dtype, seeded so every case starts equal,
+    with its activation checkpointing and compilation applied as training applies them."""
     torch.manual_seed(0)
-    return build_model(cfg).to(device=setup.device, dtype=setup.dtype).train()
+    model = build_model(cfg).to(device=setup.device, dtype=setup.dtype).train()
+    prepare_for_training(model, zero_stage=0)
+    return model
 
 
 def muon_adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
