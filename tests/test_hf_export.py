@@ -35,7 +35,7 @@ def assets():
 
 @pytest.fixture(scope="module")
 def training_models(assets):
-    from megatron_loop.model.io import load_model_from_checkpoint
+    from megatron_loop.checkpoint.weights import load_model_from_checkpoint
 
     return {name: load_model_from_checkpoint(assets.checkpoints[name])[0] for name in MODELS}
 

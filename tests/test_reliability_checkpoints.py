@@ -17,8 +17,9 @@ import signal
 import pytest
 
 from data_fixtures import CodePayload
+from megatron_loop.checkpoint.manifest import verify_checkpoint
+from megatron_loop.checkpoint.selection import select_explicit
 from megatron_loop.errors import LoopDataError
-from megatron_loop.training.checkpoint import select_explicit, verify_checkpoint
 from train_fixtures import (FAULTS, assert_same_weights, check_ok, copy_run, final_weights, losses,
                             reference_run, run_cli)
 

@@ -18,7 +18,8 @@ import torch
 
 from megatron_loop.errors import LoopDataError
 from megatron_loop.hf.convert import convert_checkpoint, read_hf_state_dict, to_hf_state_dict
-from megatron_loop.model.io import consolidated_state_dict, load_model_from_checkpoint, load_run_config
+from megatron_loop.checkpoint.layout import load_run_config
+from megatron_loop.checkpoint.weights import consolidated_state_dict, load_model_from_checkpoint
 from train_fixtures import FAULTS, copy_run, reference_run, run_cli
 
 

@@ -20,10 +20,12 @@ import time
 import pytest
 import torch
 
+from megatron_loop.checkpoint.manifest import verify_checkpoint
+from megatron_loop.checkpoint.publish import prune
+from megatron_loop.checkpoint.selection import select_automatic, select_checkpoint
 from megatron_loop.config import load_config
-from megatron_loop.errors import LoopConfigError, LoopDataError
-from megatron_loop.model.io import select_automatic, select_checkpoint, verify_checkpoint
-from megatron_loop.training.checkpoint import prune, set_aside_newer, write_failure
+from megatron_loop.errors import LoopConfigError, LoopDataError, write_failure
+from megatron_loop.training.checkpoint import set_aside_newer
 from megatron_loop.training.lock import RunLock
 from megatron_loop.training.resume import plan_resume
 from train_fixtures import REPO, copy_run, reference_run
@@ -164,8 +166,8 @@ def test_resume_on_another_data_parallel_size_or_zero_stage():
 def test_universal_conversion_carries_muon_momentum(tmp_path):
     from deepspeed.checkpoint import PARAM
 
-    from megatron_loop.model.io import safe_load
-    from megatron_loop.training.universal import to_universal
+    from megatron_loop.checkpoint.universal import to_universal
+    from megatron_loop.checkpoint.weights import safe_load
 
     tag = reference_run().run_dir / "checkpoints" / "global_step9"
     out = to_universal(tag, tmp_path / "uni")
@@ -240,7 +242,7 @@ def test_latest_holding_bytes_that_are_not_a_tag_is_one_error_or_a_fallback(tmp_
     assert chosen.tag == "global_step10"
     assert chosen.notes == (f"skipping checkpoint latest: {ckpt / 'latest'}: not a text file (11 bytes, not a tag); "
                             "expected the tag of a checkpoint such as global_step30",)
-    from megatron_loop.model.io import select_explicit
+    from megatron_loop.checkpoint.selection import select_explicit
 
     with pytest.raises(LoopDataError, match=r"latest: not a text file \(11 bytes, not a tag\)"):
         select_explicit(ckpt)  # --resume of the folder: refused with one line

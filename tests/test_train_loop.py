@@ -78,7 +78,7 @@ def test_checkpoints_are_published_atomically_and_pruned():
 
 
 def test_checkpoint_loads_for_export_and_matches_the_logged_validation():
-    from megatron_loop.model.io import load_model_from_checkpoint
+    from megatron_loop.checkpoint.weights import load_model_from_checkpoint
 
     run = reference_run().run_dir
     model, cfg = load_model_from_checkpoint(run / "checkpoints")

@@ -1,12 +1,13 @@
 """Training checkpoint <-> Hugging Face folder (SPEC.md "HF export contract").
 
-Export: pick and verify the checkpoint as training does (``model.io.select_checkpoint``: the
-one ``latest`` names, checked against its manifest, else the newest complete one), consolidate
-it (any ZeRO stage), rename every tensor to the export names, split megatron-core's fused
-matrices, and write ``config.json`` (with ``auto_map``), ``modeling_looplm.py``, sharded
-safetensors, the tokenizer and a generation config into a hidden temporary folder next to the
-output, readable as the user's umask says (:func:`megatron_loop.atomic.publish_folder`): it
-replaces the output only when complete, and an old export is swapped out, not deleted first.
+Export: pick and verify the checkpoint as training does
+(:func:`megatron_loop.checkpoint.selection.select_checkpoint`: the one ``latest`` names, checked
+against its manifest, else the newest complete one), consolidate it (any ZeRO stage), rename
+every tensor to the export names, split megatron-core's fused matrices, and write ``config.json``
+(with ``auto_map``), ``modeling_looplm.py``, sharded safetensors, the tokenizer and a generation
+config into a hidden temporary folder next to the output, readable as the user's umask says
+(:func:`megatron_loop.atomic.publish_folder`): it replaces the output only when complete, and an
+old export is swapped out, not deleted first.
 
 * fused QKV ``[groups, (heads/groups + 2) * head_dim]`` rows -> ``q_proj``, ``k_proj``,
   ``v_proj`` (grouped-query layout de-interleaved with ``roles.QKVSplit``);
@@ -27,6 +28,9 @@ from pathlib import Path
 import torch
 
 from megatron_loop.atomic import clean_leftovers, publish_folder, staging_folder
+from megatron_loop.checkpoint.layout import CONFIG_NAME, MANIFEST, load_run_config
+from megatron_loop.checkpoint.selection import report_selection, select_checkpoint
+from megatron_loop.checkpoint.weights import read_weights
 from megatron_loop.config import ModelConfig, build_model_config
 from megatron_loop.errors import LoopDataError, write_failure
 
@@ -328,7 +332,6 @@ def check_tokenizer_identity(tokenizer: str | None, chosen) -> None:
     """Refuse a tokenizer folder whose files differ from those the checkpoint's run trained with
     (recorded in its manifest): a folder retrained in place would export another vocabulary."""
     from megatron_loop.data.tokenizer import tokenizer_fingerprint
-    from megatron_loop.model.io import MANIFEST
 
     recorded = (chosen.manifest or {}).get("tokenizer") or {}
     now = tokenizer_fingerprint(tokenizer) or {}
@@ -354,8 +357,6 @@ def convert_checkpoint(ckpt_dir: str | os.PathLike, output: str | os.PathLike, t
 
 def _convert_checkpoint(ckpt_dir: Path, output: Path, tag: str | None, tokenizer: str | None, overwrite: bool,
                         max_shard_size: str | int) -> Path:
-    from megatron_loop.model.io import CONFIG_NAME, load_run_config, read_weights, report_selection, select_checkpoint
-
     _prepare_output(output, overwrite)  # fail before the (slow) consolidation
     chosen = select_checkpoint(ckpt_dir, tag)
     cfg = load_run_config(chosen.root)
