@@ -1,4 +1,4 @@
-"""Loop-sweep evaluation end to end (issue 6): tools/eval_loops.py on an exported LoopLM with
+"""Loop-sweep evaluation end to end: tools/eval_loops.py on an exported LoopLM with
 local task files (shipped ProofWriter / CLUTRR / BBH YAMLs on hub-schema files, and the
 generated reasoning tasks), held-out loss on an indexed prefix, results files and plots;
 and the stock ``lm_eval`` command line with ``num_loops=R``."""

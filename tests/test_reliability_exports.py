@@ -1,4 +1,4 @@
-"""Exports and probes read checkpoints as training does (issue 17 item 5, issue 16 items 3 and 5).
+"""Exports and probes read checkpoints as training does, and exports publish whole.
 
 * a same-size garbled shard in the newest checkpoint: the export (and the probe loader) falls
   back to the newest complete checkpoint; that checkpoint named explicitly is refused;

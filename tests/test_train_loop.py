@@ -1,4 +1,4 @@
-"""The training loop end to end on CPU (issue 5 items 1, 5, 6; App. C.2).
+"""The training loop end to end on CPU (App. C.2).
 
 One single-process run of the tiny 2x2 LoopLM on the bundled corpus (``reference_run``) is the
 subject of most checks: the loss falls, every metric is logged, validation runs per r, the

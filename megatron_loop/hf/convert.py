@@ -32,7 +32,10 @@ from megatron_loop.checkpoint.layout import CONFIG_NAME, MANIFEST, load_run_conf
 from megatron_loop.checkpoint.selection import report_selection, select_checkpoint
 from megatron_loop.checkpoint.weights import read_weights
 from megatron_loop.config import ModelConfig, build_model_config
+from megatron_loop.data.tokenizer import open_tokenizer, tokenizer_fingerprint
 from megatron_loop.errors import LoopDataError, write_failure
+from megatron_loop.model.roles import GateUpSplit, QKVSplit
+from megatron_loop.training.lock import ExportLock
 
 MODELING_FILE = Path(__file__).with_name("modeling_looplm.py")
 DEFAULT_MAX_SHARD_SIZE = "2GB"
@@ -141,8 +144,6 @@ def model_config_from_hf(config) -> ModelConfig:
 
 
 def _fused_rows(cfg: ModelConfig):
-    from megatron_loop.model.roles import GateUpSplit, QKVSplit
-
     qkv = QKVSplit(num_groups=cfg.num_key_value_heads,
                    heads_per_group=cfg.num_attention_heads // cfg.num_key_value_heads, head_dim=cfg.head_dim)
     return qkv.row_index(), GateUpSplit(cfg.intermediate_size).row_index()
@@ -240,8 +241,6 @@ def _prepare_output(output: Path, overwrite: bool) -> None:
 def _load_tokenizer(tokenizer: str | None, source: str | None = None):
     if tokenizer is None:
         return None
-    from megatron_loop.data.tokenizer import open_tokenizer
-
     return open_tokenizer(tokenizer, source)
 
 
@@ -253,8 +252,6 @@ def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: 
     where ``tokenizer`` came from in error messages (default: the ``--tokenizer`` flag);
     ``train_seq_length`` goes to config.json (:func:`hf_config`). One export at a time per output
     folder (:class:`megatron_loop.training.lock.ExportLock`)."""
-    from megatron_loop.training.lock import ExportLock
-
     with ExportLock(Path(output)):
         return _export_state_dict(state, cfg, Path(output), tokenizer, overwrite, max_shard_size, tokenizer_source,
                                   train_seq_length)
@@ -331,8 +328,6 @@ def _write_readme(folder: Path, cfg: ModelConfig, with_tokenizer: bool = True) -
 def check_tokenizer_identity(tokenizer: str | None, chosen) -> None:
     """Refuse a tokenizer folder whose files differ from those the checkpoint's run trained with
     (recorded in its manifest): a folder retrained in place would export another vocabulary."""
-    from megatron_loop.data.tokenizer import tokenizer_fingerprint
-
     recorded = (chosen.manifest or {}).get("tokenizer") or {}
     now = tokenizer_fingerprint(tokenizer) or {}
     if recorded.get("sha256") and now.get("sha256") and recorded["sha256"] != now["sha256"]:
@@ -348,8 +343,6 @@ def convert_checkpoint(ckpt_dir: str | os.PathLike, output: str | os.PathLike, t
     ZeRO stage) -> HF folder. The checkpoint is chosen and verified as training resumes: ``tag``
     (or a tag folder) must verify, otherwise ``latest`` with fallback to the newest complete
     checkpoint. The tokenizer defaults to the run config's ``data.tokenizer``."""
-    from megatron_loop.training.lock import ExportLock
-
     output = Path(output)
     with ExportLock(output):  # also the writability check of the output's folder, before the slow work
         return _convert_checkpoint(Path(ckpt_dir), output, tag, tokenizer, overwrite, max_shard_size)
