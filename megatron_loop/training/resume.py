@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron_loop.config import Config
-from megatron_loop.data.tokenizer import tokenizer_fingerprint
-from megatron_loop.errors import LoopConfigError
 from megatron_loop.checkpoint.layout import MANIFEST
 from megatron_loop.checkpoint.manifest import EXECUTION_KEYS, model_signature
 from megatron_loop.checkpoint.selection import SelectedCheckpoint
+from megatron_loop.config import Config
+from megatron_loop.data.tokenizer import tokenizer_fingerprint
+from megatron_loop.errors import LoopConfigError
 
 SCHEDULE_KEYS = ("train.lr", "train.max_steps", "train.train_tokens", "train.tokens_per_parameter",
                  "train.warmup_fraction", "train.stable_fraction", "train.min_lr_ratio")
