@@ -1,4 +1,4 @@
-"""Loop-sweep evaluation end to end (issue 6): tools/eval_loops.py on an exported LoopLM with
+"""Loop-sweep evaluation end to end: tools/eval_loops.py on an exported LoopLM with
 local task files (shipped ProofWriter / CLUTRR / BBH YAMLs on hub-schema files, and the
 generated reasoning tasks), held-out loss on an indexed prefix, results files and plots;
 and the stock ``lm_eval`` command line with ``num_loops=R``."""
@@ -131,7 +131,7 @@ def test_console_table_lists_every_task_and_r(sweep):
 
 def test_heldout_loss_matches_the_training_model(sweep):
     from megatron_loop.data.packed import PackedDataset
-    from megatron_loop.model.io import load_model_from_checkpoint
+    from megatron_loop.checkpoint.weights import load_model_from_checkpoint
 
     _, res, _ = sweep
     model, _ = load_model_from_checkpoint(hf_assets().checkpoints[MODEL])

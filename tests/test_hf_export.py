@@ -1,4 +1,4 @@
-"""HF export (issue 6): DeepSpeed checkpoint (ZeRO 1 and 3) -> HF folder -> same logits.
+"""HF export: DeepSpeed checkpoint (ZeRO 1 and 3) -> HF folder -> same logits.
 
 The exports are loaded in ONE fresh process with HF_HUB_OFFLINE=1 (``hf_scripts/check_hf_logits.py``)
 and compared with the training model loaded from the same checkpoint, at r = 1, K and 2K.
@@ -35,7 +35,7 @@ def assets():
 
 @pytest.fixture(scope="module")
 def training_models(assets):
-    from megatron_loop.model.io import load_model_from_checkpoint
+    from megatron_loop.checkpoint.weights import load_model_from_checkpoint
 
     return {name: load_model_from_checkpoint(assets.checkpoints[name])[0] for name in MODELS}
 
@@ -200,7 +200,7 @@ def test_overwrite_replaces_folder_atomically(assets, tmp_path):
 
 
 def test_export_refuses_a_checkpoint_carrying_code(tmp_path):
-    """Security (issue 9 item 6): the converter reads DeepSpeed shards with weights_only=True."""
+    """Security: the converter reads DeepSpeed shards with weights_only=True."""
     import shutil
 
     import torch

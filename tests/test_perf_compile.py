@@ -95,7 +95,7 @@ def test_compile_config_key():
 
 def test_execution_keys_stay_out_of_the_checkpoint_signature():
     """A run may resume with compile, checkpointing or the loss kernel switched (same weights)."""
-    from megatron_loop.training.checkpoint import model_signature
+    from megatron_loop.checkpoint.manifest import model_signature
 
     a = load_config("examples/tiny_2x3.yaml")
     b = load_config("examples/tiny_2x3.yaml", overrides=[

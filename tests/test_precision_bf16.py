@@ -31,7 +31,7 @@ from packaging.version import Version
 import optim_toy as toy
 import train_fixtures as T
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.model.io import safe_load
+from megatron_loop.checkpoint.weights import safe_load
 from megatron_loop.optim import OptimizerSettings
 from megatron_loop.optim.ds_config import resolve_ds_config
 from megatron_loop.optim.engine import CONFIG_DIR, build_optimizer, load_ds_config

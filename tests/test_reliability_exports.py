@@ -1,4 +1,4 @@
-"""Exports and probes read checkpoints as training does (issue 17 item 5, issue 16 items 3 and 5).
+"""Exports and probes read checkpoints as training does, and exports publish whole.
 
 * a same-size garbled shard in the newest checkpoint: the export (and the probe loader) falls
   back to the newest complete checkpoint; that checkpoint named explicitly is refused;
@@ -18,7 +18,8 @@ import torch
 
 from megatron_loop.errors import LoopDataError
 from megatron_loop.hf.convert import convert_checkpoint, read_hf_state_dict, to_hf_state_dict
-from megatron_loop.model.io import consolidated_state_dict, load_model_from_checkpoint, load_run_config
+from megatron_loop.checkpoint.layout import load_run_config
+from megatron_loop.checkpoint.weights import consolidated_state_dict, load_model_from_checkpoint
 from train_fixtures import FAULTS, copy_run, reference_run, run_cli
 
 

@@ -1,8 +1,7 @@
-"""The run folder (issue 17 items 2-6, issue 16 items 3-4), in process: the lock and its stale
-holder, which checkpoint a resume or an export reads (``latest`` decides, corrupt ones fall
-back), branches and retention, what a resume applies or refuses, the universal conversion of
-Muon's momentum, and plain names for disk errors. The CLI cases are in the fault suite and the
-bad-input catalogue."""
+"""The run folder, in process: the lock and its stale holder, branches and retention, what a
+resume applies or refuses, and plain names for disk errors. Which checkpoint is read and the
+universal conversion are in test_checkpoint_format.py; the CLI cases are in the fault suite and
+the bad-input catalogue."""
 
 from __future__ import annotations
 
@@ -20,19 +19,15 @@ import time
 import pytest
 import torch
 
+from megatron_loop.checkpoint.manifest import verify_checkpoint
+from megatron_loop.checkpoint.publish import prune
+from megatron_loop.checkpoint.selection import select_automatic, select_checkpoint
 from megatron_loop.config import load_config
-from megatron_loop.errors import LoopConfigError, LoopDataError
-from megatron_loop.model.io import select_automatic, select_checkpoint, verify_checkpoint
-from megatron_loop.training.checkpoint import prune, set_aside_newer, write_failure
+from megatron_loop.errors import LoopConfigError, write_failure
+from megatron_loop.training.checkpoint import set_aside_newer
 from megatron_loop.training.lock import RunLock
 from megatron_loop.training.resume import plan_resume
 from train_fixtures import REPO, copy_run, reference_run
-
-
-def _garble(path):
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # same size, different bytes
-    path.write_bytes(bytes(data))
 
 
 def _ckpt(tmp_path):
@@ -85,21 +80,7 @@ def test_failed_start_leaves_no_folder_and_a_vanished_folder_is_noticed(tmp_path
     lock.release()
 
 
-# ----------------------------------------------------------------------------- which checkpoint
-
-
-def test_automatic_resume_follows_latest_not_the_highest_step(tmp_path):
-    ckpt = _ckpt(tmp_path)
-    (ckpt / "latest").write_text("global_step9")  # a rollback to 9; 10 is the abandoned branch
-    chosen = select_automatic(ckpt)
-    assert (chosen.tag, chosen.newer) == ("global_step9", ("global_step10",))
-    (ckpt / "latest").write_text("global_step10")
-    _garble(next((ckpt / "global_step10").glob("*optim_states.pt")))
-    chosen = select_automatic(ckpt)  # latest corrupt: the newest complete one before it
-    assert chosen.tag == "global_step9" and "sha256 differs" in chosen.notes[0]
-    with pytest.raises(LoopDataError, match=r"global_step10/zero_pp_rank_0_mp_rank_00_optim_states\.pt: "
-                                            r"sha256 differs .*corrupt"):
-        select_checkpoint(ckpt / "global_step10")  # named explicitly: refused, no fallback
+# ----------------------------------------------------------------------------- branches and retention
 
 
 def test_branch_sets_newer_checkpoints_and_metrics_aside_and_retention_keeps_the_branch(tmp_path):
@@ -161,28 +142,6 @@ def test_resume_on_another_data_parallel_size_or_zero_stage():
         plan_resume(zero3, cfg, world_size=1, zero_stage=3)
 
 
-def test_universal_conversion_carries_muon_momentum(tmp_path):
-    from deepspeed.checkpoint import PARAM
-
-    from megatron_loop.model.io import safe_load
-    from megatron_loop.training.universal import to_universal
-
-    tag = reference_run().run_dir / "checkpoints" / "global_step9"
-    out = to_universal(tag, tmp_path / "uni")
-    optim = safe_load(next(tag.glob("*optim_states.pt")))["optimizer_state_dict"]
-    keys = {k for s in optim["base_optimizer_state"]["state"].values() for k in s}
-    assert keys == {"momentum_buffer", "exp_avg", "exp_avg_sq", "step"}  # Muon and AdamW groups
-    for group, mapping in enumerate(optim["param_slice_mappings"]):
-        state = optim["base_optimizer_state"]["state"][group]
-        for name, frag in mapping.items():
-            for key in ("fp32", *(k for k in state if k != "step")):
-                flat = optim["single_partition_of_fp32_groups"][group] if key == "fp32" else state[key]
-                saved = torch.load(out / "zero" / name / f"{key}.pt", weights_only=False)[PARAM]
-                assert torch.equal(saved.flatten(), flat.narrow(0, frag.start, frag.numel)), (name, key)
-    muon = optim["param_slice_mappings"][0]
-    assert all((out / "zero" / name / "momentum_buffer.pt").is_file() for name in muon)
-
-
 # ----------------------------------------------------------------------------- disk errors
 
 
@@ -230,20 +189,6 @@ def test_resume_from_another_runs_checkpoint_adopts_it_as_the_branch_point(tmp_p
     assert (ckpt / "latest").read_text() == "global_step9"
     restart = select_automatic(ckpt)
     assert restart.tag == "global_step9" and restart.root == ckpt and restart.notes == ()
-
-
-@pytest.mark.timeout(300)
-def test_latest_holding_bytes_that_are_not_a_tag_is_one_error_or_a_fallback(tmp_path):
-    ckpt = _ckpt(tmp_path)
-    (ckpt / "latest").write_bytes(b"\xff\xfe\x00garbage\x80")
-    chosen = select_automatic(ckpt)  # automatic: the newest complete checkpoint, with the reason
-    assert chosen.tag == "global_step10"
-    assert chosen.notes == (f"skipping checkpoint latest: {ckpt / 'latest'}: not a text file (11 bytes, not a tag); "
-                            "expected the tag of a checkpoint such as global_step30",)
-    from megatron_loop.model.io import select_explicit
-
-    with pytest.raises(LoopDataError, match=r"latest: not a text file \(11 bytes, not a tag\)"):
-        select_explicit(ckpt)  # --resume of the folder: refused with one line
 
 
 @pytest.mark.timeout(60)

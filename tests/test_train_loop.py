@@ -1,4 +1,4 @@
-"""The training loop end to end on CPU (issue 5 items 1, 5, 6; App. C.2).
+"""The training loop end to end on CPU (App. C.2).
 
 One single-process run of the tiny 2x2 LoopLM on the bundled corpus (``reference_run``) is the
 subject of most checks: the loss falls, every metric is logged, validation runs per r, the
@@ -78,7 +78,7 @@ def test_checkpoints_are_published_atomically_and_pruned():
 
 
 def test_checkpoint_loads_for_export_and_matches_the_logged_validation():
-    from megatron_loop.model.io import load_model_from_checkpoint
+    from megatron_loop.checkpoint.weights import load_model_from_checkpoint
 
     run = reference_run().run_dir
     model, cfg = load_model_from_checkpoint(run / "checkpoints")

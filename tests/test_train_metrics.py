@@ -1,4 +1,4 @@
-"""Metrics sinks (issue 5 item 6): JSONL truncation on resume, wandb offline without an API key
+"""Metrics sinks: JSONL truncation on resume and its tolerant reader, wandb offline without an API key
 (project and run names from the config), the tqdm bar on rank 0, nothing on other ranks."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from megatron_loop.config import config_from_dict
-from megatron_loop.training.metrics import MetricsLogger, truncate_after
+from megatron_loop.training.metrics import MetricsLogger, read_records, truncate_after
 
 
 def _cfg(tmp_path, **logging):
@@ -24,6 +24,22 @@ def test_resume_drops_records_past_the_checkpoint(tmp_path):
     path.write_text("\n".join(lines))
     truncate_after(path, 3)
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_one_tolerant_reader_serves_truncation_and_the_curves(tmp_path):
+    """A line torn by a crash and lines that are JSON but not records are skipped by every reader
+    of metrics.jsonl (truncation on resume, the training curves), not an error."""
+    from megatron_loop.training.curves import read_run
+
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps(_record(1)), "[1, 2]", "7", json.dumps({"event": "eval", "step": 2, "val_loss_r1": 3.0}),
+             json.dumps(_record(2)), json.dumps(_record(3)), '{"event": "tr']
+    path.write_text("\n".join(lines))
+    assert [record["step"] for _, record in read_records(path)] == [1, 2, 2, 3]
+    run = read_run(path)
+    assert [r["step"] for r in run.train] == [1, 2, 3] and [r["step"] for r in run.evals] == [2]
+    truncate_after(path, 2)
+    assert path.read_text().splitlines() == [lines[0], lines[3], lines[4]]
 
 
 def test_jsonl_and_progress_bar_on_rank_zero_only(tmp_path, capsys):

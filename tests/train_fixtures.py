@@ -111,7 +111,7 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def final_weights(run_dir: Path) -> dict:
-    from megatron_loop.model.io import consolidated_state_dict
+    from megatron_loop.checkpoint.weights import consolidated_state_dict
 
     return consolidated_state_dict(run_dir / "checkpoints")
 

@@ -1,12 +1,13 @@
 """Training checkpoint <-> Hugging Face folder (SPEC.md "HF export contract").
 
-Export: pick and verify the checkpoint as training does (``model.io.select_checkpoint``: the
-one ``latest`` names, checked against its manifest, else the newest complete one), consolidate
-it (any ZeRO stage), rename every tensor to the export names, split megatron-core's fused
-matrices, and write ``config.json`` (with ``auto_map``), ``modeling_looplm.py``, sharded
-safetensors, the tokenizer and a generation config into a hidden temporary folder next to the
-output, readable as the user's umask says (:func:`publish_folder`): it replaces the output only
-when complete, and an old export is swapped out, not deleted first.
+Export: pick and verify the checkpoint as training does
+(:func:`megatron_loop.checkpoint.selection.select_checkpoint`: the one ``latest`` names, checked
+against its manifest, else the newest complete one), consolidate it (any ZeRO stage), rename
+every tensor to the export names, split megatron-core's fused matrices, and write ``config.json``
+(with ``auto_map``), ``modeling_looplm.py``, sharded safetensors, the tokenizer and a generation
+config into a hidden temporary folder next to the output, readable as the user's umask says
+(:func:`megatron_loop.atomic.publish_folder`): it replaces the output only when complete, and an
+old export is swapped out, not deleted first.
 
 * fused QKV ``[groups, (heads/groups + 2) * head_dim]`` rows -> ``q_proj``, ``k_proj``,
   ``v_proj`` (grouped-query layout de-interleaved with ``roles.QKVSplit``);
@@ -19,17 +20,22 @@ when complete, and an old export is swapped out, not deleted first.
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
 import shutil
 import sys
 from pathlib import Path
 
 import torch
 
+from megatron_loop.atomic import clean_leftovers, publish_folder, staging_folder
+from megatron_loop.checkpoint.layout import CONFIG_NAME, MANIFEST, load_run_config
+from megatron_loop.checkpoint.selection import report_selection, select_checkpoint
+from megatron_loop.checkpoint.weights import read_weights
 from megatron_loop.config import ModelConfig, build_model_config
+from megatron_loop.data.tokenizer import open_tokenizer, tokenizer_fingerprint
 from megatron_loop.errors import LoopDataError, write_failure
+from megatron_loop.model.roles import GateUpSplit, QKVSplit
+from megatron_loop.training.lock import ExportLock
 
 MODELING_FILE = Path(__file__).with_name("modeling_looplm.py")
 DEFAULT_MAX_SHARD_SIZE = "2GB"
@@ -138,8 +144,6 @@ def model_config_from_hf(config) -> ModelConfig:
 
 
 def _fused_rows(cfg: ModelConfig):
-    from megatron_loop.model.roles import GateUpSplit, QKVSplit
-
     qkv = QKVSplit(num_groups=cfg.num_key_value_heads,
                    heads_per_group=cfg.num_attention_heads // cfg.num_key_value_heads, head_dim=cfg.head_dim)
     return qkv.row_index(), GateUpSplit(cfg.intermediate_size).row_index()
@@ -237,8 +241,6 @@ def _prepare_output(output: Path, overwrite: bool) -> None:
 def _load_tokenizer(tokenizer: str | None, source: str | None = None):
     if tokenizer is None:
         return None
-    from megatron_loop.data.tokenizer import open_tokenizer
-
     return open_tokenizer(tokenizer, source)
 
 
@@ -250,8 +252,6 @@ def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: 
     where ``tokenizer`` came from in error messages (default: the ``--tokenizer`` flag);
     ``train_seq_length`` goes to config.json (:func:`hf_config`). One export at a time per output
     folder (:class:`megatron_loop.training.lock.ExportLock`)."""
-    from megatron_loop.training.lock import ExportLock
-
     with ExportLock(Path(output)):
         return _export_state_dict(state, cfg, Path(output), tokenizer, overwrite, max_shard_size, tokenizer_source,
                                   train_seq_length)
@@ -308,83 +308,6 @@ def _export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output:
     return publish_folder(tmp, output)
 
 
-# --------------------------------------------------------------------------------------
-# Publishing a folder: write new, then swap; leftovers of a killed export are cleaned
-# --------------------------------------------------------------------------------------
-
-_STAGING, _RETIRED = ".tmp-", ".old-"
-
-
-def _leftovers(output: Path, kind: str) -> list[Path]:
-    return sorted(output.parent.glob(f".{output.name}{kind}*")) if output.parent.is_dir() else []
-
-
-def _pid_of(leftover: Path) -> int | None:
-    try:
-        return int(leftover.name.rsplit("-", 2)[-2])
-    except (ValueError, IndexError):
-        return None
-
-
-def _alive(pid: int | None) -> bool:
-    import psutil
-
-    return pid is not None and pid != os.getpid() and psutil.pid_exists(pid)
-
-
-def clean_leftovers(output: Path) -> list[str]:
-    """After an export killed half-way: an old export swapped out but not yet replaced is put
-    back, staging folders of dead exports are removed. Returns what was done (for the log)."""
-    done = []
-    for retired in _leftovers(output, _RETIRED):
-        if _alive(_pid_of(retired)):
-            continue
-        if not output.exists():
-            os.replace(retired, output)
-            done.append(f"restored the previous export {output} from {retired.name}")
-        else:
-            shutil.rmtree(retired, ignore_errors=True)
-            done.append(f"removed {retired}")
-    for staging in _leftovers(output, _STAGING):
-        if not _alive(_pid_of(staging)):
-            shutil.rmtree(staging, ignore_errors=True)
-            done.append(f"removed the unfinished export {staging}")
-    return done
-
-
-def staging_folder(output: Path) -> Path:
-    """A new hidden folder next to ``output`` (same file system, so the final rename is atomic),
-    created with the user's umask (``tempfile.mkdtemp`` would make it 0700)."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.parent / f".{output.name}{_STAGING}{os.getpid()}-{secrets.token_hex(3)}"
-    tmp.mkdir()
-    return tmp
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def publish_folder(tmp: Path, output: Path) -> Path:
-    """Give ``tmp`` the modes the user's umask asks for (libraries write some files 0600), then
-    put it at ``output``: an existing output is renamed aside first and removed only after the
-    new one is in place, so a kill at any moment leaves the old or the new export (or both, the
-    old one restored by the next export)."""
-    mask = _umask()
-    for path in [tmp, *tmp.rglob("*")]:
-        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
-    retired = None
-    if output.exists():
-        retired = output.parent / f".{output.name}{_RETIRED}{os.getpid()}-{secrets.token_hex(3)}"
-        os.replace(output, retired)
-    os.replace(tmp, output)
-    if retired is not None:
-        shutil.rmtree(retired, ignore_errors=True)
-    return output
-
-
 def _write_readme(folder: Path, cfg: ModelConfig, with_tokenizer: bool = True) -> None:
     native = is_native(cfg)
     kind = "native" if native else "looplm (trust_remote_code=True)"
@@ -405,9 +328,6 @@ def _write_readme(folder: Path, cfg: ModelConfig, with_tokenizer: bool = True) -
 def check_tokenizer_identity(tokenizer: str | None, chosen) -> None:
     """Refuse a tokenizer folder whose files differ from those the checkpoint's run trained with
     (recorded in its manifest): a folder retrained in place would export another vocabulary."""
-    from megatron_loop.data.tokenizer import tokenizer_fingerprint
-    from megatron_loop.model.io import MANIFEST
-
     recorded = (chosen.manifest or {}).get("tokenizer") or {}
     now = tokenizer_fingerprint(tokenizer) or {}
     if recorded.get("sha256") and now.get("sha256") and recorded["sha256"] != now["sha256"]:
@@ -423,8 +343,6 @@ def convert_checkpoint(ckpt_dir: str | os.PathLike, output: str | os.PathLike, t
     ZeRO stage) -> HF folder. The checkpoint is chosen and verified as training resumes: ``tag``
     (or a tag folder) must verify, otherwise ``latest`` with fallback to the newest complete
     checkpoint. The tokenizer defaults to the run config's ``data.tokenizer``."""
-    from megatron_loop.training.lock import ExportLock
-
     output = Path(output)
     with ExportLock(output):  # also the writability check of the output's folder, before the slow work
         return _convert_checkpoint(Path(ckpt_dir), output, tag, tokenizer, overwrite, max_shard_size)
@@ -432,8 +350,6 @@ def convert_checkpoint(ckpt_dir: str | os.PathLike, output: str | os.PathLike, t
 
 def _convert_checkpoint(ckpt_dir: Path, output: Path, tag: str | None, tokenizer: str | None, overwrite: bool,
                         max_shard_size: str | int) -> Path:
-    from megatron_loop.model.io import CONFIG_NAME, load_run_config, read_weights, report_selection, select_checkpoint
-
     _prepare_output(output, overwrite)  # fail before the (slow) consolidation
     chosen = select_checkpoint(ckpt_dir, tag)
     cfg = load_run_config(chosen.root)
@@ -480,6 +396,3 @@ def load_looplm_from_hf(hf_dir: str | os.PathLike):
         raise LoopDataError(f"{hf_dir}: tensors missing {missing[:3]} / unexpected {unexpected[:3]} for {cfg.layout}")
     return model.eval()
 
-
-def read_export_config(hf_dir: str | os.PathLike) -> dict:
-    return json.loads((Path(hf_dir) / "config.json").read_text())

@@ -103,7 +103,7 @@ def check_source(checkpoint: str | None, hf_dir: str | None) -> None:
 def load_model(checkpoint: str | None, hf_dir: str | None) -> torch.nn.Module:
     """The LoopLM of a DeepSpeed checkpoint folder or of an HF export."""
     if checkpoint is not None:
-        from megatron_loop.model.io import load_model_from_checkpoint
+        from megatron_loop.checkpoint.weights import load_model_from_checkpoint
 
         return load_model_from_checkpoint(checkpoint)[0]
     try:

@@ -1,13 +1,14 @@
-"""Training: the loop, atomic checkpoints, metrics, signals, distributed setup (issues 5 and 9).
+"""Training: the loop, checkpoints through the engine, metrics, signals, distributed setup.
 
     from megatron_loop import load_config
     from megatron_loop.training import main
     main(load_config("examples/tiny_2x3.yaml"), argparse.Namespace(resume=None))
 
-Modules: ``loop`` (train steps, validation, NaN policy), ``checkpoint`` (atomic save with a
-manifest, verified resume, branches, keep-last-N, RNG state), ``resume`` (what changed since the
-checkpoint: applied or refused), ``universal`` (another data-parallel size), ``lock`` (one run per
-output folder), ``metrics`` (JSONL, wandb, tqdm), ``signals`` (SIGTERM/SIGUSR1, a vanished
+Modules: ``loop`` (train steps, validation, NaN policy), ``checkpoint`` (save and restore through
+DeepSpeed's engine on every rank, branches; the on-disk format is :mod:`megatron_loop.checkpoint`),
+``resume`` (what changed since the checkpoint: applied, converted to another data-parallel size,
+or refused), ``lock`` (one run per output folder, one export per export folder), ``metrics``
+(JSONL, wandb, tqdm; the tolerant reader of ``metrics.jsonl``), ``curves`` (plots of it), ``signals`` (SIGTERM/SIGUSR1, a vanished
 launcher or output folder, wall time), ``distributed`` (launcher-agnostic init, collective
 timeout), ``preflight`` (checks before anything is written). docs/RELIABILITY.md has the faults.
 """

@@ -11,7 +11,6 @@ otherwise flatten the rest of the run. The legend has a panel of its own, so it 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from megatron_loop.atomic import atomic_path
 from megatron_loop.errors import LoopConfigError, LoopDataError
-from megatron_loop.training.metrics import METRICS_NAME
+from megatron_loop.training.metrics import METRICS_NAME, read_records
 
 X_AXES = {"step": "step", "tokens": "tokens (M)"}
 MARKERS = "osD^v<>ph*"
@@ -43,11 +42,7 @@ def read_run(path: str | os.PathLike, label: str | None = None) -> RunCurves:
     from megatron_loop.plotting import run_name
 
     run = RunCurves(label or run_name(file.parent), file)
-    for line in file.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line torn by a crash mid-write
+    for _, record in read_records(file):
         if record.get("event") == "train":
             run.train.append(record)
         elif record.get("event") == "eval":

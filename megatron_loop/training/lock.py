@@ -1,4 +1,4 @@
-"""One run per output folder (issue 17 item 2).
+"""One run per output folder, one export per export folder.
 
 Rank 0 holds ``{output_dir}/run.lock`` for the whole run: an exclusive ``flock`` on the file
 (released by the kernel when the process ends, however it ends) and, inside, who holds it (host,
@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from megatron_loop.atomic import process_alive
 from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
 
 LOCK_NAME = "run.lock"
@@ -47,16 +48,6 @@ def _read_holder(fd: int) -> dict | None:
         return json.loads(raw)
     except json.JSONDecodeError:
         return {"host": "?", "pid": "?", "started": "?"}
-
-
-def _pid_alive(pid: int, started_epoch: float | None) -> bool:
-    """The process ``pid`` exists and is not a newer one that reused the number."""
-    import psutil
-
-    try:
-        return started_epoch is None or psutil.Process(pid).create_time() <= started_epoch + 1
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _write_holder(fd: int) -> None:
@@ -129,7 +120,7 @@ class RunLock:
         if holder.get("host") != socket.gethostname():
             return False
         pid = holder.get("pid")
-        return not (isinstance(pid, int) and _pid_alive(pid, holder.get("started_epoch")))
+        return not (isinstance(pid, int) and process_alive(pid, holder.get("started_epoch")))
 
     def _write_holder(self) -> None:
         _write_holder(self.fd)

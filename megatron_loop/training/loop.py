@@ -32,11 +32,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from megatron_loop.checkpoint.layout import read_latest
+from megatron_loop.checkpoint.selection import SelectedCheckpoint
 from megatron_loop.config import Config
 from megatron_loop.data.loaders import LoaderFailure, SupervisedBatches, end_loader_workers, loader_failure
 from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
 from megatron_loop.model.apply import new_checkpoint_plans
-from megatron_loop.model.io import SelectedCheckpoint, read_latest
 from megatron_loop.training import checkpoint as C
 from megatron_loop.training import distributed as D
 from megatron_loop.training import preflight
@@ -151,7 +152,7 @@ def start_branch(root: Path, point: SelectedCheckpoint, out: Path, info: D.DistI
 def universal_copy(root: Path, point: SelectedCheckpoint, info: D.DistInfo) -> Path:
     """Rank 0 writes ``point`` in DeepSpeed's universal layout next to it (a ``.partial`` folder:
     removed after loading, and by the next start if the run dies first)."""
-    from megatron_loop.training.universal import to_universal
+    from megatron_loop.checkpoint.universal import to_universal
 
     load_dir = root / f"{point.tag}.universal{C.PARTIAL}"
 

@@ -1,5 +1,5 @@
 """Per-step metrics and the console: JSONL always, wandb / TensorBoard when configured, a tqdm bar
-and Megatron-style log lines on rank 0 (issue 5 item 6, issue 16 item 2).
+and Megatron-style log lines on rank 0.
 
 Only rank 0 writes. ``{output_dir}/metrics.jsonl`` holds one JSON object per line with an
 ``event`` key: ``train`` (step, loss, lr_muon, lr_adamw, grad_norm, tokens_per_s, mfu, memory,
@@ -56,18 +56,33 @@ def memory_stats() -> dict[str, float]:
     return {"mem_gib": rss, "mem_peak_gib": peak}
 
 
-def truncate_after(path: Path, step: int) -> None:
-    """Keep only records with ``step <= step`` (atomic rewrite)."""
-    if not path.is_file():
-        return
-    kept = []
+def read_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """``(line, record)`` of every record of a metrics file, in order. Tolerant: a line torn by a
+    crash mid-write, or anything that is not a JSON object, is skipped."""
+    out = []
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            continue  # a line torn by a crash mid-write
-        if record.get("step", 0) <= step:
-            kept.append(line)
+            continue
+        if isinstance(record, dict):
+            out.append((line, record))
+    return out
+
+
+def record_step(record: dict[str, Any]) -> int:
+    """The step a record belongs to (0: a record logged before the first step, or without one)."""
+    try:
+        return int(record.get("step", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """Keep only records with ``step <= step`` (atomic rewrite)."""
+    if not path.is_file():
+        return
+    kept = [line for line, record in read_records(path) if record_step(record) <= step]
     write_atomic(path, "".join(line + "\n" for line in kept))
 
 

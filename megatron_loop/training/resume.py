@@ -1,4 +1,4 @@
-"""Resume that checks what changed (issue 17 item 3, issue 16 item 4).
+"""Resume that checks what changed since the checkpoint: applied, converted or refused.
 
 Every checkpoint's manifest holds the settings of the run that wrote it (:func:`run_settings`:
 the resolved config, the data it trained on, the ZeRO stage and the number of data-parallel
@@ -11,7 +11,7 @@ ranks). A resume compares them with the new config before DeepSpeed reads a byte
   hyperparameters (weight decay, betas, eps, Muon momentum / Nesterov / Newton-Schulz steps /
   scale, ``grad_clip``), which DeepSpeed would otherwise restore from the checkpoint;
 * applied through DeepSpeed's universal checkpoint: another number of data-parallel ranks under
-  ZeRO 1/2 (:mod:`megatron_loop.training.universal`); stage 0 holds whole tensors anyway;
+  ZeRO 1/2 (:mod:`megatron_loop.checkpoint.universal`); stage 0 holds whole tensors anyway;
 * refused with one line naming the key: the architecture (``model:`` without execution keys),
   ``train.seq_length``, ``train.global_batch_size``, ``train.seed`` (each fixes which tokens a step
   reads), ``train.precision`` and the ZeRO stage (different optimizer state layouts), the training
@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from megatron_loop.checkpoint.layout import MANIFEST
+from megatron_loop.checkpoint.manifest import EXECUTION_KEYS, model_signature
+from megatron_loop.checkpoint.selection import SelectedCheckpoint
 from megatron_loop.config import Config
 from megatron_loop.data.tokenizer import tokenizer_fingerprint
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.model.io import MANIFEST, SelectedCheckpoint
-from megatron_loop.training.checkpoint import EXECUTION_KEYS, model_signature
 
 SCHEDULE_KEYS = ("train.lr", "train.max_steps", "train.train_tokens", "train.tokens_per_parameter",
                  "train.warmup_fraction", "train.stable_fraction", "train.min_lr_ratio")

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import deepspeed
 from megatron_loop.config import config_from_dict
 from megatron_loop.model import build_model
-from megatron_loop.model.io import save_run_config
+from megatron_loop.checkpoint.layout import save_run_config
 from megatron_loop.optim.engine import register_external_parameters
 
 

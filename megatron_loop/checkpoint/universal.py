@@ -1,5 +1,4 @@
-"""Resuming on another number of data-parallel ranks through DeepSpeed's universal checkpoint
-(issue 16 item 4).
+"""Resuming on another number of data-parallel ranks through DeepSpeed's universal checkpoint.
 
 A ZeRO 1/2 checkpoint holds, per data-parallel rank, that rank's flat partition of the fp32
 master weights and of every optimizer state, so it only loads on the same number of ranks.
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 
 from megatron_loop.errors import LoopDataError
-from megatron_loop.model.io import safe_load
+from megatron_loop.checkpoint.weights import safe_load
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
 OPTIM_STATES = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")

@@ -1,0 +1,109 @@
+"""Reading a checkpoint's tensors back: weights-only unpickling (tensors, containers and an
+allow-list of DeepSpeed's checkpoint classes; a checkpoint carrying code does not run) and the
+fp32 model weights consolidated with DeepSpeed's own ``zero_to_fp32`` utilities, which handle
+ZeRO 1/2 flat partitions and ZeRO 3 parameter shards alike."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from megatron_loop.checkpoint.layout import CONFIG_NAME, load_run_config
+from megatron_loop.checkpoint.selection import SelectedCheckpoint, report_selection, select_checkpoint
+from megatron_loop.errors import LoopDataError
+from megatron_loop.optim.schedule import WSDMultiplier
+
+_SAFE_DEEPSPEED_GLOBALS: list | None = None
+
+
+def deepspeed_safe_globals() -> list:
+    """Classes DeepSpeed pickles into its checkpoints besides tensors and containers."""
+    global _SAFE_DEEPSPEED_GLOBALS
+    if _SAFE_DEEPSPEED_GLOBALS is None:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        _SAFE_DEEPSPEED_GLOBALS = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address,
+                                   WSDMultiplier, set]
+    return _SAFE_DEEPSPEED_GLOBALS
+
+
+def safe_load(path, map_location=None):
+    """``torch.load`` with ``weights_only=True``: only tensors, containers and the allow-list of
+    DeepSpeed's own checkpoint classes unpickle; a checkpoint carrying code does not run."""
+    with torch.serialization.safe_globals(deepspeed_safe_globals()):
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def restrict_unpickling(engine) -> None:
+    """Make DeepSpeed's checkpoint reader use ``torch.load(weights_only=True)`` (it defaults to
+    False): only tensors, containers and an allow-list of DeepSpeed's own classes unpickle."""
+    engine.checkpoint_engine.load = lambda path, map_location=None: safe_load(path, map_location)
+
+
+class _WeightsOnlyTorch:
+    """``torch`` as DeepSpeed's ``zero_to_fp32`` sees it, except that ``torch.load`` unpickles with
+    ``weights_only=True`` (zero_to_fp32 hard-codes False) and a bf16 ZeRO 1 shard reads as ZeRO 1.
+
+    bf16 runs at ZeRO 1 train with DeepSpeed's BF16_Optimizer (fp32 gradient accumulation,
+    :mod:`megatron_loop.optim.engine`), whose ``bf16_zero_pp_rank_*`` shards carry no
+    ``zero_stage``, so zero_to_fp32 calls them "not a zero checkpoint"; their fp32 partitions are
+    laid out as ZeRO 1's (each group's weights back to back, padding at the end, equal parts)."""
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    @staticmethod
+    def load(path, map_location=None, **_):
+        from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, SINGLE_PARTITION_OF_FP32_GROUPS, ZERO_STAGE
+
+        state = safe_load(path, map_location=map_location)
+        optim = state.get(OPTIMIZER_STATE_DICT) if isinstance(state, dict) else None
+        if isinstance(optim, dict) and SINGLE_PARTITION_OF_FP32_GROUPS in optim and ZERO_STAGE not in optim:
+            optim[ZERO_STAGE] = 1
+        return state
+
+
+def consolidated_state_dict(ckpt_dir: str | os.PathLike, tag: str | None = None) -> dict[str, torch.Tensor]:
+    """fp32 model weights of the checkpoint :func:`select_checkpoint` picks (loaded weights-only)."""
+    return read_weights(select_checkpoint(ckpt_dir, tag))
+
+
+def read_weights(chosen: SelectedCheckpoint) -> dict[str, torch.Tensor]:
+    """fp32 model weights of ``chosen`` (any ZeRO stage), consolidated by DeepSpeed's zero_to_fp32."""
+    from deepspeed.utils import zero_to_fp32
+
+    real_torch, zero_to_fp32.torch = zero_to_fp32.torch, _WeightsOnlyTorch()
+    try:
+        state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(chosen.root), tag=chosen.tag)
+    except (FileNotFoundError, ValueError, RuntimeError, KeyError, EOFError,
+            torch.serialization.pickle.UnpicklingError) as e:
+        raise LoopDataError(f"{chosen.path}: cannot read DeepSpeed checkpoint "
+                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    finally:
+        zero_to_fp32.torch = real_torch
+    return {k: v.float() for k, v in state.items()}
+
+
+def load_model_from_checkpoint(ckpt_dir: str | os.PathLike, tag: str | None = None, quiet: bool = False):
+    """(LoopLM in fp32 eval mode, Config) from a training checkpoint folder (root or tag folder)."""
+    from megatron_loop.model import build_model  # megatron-core, slow to import: only where a model is built
+
+    chosen = select_checkpoint(ckpt_dir, tag)
+    if not quiet:
+        report_selection(chosen)
+    cfg = load_run_config(chosen.root)
+    state = read_weights(chosen)
+    model = build_model(cfg.model)
+    # megatron-core linears add ``_extra_state`` entries (None); only tensors are weights.
+    expected = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    if set(state) != set(expected) or any(state[k].shape != expected[k].shape for k in state):
+        missing = sorted(set(expected) - set(state))[:3]
+        unexpected = sorted(set(state) - set(expected))[:3]
+        raise LoopDataError(
+            f"{chosen.path}: checkpoint does not match the architecture in {CONFIG_NAME} "
+            f"(missing {missing}, unexpected {unexpected}, or shapes differ)")
+    model.load_state_dict(state, strict=False)
+    return model.eval(), cfg
