@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
-from megatron_loop.config import BACKBONES
+from megatron_loop.config import BACKBONES, build_model_config
+from megatron_loop.plan import count_parameters
 
 # --------------------------------------------------------------------------------------
 # Families, recipes and execution settings
@@ -747,9 +748,6 @@ def run_depth_multiple(name: str) -> int:
 
 def parameter_counts(model_fields: dict[str, Any]) -> tuple[int, int]:
     """(all trainable parameters, backbone parameters without conditioning) of a model section."""
-    from megatron_loop.config import build_model_config
-    from megatron_loop.dryrun import count_parameters
-
     return count_parameters(build_model_config(model_fields))
 
 

@@ -1,4 +1,4 @@
-"""Training: the loop, atomic checkpoints, metrics, signals, distributed setup (issues 5 and 9).
+"""Training: the loop, atomic checkpoints, metrics, signals, distributed setup (App. C.2).
 
     from megatron_loop import load_config
     from megatron_loop.training import main
@@ -27,6 +27,8 @@ def main(cfg, args) -> int:
     checkpoint stays published) and returns 130 (under a launcher SIGINT is a stop request:
     training/signals.py).
     """
+    # Here, not at the top: the light modules of this package (preflight, lock, metrics) are
+    # imported by --dry-run, which must not pay for torch, DeepSpeed and megatron-core.
     from megatron_loop.training.loop import (EXIT_FAILED, EXIT_NONFINITE, CollectiveFailure, LoaderFailure,
                                              NonFiniteStop, train)
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_loop.config import Config
+from megatron_loop.data.indexed import content_fingerprint
 from megatron_loop.data.tokenizer import tokenizer_fingerprint
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model.io import MANIFEST, SelectedCheckpoint
@@ -51,8 +52,6 @@ REFUSED = {
 def data_fingerprint(cfg: Config) -> list[dict[str, Any]]:
     """What the training data is, independently of where it lives: name, size, weight and a content
     hash (:func:`megatron_loop.data.indexed.content_fingerprint`) of each prefix."""
-    from megatron_loop.data.indexed import content_fingerprint
-
     weights = cfg.data.train_weights or [1.0] * len(cfg.data.train_prefixes)
     out = []
     for prefix, weight in zip(cfg.data.train_prefixes, weights):
