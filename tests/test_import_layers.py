@@ -23,7 +23,7 @@ FLOORS: dict[str, tuple[int, str]] = {
     "megatron_loop.atomic": (0, "temp-file + rename writes, used by every writer"),
     "megatron_loop.config": (1, "YAML -> validated dataclasses; reads nothing but the base"),
     "megatron_loop.flops": (2, "FLOP counts from a ModelConfig alone (no torch)"),
-    "megatron_loop.optim.schedule": (2, "WSD arithmetic from the config alone (torch only under TYPE_CHECKING)"),
+    "megatron_loop.optim.schedule": (2, "WSD arithmetic (torch imported only where a scheduler is built)"),
     "megatron_loop.plan": (2, "steps, WSD split, accumulation and token budget of a run, from the config"),
     "megatron_loop.plotting": (2, "matplotlib styling shared by every figure"),
     "megatron_loop.data": (3, "indexed datasets, packing, loaders, preprocessing: read the config"),
