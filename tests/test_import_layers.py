@@ -1,6 +1,6 @@
 """The package's import structure, read from the source with ``ast`` (function-level imports included).
 
-Modules sit on floors in the order data flows (docs/ARCHITECTURE.md): a module imports only from
+Modules sit on floors in the order data flows: a module imports only from
 its own floor or lower ones, and no chain of imports between megatron_loop modules comes back to
 where it started. :data:`FLOORS` is the table; a module takes the floor of its longest matching
 prefix. To move a module, edit its row (or add one), keeping the reason accurate.
