@@ -142,7 +142,7 @@ def format_table(results: dict) -> str:
     writer.headers = ["Task", "Group", "Metric", "Chance"] + [f"r={r} (L={results['effective_depth'][r]})"
                                                              for r in loops]
     writer.value_matrix = [
-        [name, kind, metric, _cell(chance, None)] + [_cell(by_r.get(r), stderr.get(r)) for r in loops]
+        [name, kind, metric, format_cell(chance, None)] + [format_cell(by_r.get(r), stderr.get(r)) for r in loops]
         for name, kind, metric, by_r, stderr, chance in _rows(results)
         if any(v is not None for v in by_r.values())]  # not e.g. a group none of the tasks is in
     writer.margin = 1
@@ -159,7 +159,7 @@ def _fmt(value) -> str:
     return "" if value is None else f"{value:.4f}"
 
 
-def _cell(value, stderr) -> str:
+def format_cell(value, stderr) -> str:
     if value is None:
         return ""
     return f"{value:.2f}" if stderr is None else f"{value:.2f} ± {stderr:.2f}"
