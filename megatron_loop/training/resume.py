@@ -1,4 +1,4 @@
-"""Resume that checks what changed (issue 17 item 3, issue 16 item 4).
+"""Resume that checks what changed since the checkpoint: applied, applied through a universal copy, or refused.
 
 Every checkpoint's manifest holds the settings of the run that wrote it (:func:`run_settings`:
 the resolved config, the data it trained on, the ZeRO stage and the number of data-parallel
