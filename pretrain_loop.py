@@ -19,7 +19,10 @@ import os
 import sys
 
 from megatron_loop.config import load_config
+from megatron_loop.dryrun import dry_run_report
 from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.registry import list_configs
+from megatron_loop.training import main as train_main
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,8 +63,6 @@ def print_to_pipe(text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list_configs:
-        from megatron_loop.registry import list_configs
-
         print_to_pipe(list_configs())
         return 0
     if args.config is None:
@@ -73,12 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             print_to_pipe(cfg.dumps())
             return 0
         if args.dry_run:
-            from megatron_loop.dryrun import dry_run_report
-
             print(json.dumps(dry_run_report(cfg, args.data_parallel_size)))
             return 0
-        from megatron_loop.training import main as train_main
-
         return train_main(cfg, args)
     except (LoopConfigError, LoopDataError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,117 +1,24 @@
 """``pretrain_loop.py --dry-run``: what a config would train, checked and counted in well under a second.
 
-The default token budget is the paper's Chinchilla rule (Sec. 2.2, App. C.1): 20 tokens per
-parameter of the NonLoop model with L(K) layers (same backbone, no conditioning).
-steps = tokens // (global_batch * seq_length); WSD split 5% / 85% / rest (App. C.2).
-
-Parameters are counted analytically (:func:`count_parameters`, tested equal to
-``build_model(cfg, device="meta").num_parameters()``), so a dry run imports neither torch nor
-megatron-core: it reads the YAML, checks the files the run would open (DeepSpeed JSON, data
-prefixes, tokenizer) and the batch arithmetic with the same preflight checks as training, and
-prints one JSON line.
+The numbers come from :mod:`megatron_loop.plan` (token budget, steps, WSD split, accumulation,
+parameter count, data epochs), the same functions training uses, so a dry run imports neither
+torch nor megatron-core: it reads the YAML, checks the files the run would open (DeepSpeed JSON,
+data prefixes, tokenizer) with the same preflight checks as training, and prints one JSON line.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
-from typing import NamedTuple
 
-from megatron_loop.config import Config, ModelConfig
+from megatron_loop.config import Config
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.flops import block_matmul_params
-from megatron_loop.optim.schedule import wsd_split
-
-# psi(t, dt) of Eq. (timestep_features), as in model.conditioning (which imports torch);
-# tests/test_dry_run.py checks the counts against the built model.
-NUM_TIMESTEP_FEATURES = 8
-
-
-class ParameterCount(NamedTuple):
-    total: int  # every trainable parameter, conditioning included
-    backbone: int  # without injection / timestep parameters
-
-
-def nonloop_reference(model: ModelConfig) -> ModelConfig:
-    """The NonLoop ``L(K)x1`` model of the same backbone, without conditioning."""
-    return dataclasses.replace(model, prelude_layers=0, coda_layers=0, core_layers=model.effective_depth(),
-                               train_loops=1, initial_injection="none", history_injection="none", timestep="none")
-
-
-def count_parameters(cfg: ModelConfig) -> ParameterCount:
-    """Trainable parameters of ``LoopLM(cfg)`` from the config alone (no model is built).
-
-    Backbone: embedding V*d, per block the attention and SwiGLU matrices
-    (:func:`megatron_loop.flops.block_matmul_params`), two RMSNorms of d and, for Qwen3, the
-    q/k norms of head_dim; the final norm d; the LM head V*d unless tied. Conditioning (Sec. 5):
-    initial-state injection 1 | 2d | 2d | 2d^2 (scalar | channel | residual_channel | dense),
-    history injection w * (1 | d | d^2), Loop Gating 8, and per core layer two branches of
-    Branch Gating 8 or AdaLN 2d x 8 each.
-    """
-    d, w = cfg.hidden_size, cfg.history_window
-    block = block_matmul_params(cfg) + 2 * d + (2 * cfg.head_dim if cfg.qk_norm else 0)
-    backbone = (cfg.vocab_size * d * (1 if cfg.tie_word_embeddings else 2) + cfg.physical_depth * block + d)
-    initial = {"none": 0, "scalar": 1, "channel": 2 * d, "residual_channel": 2 * d, "dense": 2 * d * d}
-    history = {"none": 0, "scalar": w, "channel": w * d, "dense": w * d * d}
-    per_branch = {"none": 0, "loop_gating": 0, "branch_gating": NUM_TIMESTEP_FEATURES,
-                  "adaln": 2 * d * NUM_TIMESTEP_FEATURES}
-    conditioning = (initial[cfg.initial_injection] + history[cfg.history_injection]
-                    + (NUM_TIMESTEP_FEATURES if cfg.timestep == "loop_gating" else 0)
-                    + cfg.core_layers * 2 * per_branch[cfg.timestep])
-    return ParameterCount(backbone + conditioning, backbone)
-
-
-def training_plan(cfg: Config) -> dict:
-    """Token budget, steps and WSD split of a run (the numbers the trainer uses)."""
-    t = cfg.train
-    tokens_per_step = t.global_batch_size * t.seq_length
-    if t.max_steps is not None:
-        steps = t.max_steps
-        tokens = steps * tokens_per_step
-    else:
-        if t.train_tokens is not None:
-            tokens = t.train_tokens
-        else:
-            tokens = int(t.tokens_per_parameter * count_parameters(nonloop_reference(cfg.model)).backbone)
-        steps = tokens // tokens_per_step
-    warmup, stable, decay = wsd_split(steps, t.warmup_fraction, t.stable_fraction) if steps else (0, 0, 0)
-    return dict(train_tokens=tokens, train_steps=steps, warmup_steps=warmup, stable_steps=stable, decay_steps=decay)
-
+from megatron_loop.plan import accumulation_steps, check_train_steps, count_parameters, data_epochs, training_plan
+from megatron_loop.training import preflight
 
 # Repeating data up to about four epochs costs almost nothing against fresh data; beyond that the
 # returns fall quickly (Muennighoff et al., 2023, "Scaling Data-Constrained Language Models").
 DATA_REUSE_WARN_EPOCHS = 4.0
-# megatron-core's DType codes (indexed_dataset.DType) -> bytes per token; read here without
-# importing megatron-core, which --dry-run never pays for.
-_TOKEN_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}
-_IDX_DTYPE_OFFSET = 9 + 8  # magic MMIDIDX\x00\x00, version u64, then the dtype code u8
-
-
-def prefix_tokens(prefix: str) -> int | None:
-    """Tokens in ``P.bin`` from its size and the token width ``P.idx`` records; None when the header
-    is unreadable (training reports a damaged index with its own message)."""
-    try:
-        with open(f"{prefix}.idx", "rb") as f:
-            f.seek(_IDX_DTYPE_OFFSET)
-            code = f.read(1)
-        return os.path.getsize(f"{prefix}.bin") // _TOKEN_BYTES[code[0]]
-    except (OSError, IndexError, KeyError):
-        return None
-
-
-def data_epochs(cfg: Config, train_steps: int) -> dict[str, float]:
-    """Epochs of each train prefix the plan reads: its share of the samples (by ``data.train_weights``)
-    times ``seq_length`` over its tokens, as the training log reports them."""
-    d, t = cfg.data, cfg.train
-    weights = d.train_weights or [1.0] * len(d.train_prefixes)
-    samples = train_steps * t.global_batch_size
-    epochs = {}
-    for prefix, weight in zip(d.train_prefixes, weights):
-        tokens = prefix_tokens(prefix)
-        if tokens:
-            epochs[prefix] = samples * weight / sum(weights) * t.seq_length / tokens
-    return epochs
 
 
 def data_reuse_warnings(epochs: dict[str, float]) -> list[str]:
@@ -136,17 +43,15 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
     step. Prints a ``warning:`` line on stderr per train prefix read more than
     :data:`DATA_REUSE_WARN_EPOCHS` times; ``data_epochs`` and ``eval_loops`` are in the JSON.
     """
-    from megatron_loop.training import preflight
-
     dp = default_data_parallel_size() if data_parallel_size is None else data_parallel_size
     if dp < 1:
         raise LoopConfigError(f"--data-parallel-size={dp}: expected a positive number of data-parallel ranks")
-    accumulation = preflight.accumulation_steps(cfg, dp)
+    accumulation = accumulation_steps(cfg, dp)
     preflight.check_eval_loops(cfg)
     files = preflight.check_input_files(cfg, dp)
     preflight.check_vocabulary(cfg)
     plan = training_plan(cfg)
-    preflight.check_train_steps(cfg, plan["train_steps"])
+    check_train_steps(cfg, plan["train_steps"])
     epochs = data_epochs(cfg, plan["train_steps"])
     for line in data_reuse_warnings(epochs):
         print(line, file=sys.stderr)

@@ -17,7 +17,7 @@ see ``LoopLM.forward``) or of every block (``per_block``: L(r)); ``selective`` r
 other matmul of those blocks (the attention output and down projections,
 :func:`selective_recompute_flops_per_token`), ``auto`` per its plan; the LM head is never recomputed.
 
-Truncated backpropagation (``train.backprop_loops`` N < r, issue 15) counts what is executed:
+Truncated backpropagation (``train.backprop_loops`` N < r) counts what is executed:
 the forward of all L(r) block occurrences, the backward (2 x forward) of only those with a graph,
 the Prelude, the last N loops and the Coda (L_bwd = p + N*s + c), and the LM head:
 

@@ -11,16 +11,9 @@ import re
 import pytest
 
 from data_fixtures import data_assets, run_tool
-from megatron_loop.data.corpus import (
-    FEMALE_NAMES,
-    GENERATORS,
-    KNOWLEDGE_ATTRIBUTES,
-    KNOWLEDGE_TASK,
-    TASK_NAMES,
-    TASKS,
-    CorpusSpec,
-    generate_corpus,
-)
+from megatron_loop.data.corpus import CorpusSpec, generate_corpus
+from megatron_loop.data.corpus_knowledge import KNOWLEDGE_ATTRIBUTES
+from megatron_loop.data.corpus_templates import FEMALE_NAMES, GENERATORS, KNOWLEDGE_TASK, TASK_NAMES, TASKS
 from megatron_loop.errors import LoopConfigError
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from data_fixtures import data_assets
 from megatron_loop.config import config_from_dict
-from megatron_loop.dryrun import count_parameters
+from megatron_loop.plan import count_parameters
 from train_fixtures import env, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]

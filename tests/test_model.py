@@ -212,7 +212,7 @@ def test_dry_run_cli(config, expected):
 
 
 def test_default_token_budget_is_twenty_tokens_per_nonloop_parameter():
-    from megatron_loop.dryrun import training_plan
+    from megatron_loop.plan import training_plan
 
     cfg = config_from_dict({"model": {"backbone": "llama3.1-1b", "core_layers": 4, "train_loops": 5},
                             "train": {"global_batch_size": 1824, "micro_batch_size": 38, "seq_length": 2048}})

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from data_fixtures import data_assets
-from megatron_loop.dryrun import prefix_tokens
+from megatron_loop.plan import prefix_tokens
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.optim import ds_config as D
 from train_fixtures import env, tiny_config

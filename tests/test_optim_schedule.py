@@ -49,7 +49,7 @@ def test_configured_schedule_shape_reaches_scheduler_and_dry_run():
     """train.warmup_fraction / stable_fraction / min_lr_ratio drive both the trainer's scheduler
     and the dry-run plan (one definition of the split)."""
     from megatron_loop.config import config_from_dict
-    from megatron_loop.dryrun import training_plan
+    from megatron_loop.plan import training_plan
 
     cfg = config_from_dict({"model": {"backbone": "tiny-llama"},
                             "train": {"max_steps": 200, "seq_length": 32, "warmup_fraction": 0.1,

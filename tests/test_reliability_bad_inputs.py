@@ -226,7 +226,7 @@ def test_bad_input_fails_cleanly(outcomes, name):
 def test_batch_arithmetic_with_data_parallel_ranks_names_the_keys():
     from megatron_loop.config import config_from_dict
     from megatron_loop.errors import LoopConfigError
-    from megatron_loop.training.preflight import accumulation_steps
+    from megatron_loop.plan import accumulation_steps
 
     cfg = config_from_dict({"train": {"global_batch_size": 12, "micro_batch_size": 2, "seq_length": 32}})
     assert accumulation_steps(cfg, 2) == 3  # 2 x 3 x 2 = 12

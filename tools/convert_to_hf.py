@@ -43,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"--max-shard-size {args.max_shard_size!r}: expected a positive size such as 500MB, 2GB, "
                      "1GiB or a number of bytes")
 
+    # after the argument checks: they answer without importing torch and transformers
     from megatron_loop.data.tokenizer import check_tokenizer_location
     from megatron_loop.errors import LoopConfigError, LoopDataError
 

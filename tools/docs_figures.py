@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--doc", default="docs/REPRODUCE.md", help="the page whose tables hold the numbers")
     ap.add_argument("--output-dir", default="docs/figures", help="folder for the PNGs")
     args = ap.parse_args(argv)
-    from megatron_loop.eval.plots import plot_groups, plot_loss
+    from megatron_loop.eval.plots import plot_groups, plot_loss  # after parsing: --help without matplotlib
 
     lines = Path(args.doc).read_text().splitlines()
     out = Path(args.output_dir)

@@ -97,6 +97,9 @@ def _run(argv: Sequence[str] | None) -> int:
     if args.no_progress:  # lm-eval's and datasets' bars too (tqdm reads this when it is first imported)
         os.environ.setdefault("TQDM_DISABLE", "1")
 
+    # after parsing (and TQDM_DISABLE): --help and usage errors answer without torch, lm-eval, matplotlib
+    from megatron_loop.eval.adaptive import (check_adaptive, format_adaptive_table, parse_thresholds,
+                                             run_adaptive_sweep, write_adaptive_outputs)
     from megatron_loop.eval.plots import write_all_plots
     from megatron_loop.eval.report import check_output, format_table, read_results, write_results, write_results_json
     from megatron_loop.eval.sweep import (SweepSettings, export_config, open_session, resolve_seq_length, run_sweep,
@@ -112,8 +115,6 @@ def _run(argv: Sequence[str] | None) -> int:
     others = [read_results(p) for p in args.compare]
     thresholds = None
     if args.exit_criterion != "none" or args.exit_thresholds is not None:
-        from megatron_loop.eval.adaptive import parse_thresholds
-
         if args.exit_criterion == "none":
             raise LoopConfigError("--exit-thresholds: expected --exit-criterion kl or cosine with it")
         thresholds = parse_thresholds(args.exit_thresholds or "")
@@ -134,8 +135,6 @@ def _run(argv: Sequence[str] | None) -> int:
     if todo or thresholds is not None:  # one load for the fixed-r and the adaptive sweeps
         session = open_session(args.model, settings)
     if thresholds is not None:
-        from megatron_loop.eval.adaptive import check_adaptive, run_adaptive_sweep
-
         max_loops = max(settings.loops) if args.exit_max_loops is None else args.exit_max_loops
         check_adaptive(session, args.exit_criterion, max_loops)  # before the fixed-r sweep spends any time
 
@@ -149,8 +148,6 @@ def _run(argv: Sequence[str] | None) -> int:
     paths = write_results(results, output)
     plots = write_all_plots(results, output, others)
     if thresholds is not None:
-        from megatron_loop.eval.adaptive import format_adaptive_table, write_adaptive_outputs
-
         plots += write_adaptive_outputs(results, output, others)
     print(f"\n{results['layout']} (K={results['train_loops']}, L(r) = effective depth), "
           f"scores in % ± standard error, limit {results['limit']}")

@@ -28,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--x", default="step", help="x axis: step (default) or tokens (in millions)")
     args = ap.parse_args(argv)
 
+    # after parsing: --help and usage errors answer without importing matplotlib
     from megatron_loop.errors import LoopConfigError, LoopDataError
     from megatron_loop.training.curves import plot_runs, read_run, save_figure
 

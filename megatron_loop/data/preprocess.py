@@ -30,11 +30,12 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from megatron_loop.atomic import write_atomic
+from megatron_loop.config import VALID_SUFFIX
+from megatron_loop.data.cli import check_output_folder
 from megatron_loop.data.sources import ENCODING_ERRORS, HFSource, iter_documents
 from megatron_loop.data.tokenizer import check_tokenizer_location, load_tokenizer
 from megatron_loop.errors import LoopDataError
 
-VALID_SUFFIX = "_valid"
 
 # The tokenizer used by encode workers. Set in the parent before the pool forks, so workers
 # inherit it instead of reloading it from disk or the hub.
@@ -298,8 +299,6 @@ def build_arg_parser() -> argparse.ArgumentParser:
 def check_output_prefix(prefix: str, validation: bool, overwrite: bool) -> None:
     """Before any input is read: the prefix's folder is a folder, and its files (and those of the
     ``_valid`` prefix) are not replaced without ``--overwrite``."""
-    from megatron_loop.data.cli import check_output_folder
-
     check_output_folder(Path(prefix).parent, "--output-prefix", "PREFIX.bin/.idx", given=prefix)
     names = [prefix + VALID_SUFFIX] if validation else []
     existing = [f"{p}{ext}" for p in [prefix, *names] for ext in (".bin", ".idx") if Path(f"{p}{ext}").exists()]

@@ -37,6 +37,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from megatron_loop.atomic import atomic_path  # noqa: E402
 from megatron_loop.errors import LoopConfigError  # noqa: E402
+from megatron_loop.eval import heldout  # noqa: E402 (module-qualified, as in sweep)
+from megatron_loop.eval.harness import evaluate_tasks  # noqa: E402
+from megatron_loop.eval.report import format_cell  # noqa: E402
 from megatron_loop.eval.sweep import SweepSession, SweepSettings, architecture  # noqa: E402
 from megatron_loop.eval.tasks import aggregate, aggregate_stderr  # noqa: E402
 
@@ -124,8 +127,6 @@ def run_adaptive_sweep(session: SweepSession, settings: SweepSettings, criterion
             row: dict = {"threshold": threshold, "tasks": {}, "groups": {}, "tasks_stderr": {}, "groups_stderr": {},
                          "heldout": None}
             if settings.tasks:
-                from megatron_loop.eval.harness import evaluate_tasks
-
                 with count_loops(model) as counted:
                     scores = evaluate_tasks(lm, settings.tasks, manager, settings.limit, tasks)
                 row["tasks"], row["groups"] = scores.scores, aggregate(scores.scores, settings.tasks)
@@ -133,10 +134,8 @@ def run_adaptive_sweep(session: SweepSession, settings: SweepSettings, criterion
                 row["groups_stderr"] = aggregate_stderr(scores.stderr, settings.tasks)
                 row["task_loops_per_token"] = counted.mean
             if settings.valid_prefix:
-                from megatron_loop.eval.heldout import heldout_loss
-
                 with count_loops(model) as counted:
-                    row["heldout"] = heldout_loss(model, settings.valid_prefix, settings.seq_length,
+                    row["heldout"] = heldout.heldout_loss(model, settings.valid_prefix, settings.seq_length,
                                                   settings.valid_sequences, batch_size=settings.batch_size)
                 row["heldout_loops_per_token"] = counted.mean
             loops = row.get("heldout_loops_per_token", row.get("task_loops_per_token"))
@@ -177,15 +176,13 @@ def format_adaptive_table(results: dict) -> str:
     overall score ± standard error and held-out loss."""
     from pytablewriter import MarkdownTableWriter
 
-    from megatron_loop.eval.report import _cell
-
     adaptive = results["adaptive"]
     writer = MarkdownTableWriter()
     writer.headers = [f"{adaptive['criterion']} threshold (r <= {adaptive['max_loops']})", "Loops/token",
                       "Eff. depth", "Overall", "Held-out loss"]
     writer.value_matrix = [
         [row["threshold"], _fmt(row["loops_per_token"]), _fmt(row["effective_depth"]),
-         _cell(row["groups"].get("overall"), row["groups_stderr"].get("overall")),
+         format_cell(row["groups"].get("overall"), row["groups_stderr"].get("overall")),
          _fmt((row["heldout"] or {}).get("loss"))]
         for row in adaptive["by_threshold"].values()]
     writer.margin = 1

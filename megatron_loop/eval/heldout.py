@@ -18,6 +18,8 @@ def heldout_loss(model, prefix: str, seq_length: int, max_sequences: int | None 
                  batch_size: int = 4, seed: int = 1234) -> dict[str, float]:
     """``{"loss", "stderr", "perplexity", "sequences"}`` of an HF causal LM at its configured loop count
     (loss in nats per predicted token)."""
+    # here, not at the top: megatron-core (behind PackedDataset) is paid only by sweeps that
+    # evaluate a held-out prefix, not by lm-eval-only sweeps of an HF export
     from megatron_loop.data.packed import PackedDataset
 
     dataset = PackedDataset(prefix, seq_length=seq_length, seed=seed)

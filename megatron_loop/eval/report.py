@@ -34,6 +34,7 @@ import os
 from pathlib import Path
 
 from megatron_loop.atomic import write_atomic
+from megatron_loop.data.cli import check_output_folder, read_tool_json
 from megatron_loop.errors import LoopConfigError, LoopDataError
 
 RESULTS_NAME = "results.json"
@@ -68,8 +69,6 @@ def check_output(output: str | Path, fingerprint: dict, overwrite: bool = False)
     Returns the results of an earlier sweep there with the same ``fingerprint``
     (:func:`megatron_loop.eval.sweep.sweep_fingerprint`) to resume; results of another sweep are
     refused unless ``overwrite``, so a finished sweep is never replaced by accident."""
-    from megatron_loop.data.cli import check_output_folder
-
     out = Path(output)
     check_output_folder(out, "--output", "results.json, the CSV tables and the plots")
     existing = next(p for p in (out, *out.absolute().parents) if p.exists())
@@ -143,7 +142,7 @@ def format_table(results: dict) -> str:
     writer.headers = ["Task", "Group", "Metric", "Chance"] + [f"r={r} (L={results['effective_depth'][r]})"
                                                              for r in loops]
     writer.value_matrix = [
-        [name, kind, metric, _cell(chance, None)] + [_cell(by_r.get(r), stderr.get(r)) for r in loops]
+        [name, kind, metric, format_cell(chance, None)] + [format_cell(by_r.get(r), stderr.get(r)) for r in loops]
         for name, kind, metric, by_r, stderr, chance in _rows(results)
         if any(v is not None for v in by_r.values())]  # not e.g. a group none of the tasks is in
     writer.margin = 1
@@ -152,8 +151,6 @@ def format_table(results: dict) -> str:
 
 def read_results(path: str | Path) -> dict:
     """A results.json (or its folder) given to ``--compare``, with one-line errors for a path that is not one."""
-    from megatron_loop.data.cli import read_tool_json
-
     return _num_keys(read_tool_json(path, "--compare", "results.json", "tools/eval_loops.py",
                                     ("loops", "effective_depth", "groups", "training_depth")))
 
@@ -162,7 +159,7 @@ def _fmt(value) -> str:
     return "" if value is None else f"{value:.4f}"
 
 
-def _cell(value, stderr) -> str:
+def format_cell(value, stderr) -> str:
     if value is None:
         return ""
     return f"{value:.2f}" if stderr is None else f"{value:.2f} ± {stderr:.2f}"

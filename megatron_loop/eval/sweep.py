@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.eval import heldout  # module-qualified: tests interrupt a sweep through heldout.heldout_loss
+from megatron_loop.eval.harness import evaluate_tasks, load_tasks, make_lm, task_manager, trained_depths
 from megatron_loop.eval.tasks import GROUPS, TaskSpec, aggregate, aggregate_stderr
 
 
@@ -158,8 +160,6 @@ def open_session(model_dir: str | Path, settings: SweepSettings) -> SweepSession
         transformers.utils.logging.disable_progress_bar()
     manager = tasks = None
     if settings.tasks:  # before the model: a task that cannot be loaded (offline hub) fails fast
-        from megatron_loop.eval.harness import load_tasks, task_manager
-
         manager = task_manager(settings.include_paths)
         tasks = load_tasks(settings.tasks, manager)  # once: datasets read once for every r
     model, tokenizer = load_hf_model(model_dir, settings.device, settings.dtype)
@@ -167,8 +167,6 @@ def open_session(model_dir: str | Path, settings: SweepSettings) -> SweepSession
         set_loops(model, r)
     lm = None
     if settings.tasks:
-        from megatron_loop.eval.harness import make_lm
-
         lm = make_lm(model, tokenizer, settings.batch_size, settings.progress)
     return SweepSession(Path(model_dir), model, tokenizer, manager, tasks, lm)
 
@@ -208,15 +206,11 @@ def run_sweep(session: SweepSession | None, settings: SweepSettings, label: str 
     model, manager, tasks, lm = session.model, session.manager, session.tasks, session.lm
     k = results["train_loops"]
     if settings.tasks and not previous:
-        from megatron_loop.eval.harness import trained_depths
-
         results["trained_depths"] = trained_depths(settings.tasks, tasks)
     for r in tqdm(todo, desc="loop sweep", unit="r", disable=not settings.progress):
         set_loops(model, r)
         results["effective_depth"][r] = results["prelude_layers"] + r * results["core_layers"] + results["coda_layers"]
         if settings.tasks:
-            from megatron_loop.eval.harness import evaluate_tasks
-
             out = evaluate_tasks(lm, settings.tasks, manager, settings.limit, tasks)
             for key, avg in out.subtask_averages.items():  # BBH: the paper's mean and lm-eval's size-weighted one
                 results["subtask_averages"].setdefault(key, {})[r] = avg
@@ -233,9 +227,7 @@ def run_sweep(session: SweepSession | None, settings: SweepSettings, label: str 
                 results["per_depth"].setdefault(key, {})[r] = strata
                 results["depth_axes"][key] = next(t.depth_axis for t in settings.tasks if t.key == key) or "depth"
         if settings.valid_prefix:
-            from megatron_loop.eval.heldout import heldout_loss
-
-            results["heldout"][r] = heldout_loss(model, settings.valid_prefix, settings.seq_length,
+            results["heldout"][r] = heldout.heldout_loss(model, settings.valid_prefix, settings.seq_length,
                                                  settings.valid_sequences, batch_size=settings.batch_size)
         results["loops"] = sorted([*results["loops"], r])
         if on_result is not None:

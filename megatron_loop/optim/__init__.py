@@ -1,5 +1,5 @@
 """Optimizer, WSD schedule and DeepSpeed engine (App. C.2 "Optimizer", "Learning-rate
-scheduler", "Gradient accumulation and clipping"; issue 5 items 2-4).
+scheduler", "Gradient accumulation and clipping").
 
 Names are resolved lazily (as in ``megatron_loop.data``): ``megatron_loop.optim.schedule`` is
 imported by ``pretrain_loop.py --dry-run``, which must not pay for torch and DeepSpeed.

@@ -1,4 +1,4 @@
-"""DeepSpeed engine construction for the paper's optimizer (App. C.2; issue 5 items 2-4).
+"""DeepSpeed engine construction for the paper's optimizer (App. C.2).
 
 Mechanism: we shard Muon ourselves. :class:`~megatron_loop.optim.optimizer.MuonAdamW` is a
 plain torch optimizer handed to ``deepspeed.initialize`` (``zero_allow_untested_optimizer``);
@@ -38,43 +38,20 @@ from __future__ import annotations
 import json
 import os
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
+from megatron_loop.config import OptimizerSettings
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.optim.ds_config import resolve_ds_config
 from megatron_loop.optim.layout import PartitionLayout
-from megatron_loop.optim.muon import ScaleRule
 from megatron_loop.optim.optimizer import MuonAdamW, role_param_groups
-from megatron_loop.optim.schedule import FINAL_FRACTION, STABLE_FRACTION, WARMUP_FRACTION, wsd_scheduler
+from megatron_loop.optim.schedule import wsd_scheduler
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "deepspeed_configs"
-
-
-@dataclass(frozen=True)
-class OptimizerSettings:
-    """App. C.2 recipe; ``lr`` is the peak learning rate shared by both groups."""
-
-    lr: float
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    momentum: float = 0.95
-    nesterov: bool = True
-    ns_steps: int = 5
-    muon_scale: ScaleRule = "match_rms_adamw"
-    grad_clip: float = 1.0
-    # WSD shape (App. C.2): warmup / stable fractions of the updates, final lr / peak.
-    warmup_fraction: float = WARMUP_FRACTION
-    stable_fraction: float = STABLE_FRACTION
-    min_lr_ratio: float = FINAL_FRACTION
-    # Grouping (optimizer.role_param_groups): "muon_adamw" | "adamw"; dense injection matrices to Muon.
-    optimizer: str = "muon_adamw"
-    muon_conditioning_matrices: bool = False
 
 
 class EngineParts(NamedTuple):
@@ -90,11 +67,11 @@ def build_optimizer(model: torch.nn.Module, settings: OptimizerSettings, *, clip
         role_param_groups(model, settings.optimizer, settings.muon_conditioning_matrices),
         lr=settings.lr,
         weight_decay=settings.weight_decay,
-        betas=settings.betas,
-        eps=settings.eps,
-        momentum=settings.momentum,
-        nesterov=settings.nesterov,
-        ns_steps=settings.ns_steps,
+        betas=(settings.adam_beta1, settings.adam_beta2),
+        eps=settings.adam_eps,
+        momentum=settings.muon_momentum,
+        nesterov=settings.muon_nesterov,
+        ns_steps=settings.muon_ns_steps,
         muon_scale=settings.muon_scale,
         clip_grad=settings.grad_clip if clip_in_optimizer and settings.grad_clip > 0 else None,
     )

@@ -20,12 +20,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from megatron_loop.config import OptimizerSettings
+
 if TYPE_CHECKING:  # torch only where a scheduler is built: the dry run imports this module
     import torch
 
-WARMUP_FRACTION = 0.05
-STABLE_FRACTION = 0.85
-FINAL_FRACTION = 0.1
+# The paper's shape, as the config declares it (train.warmup_fraction / stable_fraction / min_lr_ratio).
+WARMUP_FRACTION = OptimizerSettings.warmup_fraction
+STABLE_FRACTION = OptimizerSettings.stable_fraction
+FINAL_FRACTION = OptimizerSettings.min_lr_ratio
 
 
 class WSDSplit(NamedTuple):

@@ -22,6 +22,7 @@ import torch
 
 from megatron_loop import plotting
 from megatron_loop.data.cli import parse_loop_counts
+from megatron_loop.data.indexed import check_token_ids
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.probes.report import JSON_NAME, probe_geometry, read_report, replot
 from megatron_loop.probes.runner import ProbeSettings
@@ -137,8 +138,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_source(args.checkpoint, args.model)
     sample = load_probe_sample(args.valid_prefix, args.seq_length, args.num_sequences, num_positions, args.seed)
     model = load_model(args.checkpoint, args.model)
-    from megatron_loop.data.indexed import check_token_ids
-
     check_token_ids(args.valid_prefix, model.config.vocab_size)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(device=device, dtype=DTYPES[args.dtype])

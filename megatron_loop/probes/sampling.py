@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from megatron_loop.data.packed import PackedDataset
 from megatron_loop.errors import LoopDataError
 
 
@@ -97,8 +98,6 @@ def load_probe_sample(prefix: str | os.PathLike, seq_length: int, num_sequences:
                       num_positions: int | None, seed: int = 0) -> ProbeSample:
     """The first ``num_sequences`` packed windows of ``prefix`` with exactly ``num_positions``
     selected positions (deterministic given ``seed``)."""
-    from megatron_loop.data.packed import PackedDataset
-
     if num_sequences < 1:
         raise LoopDataError(f"--num-sequences {num_sequences}: expected at least 1")
     dataset = PackedDataset(prefix, seq_length=seq_length, seed=seed)

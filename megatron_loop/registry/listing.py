@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from megatron_loop.config import build_model_config
-from megatron_loop.dryrun import count_parameters
+from megatron_loop.plan import count_parameters
 from megatron_loop.registry.example_files import EXAMPLES, HEADLINE_RUNS, INDEX, PAPER_EXAMPLES
 from megatron_loop.registry.pilot import PILOT_ASSUMPTIONS, PILOT_BUDGET, is_pilot
 from megatron_loop.registry.runs import RUNS

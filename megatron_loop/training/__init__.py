@@ -28,6 +28,8 @@ def main(cfg, args) -> int:
     checkpoint stays published) and returns 130 (under a launcher SIGINT is a stop request:
     training/signals.py).
     """
+    # Here, not at the top: the light modules of this package (preflight, lock, metrics) are
+    # imported by --dry-run, which must not pay for torch, DeepSpeed and megatron-core.
     from megatron_loop.training.loop import (EXIT_FAILED, EXIT_NONFINITE, CollectiveFailure, LoaderFailure,
                                              NonFiniteStop, train)
 

@@ -42,8 +42,7 @@ from megatron_loop.training import distributed as D
 from megatron_loop.training.metrics import read_records, record_step
 
 # The training loop reaches the format's selection and clean-up through this module.
-__all__ = ["TrainState", "save_checkpoint", "load_checkpoint", "set_aside_newer", "select_automatic",
-           "select_explicit", "remove_partials", "PARTIAL", "write_failure"]
+__all__ = ["save_checkpoint", "load_checkpoint", "set_aside_newer"]
 
 
 def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.DistInfo,

@@ -1,4 +1,4 @@
-"""Launcher-agnostic process-group setup and the few collectives the loop needs (issue 5 item 1).
+"""Launcher-agnostic process-group setup and the few collectives the loop needs.
 
 The same entry point runs under ``deepspeed`` (single or multi-node, hostfile), ``torchrun``,
 SLURM ``srun`` without a launcher, and plain ``python`` (a world of one). Every launcher but
@@ -23,7 +23,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from megatron_loop.errors import LoopConfigError
+from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.optim.engine import init_distributed
 
 
 @dataclass(frozen=True)
@@ -72,10 +73,8 @@ def setup_distributed(timeout_s: float | None = None) -> DistInfo:
         # before the first collective: nccl needs each rank on its own GPU (DeepSpeed would only
         # set it when the engine is built, after our resume-point broadcast)
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    from megatron_loop.optim import init_distributed  # plain python -> world of one on a free port
-
     timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
-    init_distributed(timeout=timeout)
+    init_distributed(timeout=timeout)  # plain python -> world of one on a free port
     if timeout is not None:
         _bound_deepspeed_world_group(timeout)
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
@@ -127,8 +126,6 @@ def barrier() -> None:
 def on_main(info: DistInfo, fn, share: bool = False):
     """Run ``fn`` on rank 0 only; every rank raises its config/data error, or gets its result
     (``share``; else rank 0 gets it and the others None). Rank 0 decides, everyone follows."""
-    from megatron_loop.errors import LoopConfigError, LoopDataError
-
     kinds = {"LoopConfigError": LoopConfigError, "LoopDataError": LoopDataError}
     result, error, unexpected = None, None, None
     if info.is_main:

@@ -1,14 +1,14 @@
-"""The training loop (App. C.2 "Training"; issue 5 items 1, 5, 6; issue 9 items 1-4).
+"""The training loop (App. C.2 "Training"): steps, validation, checkpoints, the stop and NaN policies.
 
 One step = one global batch: ``accumulation`` micro-batches per rank, each run through exactly
 K loops with full backpropagation (the paper; ``train.loop_sampling`` / ``train.backprop_loops``
-draw the step's loop count and truncate backpropagation, issue 15), ``engine.backward`` divides
+draw the step's loop count and truncate backpropagation), ``engine.backward`` divides
 the loss by the accumulation steps, and the engine reduces, clips the RAW gradients to
 ``grad_clip`` and steps Muon + AdamW and the WSD schedule at the accumulation boundary
 (:func:`megatron_loop.optim.build_engine`). After each step the loop logs, validates, saves,
 and asks every rank whether to stop (signal, wall time, ``exit_interval``).
 
-Non-finite loss or gradient norm (issue 9 item 4): DeepSpeed's ZeRO optimizers already refuse
+Non-finite loss or gradient norm: DeepSpeed's ZeRO optimizers already refuse
 an update whose global gradient norm is not finite (zeroing the gradients, not stepping the
 schedule); the loop counts such steps and, by ``train.nan_policy``, skips up to
 ``max_consecutive_nonfinite`` in a row (``skip``) or stops at once (``stop``), saving the last
@@ -32,21 +32,29 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from megatron_loop.checkpoint.layout import read_latest
-from megatron_loop.checkpoint.selection import SelectedCheckpoint
+from megatron_loop.checkpoint.layout import PARTIAL, read_latest
+from megatron_loop.checkpoint.publish import remove_partials
+from megatron_loop.checkpoint.selection import SelectedCheckpoint, select_automatic, select_explicit
 from megatron_loop.config import Config
-from megatron_loop.data.loaders import LoaderFailure, SupervisedBatches, end_loader_workers, loader_failure
-from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
+from megatron_loop.data.loaders import (LoaderFailure, SupervisedBatches, build_train_valid_loaders, end_loader_workers,
+                                        loader_failure)
+from megatron_loop.errors import LoopDataError, os_error_text, write_failure
+from megatron_loop.flops import H100_BF16_PEAK_FLOPS, mfu
+from megatron_loop.model import build_model
 from megatron_loop.model.apply import new_checkpoint_plans
-from megatron_loop.training import checkpoint as C
-from megatron_loop.training import distributed as D
-from megatron_loop.training import preflight
-from megatron_loop.training import resume as R
-from megatron_loop.training import signals as S
+from megatron_loop.optim import build_engine as build_optim_engine
+from megatron_loop.optim.engine import describe_precision, load_ds_config
+from megatron_loop.measure.peak_flops import matmul_peak_flops
+from megatron_loop.plan import accumulation_steps, total_train_steps
+from megatron_loop.training import checkpoint, distributed, preflight, signals
+from megatron_loop.checkpoint.state import TrainState
+from megatron_loop.training.distributed import DistInfo
 from megatron_loop.training.lock import RunLock
 from megatron_loop.training.loop_sampling import sample_train_loops
 from megatron_loop.training.metrics import METRICS_NAME, MetricsLogger, memory_stats
+from megatron_loop.training.resume import Hyperparameters, ResumePlan, apply_plan, plan_resume, run_settings
 from megatron_loop.training.signals import StopController
+from megatron_loop.checkpoint.universal import to_universal
 
 EXIT_NONFINITE = 3
 EXIT_FAILED = 1
@@ -65,7 +73,7 @@ class Run:
     """What the loop needs, built once."""
 
     cfg: Config
-    info: D.DistInfo
+    info: DistInfo
     engine: object
     optimizer: torch.optim.Optimizer
     train_iter: object
@@ -73,7 +81,6 @@ class Run:
     accumulation: int
     total_steps: int
     zero_stage: int
-    flops_per_token: float
     peak_flops: float
     root: Path
     settings: dict | None = None  # what each checkpoint's manifest records (resume.run_settings)
@@ -93,19 +100,9 @@ def peak_flops_per_device(cfg: Config) -> float:
     if cfg.logging.peak_tflops is not None:
         return cfg.logging.peak_tflops * 1e12
     if torch.cuda.is_available():
-        from megatron_loop.flops import H100_BF16_PEAK_FLOPS
-
         return H100_BF16_PEAK_FLOPS
-    from megatron_loop.measure.peak_flops import matmul_peak_flops
-
     # best of the repetitions: a probe slowed by a busy neighbour must not understate the peak
     return matmul_peak_flops(torch.device("cpu"), torch.float32, size=512, reps=8)
-
-
-def total_train_steps(cfg: Config) -> int:
-    from megatron_loop.dryrun import training_plan
-
-    return preflight.check_train_steps(cfg, training_plan(cfg)["train_steps"])
 
 
 def _as_float(x) -> float:
@@ -115,21 +112,21 @@ def _as_float(x) -> float:
 # ----------------------------------------------------------------------------- building
 
 
-def choose_resume_point(root: Path, resume: str | None, auto: bool, info: D.DistInfo) -> SelectedCheckpoint | None:
+def choose_resume_point(root: Path, resume: str | None, auto: bool, info: DistInfo) -> SelectedCheckpoint | None:
     """``--resume PATH`` (strict) or the checkpoint ``latest`` names under ``root`` (with fallback).
 
     Rank 0 reads and verifies the manifests, every rank follows its decision (or its error).
     """
     def choose() -> SelectedCheckpoint | None:
         if resume is not None:
-            return C.select_explicit(Path(resume))
-        C.remove_partials(root)
-        return C.select_automatic(root) if auto else None
+            return select_explicit(Path(resume))
+        remove_partials(root)
+        return select_automatic(root) if auto else None
 
-    return D.on_main(info, choose, share=True)
+    return distributed.on_main(info, choose, share=True)
 
 
-def take_output_dir(out: Path, info: D.DistInfo) -> RunLock | None:
+def take_output_dir(out: Path, info: DistInfo) -> RunLock | None:
     """Rank 0 locks ``train.output_dir`` (one run per folder) and checks that it can write there,
     before the model is built; every rank follows its error."""
     def take() -> RunLock:
@@ -141,20 +138,18 @@ def take_output_dir(out: Path, info: D.DistInfo) -> RunLock | None:
             raise
         return lock
 
-    return D.on_main(info, take)
+    return distributed.on_main(info, take)
 
 
-def start_branch(root: Path, point: SelectedCheckpoint, out: Path, info: D.DistInfo) -> Path | None:
-    """Rank 0 moves checkpoints newer than ``point`` (and their metrics) aside; see C.set_aside_newer."""
-    return D.on_main(info, lambda: C.set_aside_newer(root, point, out / METRICS_NAME), share=True)
+def start_branch(root: Path, point: SelectedCheckpoint, out: Path, info: DistInfo) -> Path | None:
+    """Rank 0 moves checkpoints newer than ``point`` (and their metrics) aside; see checkpoint.set_aside_newer."""
+    return distributed.on_main(info, lambda: checkpoint.set_aside_newer(root, point, out / METRICS_NAME), share=True)
 
 
-def universal_copy(root: Path, point: SelectedCheckpoint, info: D.DistInfo) -> Path:
+def universal_copy(root: Path, point: SelectedCheckpoint, info: DistInfo) -> Path:
     """Rank 0 writes ``point`` in DeepSpeed's universal layout next to it (a ``.partial`` folder:
     removed after loading, and by the next start if the run dies first)."""
-    from megatron_loop.checkpoint.universal import to_universal
-
-    load_dir = root / f"{point.tag}.universal{C.PARTIAL}"
+    load_dir = root / f"{point.tag}.universal{PARTIAL}"
 
     def convert() -> Path:
         shutil.rmtree(load_dir, ignore_errors=True)
@@ -162,40 +157,29 @@ def universal_copy(root: Path, point: SelectedCheckpoint, info: D.DistInfo) -> P
             to_universal(point.path, load_dir)
         except OSError as e:
             raise LoopDataError(f"{load_dir}: writing the universal checkpoint failed "
-                                f"({C.write_failure(e, root)})") from None
+                                f"({write_failure(e, root)})") from None
         return load_dir
 
-    return D.on_main(info, convert, share=True)
+    return distributed.on_main(info, convert, share=True)
 
 
 def build_engine(cfg: Config, ds_config: Path | dict, accumulation: int, total_steps: int):
-    """The LoopLM in a DeepSpeed engine with Muon + AdamW and the WSD schedule (App. C.2)."""
-    from megatron_loop.model import build_model
-    from megatron_loop.optim import OptimizerSettings
-    from megatron_loop.optim import build_engine as build_optim_engine
-
+    """The LoopLM in a DeepSpeed engine with Muon + AdamW and the WSD schedule (App. C.2); the
+    optimizer settings are ``cfg.train``'s (a :class:`~megatron_loop.config.OptimizerSettings`)."""
     t = cfg.train
     model = build_model(cfg.model)
-    settings = OptimizerSettings(
-        lr=t.lr, weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps,
-        momentum=t.muon_momentum, nesterov=t.muon_nesterov, ns_steps=t.muon_ns_steps,
-        muon_scale=t.muon_scale, grad_clip=t.grad_clip, warmup_fraction=t.warmup_fraction,
-        stable_fraction=t.stable_fraction, min_lr_ratio=t.min_lr_ratio,
-        optimizer=t.optimizer, muon_conditioning_matrices=t.muon_conditioning_matrices)
-    parts = build_optim_engine(model, settings, micro_batch_size=t.micro_batch_size, grad_accum=accumulation,
+    parts = build_optim_engine(model, t, micro_batch_size=t.micro_batch_size, grad_accum=accumulation,
                                total_steps=total_steps, ds_config=ds_config,
                                bf16=None if t.precision == "auto" else t.precision == "bf16")  # auto: the JSON's
     return parts.engine, parts.optimizer
 
 
 def _zero_stage(ds_config: Path) -> int:
-    from megatron_loop.optim.engine import load_ds_config
-
     return int(load_ds_config(ds_config=ds_config).get("zero_optimization", {}).get("stage", 0))
 
 
-def _resume_messages(point: SelectedCheckpoint, plan: R.ResumePlan, set_aside: Path | None,
-                     schedule_line: str | None, state: C.TrainState, info: D.DistInfo, resume: str | None,
+def _resume_messages(point: SelectedCheckpoint, plan: ResumePlan, set_aside: Path | None,
+                     schedule_line: str | None, state: TrainState, info: DistInfo, resume: str | None,
                      total_steps: int) -> list[str]:
     msgs = list(point.notes)
     if set_aside is not None:
@@ -211,10 +195,10 @@ def _resume_messages(point: SelectedCheckpoint, plan: R.ResumePlan, set_aside: P
 
 
 def build_run(cfg: Config, resume: str | None,
-              stopper: StopController | None = None) -> tuple[Run, C.TrainState, MetricsLogger]:
+              stopper: StopController | None = None) -> tuple[Run, TrainState, MetricsLogger]:
     t = cfg.train
     # Cheap checks first, before the heavy imports and the process group (fast, clear errors).
-    accumulation = preflight.accumulation_steps(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    accumulation = accumulation_steps(cfg, int(os.environ.get("WORLD_SIZE", "1")))
     preflight.check_eval_loops(cfg)
     preflight.check_vocabulary(cfg)
     out = Path(t.output_dir)
@@ -223,8 +207,8 @@ def build_run(cfg: Config, resume: str | None,
     ds_config = Path(preflight.check_input_files(cfg, world)["deepspeed_config"])  # + data prefixes, tokenizer
     total_steps = total_train_steps(cfg)
 
-    info = D.setup_distributed(t.collective_timeout_s)
-    accumulation = preflight.accumulation_steps(cfg, info.world_size)
+    info = distributed.setup_distributed(t.collective_timeout_s)
+    accumulation = accumulation_steps(cfg, info.world_size)
     lock = take_output_dir(out, info)  # one run per folder; writable; nothing written before this
     try:
         return _build_locked(cfg, resume, stopper, info, lock, out, ds_config, accumulation, total_steps)
@@ -234,7 +218,7 @@ def build_run(cfg: Config, resume: str | None,
         raise
 
 
-def _build_locked(cfg: Config, resume: str | None, stopper: StopController | None, info: D.DistInfo,
+def _build_locked(cfg: Config, resume: str | None, stopper: StopController | None, info: DistInfo,
                   lock: RunLock | None, out: Path, ds_config: Path, accumulation: int, total_steps: int):
     t = cfg.train
     if info.is_main:  # the resolved config (YAML + --set overrides + backbone preset + defaults)
@@ -244,15 +228,13 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
 
     root = out / preflight.CHECKPOINTS
     point = choose_resume_point(root, resume, t.resume, info)  # what changed: refused before any work
-    plan = R.plan_resume(point, cfg, info.world_size, _zero_stage(ds_config)) if point else R.ResumePlan()
-
-    from megatron_loop.data.loaders import build_train_valid_loaders
+    plan = plan_resume(point, cfg, info.world_size, _zero_stage(ds_config)) if point else ResumePlan()
 
     loaders = build_train_valid_loaders(
         preflight.data_spec(cfg), seq_length=t.seq_length, global_batch_size=t.global_batch_size,
         micro_batch_size=t.micro_batch_size, dp_rank=info.rank, dp_size=info.world_size, seed=t.seed,
         vocab_size=cfg.model.vocab_size, train_samples=total_steps * t.global_batch_size)
-    S.protect_loader_workers(loaders.train, loaders.valid)  # a group signal must not kill a worker
+    signals.protect_loader_workers(loaders.train, loaders.valid)  # a group signal must not kill a worker
 
     set_aside = start_branch(root, point, out, info) if point is not None else None
     load_dir = universal_copy(root, point, info) if plan.universal else None
@@ -263,38 +245,33 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     engine, optimizer = build_engine(cfg, ds, accumulation, total_steps)
     zero_stage = engine.zero_optimization_stage()
 
-    state = C.TrainState()
-    from megatron_loop.optim.engine import describe_precision
-
+    state = TrainState()
     logger_msgs = [describe_precision(engine)]
     if lock is not None and lock.taken_over:
         logger_msgs.append(lock.takeover_note())
     if point is not None:
-        fresh = R.Hyperparameters.of(engine, optimizer)  # the new config's settings, before the load
-        state = C.load_checkpoint(engine, point, info, load_dir=load_dir)
+        fresh = Hyperparameters.of(engine, optimizer)  # the new config's settings, before the load
+        state = checkpoint.load_checkpoint(engine, point, info, load_dir=load_dir)
         if load_dir is not None:  # the universal copy has served
-            D.barrier()
+            distributed.barrier()
             if info.is_main:
                 shutil.rmtree(load_dir, ignore_errors=True)
-        schedule_line = R.apply_plan(engine, optimizer, fresh, plan)
+        schedule_line = apply_plan(engine, optimizer, fresh, plan)
         logger_msgs += _resume_messages(point, plan, set_aside, schedule_line, state, info, resume, total_steps)
     loaders.train_sampler.consumed_samples = state.consumed_samples  # exact next sample
     valid_batches = [] if loaders.valid is None else list(islice(loaders.valid, t.eval_batches))
 
-    from megatron_loop.flops import train_flops_per_token
-
     batches = SupervisedBatches(loaders.train, cfg.data.worker_timeout_s)  # a hung worker is an error
     run = Run(cfg=cfg, info=info, engine=engine, optimizer=optimizer, train_iter=batches,
               valid_batches=valid_batches, accumulation=accumulation, total_steps=total_steps,
-              zero_stage=zero_stage, flops_per_token=train_flops_per_token(cfg.model, t.seq_length),
-              peak_flops=peak_flops_per_device(cfg), root=root,
-              settings=R.run_settings(cfg, info.world_size, zero_stage), lock=lock)
+              zero_stage=zero_stage, peak_flops=peak_flops_per_device(cfg), root=root,
+              settings=run_settings(cfg, info.world_size, zero_stage), lock=lock)
     if stopper is not None:
-        launchers = D.launcher_processes()
+        launchers = distributed.launcher_processes()
         if launchers:
-            stopper.add_check(S.LAUNCHER_GONE, lambda: D.launcher_gone(launchers))
+            stopper.add_check(signals.LAUNCHER_GONE, lambda: distributed.launcher_gone(launchers))
         if lock is not None:
-            stopper.add_check(S.OUTPUT_GONE, lambda: not lock.still_ours())
+            stopper.add_check(signals.OUTPUT_GONE, lambda: not lock.still_ours())
     logger = MetricsLogger(cfg, enabled=info.is_main, start_step=state.step, total_steps=total_steps)
     logger_msgs.append(engine.module.compile_note)  # compiled blocks, or why not (ZeRO-3)
     for msg in logger_msgs:
@@ -332,14 +309,14 @@ def train_step(run: Run, k: int | None = None) -> tuple[float, float, dict[str, 
         engine.step()  # optimizer + schedule only at the accumulation boundary
         losses.append(loss.detach().float())
     local = torch.stack(losses).mean().item()
-    loss = D.all_reduce_mean([local])[0] if run.info.world_size > 1 else local
+    loss = distributed.all_reduce_mean([local])[0] if run.info.world_size > 1 else local
     grad_norm = _as_float(engine.get_global_grad_norm())
     return loss, grad_norm, lrs, bool(engine.was_step_applied())
 
 
 @torch.no_grad()
 def evaluate(run: Run) -> dict[str, float]:
-    """Validation loss on the held-out prefix at each r of ``train.eval_loops`` (issue 5 item 6)."""
+    """Validation loss on the held-out prefix at each r of ``train.eval_loops``."""
     if not run.valid_batches:
         return {}
     engine = run.engine
@@ -348,38 +325,35 @@ def evaluate(run: Run) -> dict[str, float]:
     for r in run.cfg.train.eval_loops:
         losses = [engine(b["tokens"].to(engine.device), num_loops=r, labels=b["tokens"].to(engine.device),
                          compute_logits=False).loss.float().item() for b in run.valid_batches]
-        result[f"val_loss_r{r}"] = D.all_reduce_mean([sum(losses) / len(losses)])[0]
+        result[f"val_loss_r{r}"] = distributed.all_reduce_mean([sum(losses) / len(losses)])[0]
     engine.train()
     return result
 
 
-def _save(run: Run, state: C.TrainState, logger: MetricsLogger) -> str:
-    tag = C.save_checkpoint(run.engine, run.root, state, run.cfg, run.info, run.settings)
+def _save(run: Run, state: TrainState, logger: MetricsLogger) -> str:
+    tag = checkpoint.save_checkpoint(run.engine, run.root, state, run.cfg, run.info, run.settings)
     logger.log({"event": "checkpoint", "step": state.step, "tag": tag, "path": str(run.root / tag)})
     return tag
 
 
-def _log_step(run: Run, state: C.TrainState, logger: MetricsLogger, loss: float, grad_norm: float,
+def _log_step(run: Run, state: TrainState, logger: MetricsLogger, loss: float, grad_norm: float,
               lrs: dict, applied: bool, step_s: float, loops: int | None = None) -> None:
     t = run.cfg.train
     loops = run.cfg.model.train_loops if loops is None else loops
     tokens_per_s = t.global_batch_size * t.seq_length / step_s
-    from megatron_loop.flops import train_flops_per_token
-
-    # executed work of this step: forward of its `loops` loops, backward of the graphed ones
-    flops_per_token = (run.flops_per_token if loops == run.cfg.model.train_loops and t.backprop_loops is None
-                       else train_flops_per_token(run.cfg.model, t.seq_length, loops, t.backprop_loops))
     logger.log({
         "event": "train", "step": state.step, "consumed_samples": state.consumed_samples,
         "tokens": state.consumed_samples * t.seq_length, "loss": loss, "grad_norm": grad_norm,
         "lr_muon": lrs.get("lr_muon"), "lr_adamw": lrs.get("lr_adamw"), "tokens_per_s": tokens_per_s,
-        # MFU per device; the FLOP count uses the effective depth L(K) (megatron_loop/flops.py)
-        "mfu": tokens_per_s / run.info.world_size * flops_per_token / run.peak_flops,
+        # MFU per device over the executed work of this step: forward of its `loops` loops, backward
+        # of the graphed ones (megatron_loop/flops.py)
+        "mfu": mfu(tokens_per_s / run.info.world_size, run.cfg.model, t.seq_length, run.peak_flops, loops,
+                   t.backprop_loops),
         "step_time_s": step_s, **memory_stats(), "update_applied": applied,
         "skipped_updates": state.skipped_updates, "train_loops": loops})
 
 
-def _on_nonfinite(run: Run, state: C.TrainState, before: C.TrainState, logger: MetricsLogger, loss: float,
+def _on_nonfinite(run: Run, state: TrainState, before: TrainState, logger: MetricsLogger, loss: float,
                   grad_norm: float, applied: bool) -> None:
     """Log the bad step with its batch; stop (raising :class:`NonFiniteStop`) as the policy says."""
     t = run.cfg.train
@@ -405,14 +379,14 @@ def train(cfg: Config, resume: str | None = None) -> int:
     start = time.monotonic()
     t = cfg.train
     # Before anything forks (DataLoader workers): a signal during startup is not lost either.
-    stopper = StopController(t.wall_time_limit_s, start).install(sigint=bool(D.launcher_processes()))
+    stopper = StopController(t.wall_time_limit_s, start).install(sigint=bool(distributed.launcher_processes()))
     run = logger = state = None
     try:
         run, state, logger = build_run(cfg, resume, stopper)
         saved_at = state.step if state.step > 0 else -1
         while state.step < run.total_steps:
             step_start = time.perf_counter()
-            before = C.TrainState(**vars(state))
+            before = TrainState(**vars(state))
             loops = sample_train_loops(t, cfg.model.train_loops, state.step)  # from (seed, step): same on every rank
             loss, grad_norm, lrs, applied = train_step(run, loops)
             step_s = time.perf_counter() - step_start
@@ -431,7 +405,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
             if run.valid_batches and t.eval_interval and (last or state.step % t.eval_interval == 0):
                 logger.log({"event": "eval", "step": state.step, **evaluate(run)})
             reason = stopper.poll(step_s)  # collective: every rank agrees
-            if reason in S.ERROR_REASONS:
+            if reason in signals.ERROR_REASONS:
                 raise LoopDataError(
                     f"train.output_dir={t.output_dir!r}: {reason} during the run (deleted, moved or unmounted) "
                     f"after step {state.step}; stopped without saving (a save would recreate the folder elsewhere)")
@@ -454,7 +428,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
             raise
         if (why := loader_failure(e, cfg.data.num_workers)) is not None:
             raise LoaderFailure(f"{why}{_where(run, state)}") from None
-        why = D.collective_failure(e, t.collective_timeout_s, started=run is not None)
+        why = distributed.collective_failure(e, t.collective_timeout_s, started=run is not None)
         if why is None:
             raise
         raise CollectiveFailure(f"{why}{_where(run, state)}") from None
@@ -484,7 +458,7 @@ def _release(run: Run | None, logger: MetricsLogger | None, failed: bool) -> Non
         run.lock.release()
 
 
-def _where(run: Run | None, state: C.TrainState | None) -> str:
+def _where(run: Run | None, state: TrainState | None) -> str:
     if run is None or state is None:
         return ""
     try:

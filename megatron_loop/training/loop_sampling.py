@@ -1,4 +1,4 @@
-"""Loop count per optimizer step (issue 15 item 1): ``train.loop_sampling``.
+"""Loop count per optimizer step: ``train.loop_sampling``.
 
 The paper trains every step with exactly K = ``model.train_loops`` loops (App. C.2). Recurrent-
 depth models in the wild sample the count instead, so that the model sees many depths and can
@@ -30,33 +30,20 @@ which for k = K is the paper's training grid T = K).
 Truncated backpropagation (``train.backprop_loops: N``) is applied in ``LoopLM.forward``: the
 first k - N loops run without a graph. It cuts the embedding and the Prelude off from the
 gradient unless h0 reaches the graphed loops through an initial-state injection, as in Huginn
-and Parcae; :func:`check_loop_sampling` refuses that combination.
+and Parcae; :func:`megatron_loop.config.check_loop_sampling` refuses that combination when the
+config is loaded.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from megatron_loop.errors import LoopConfigError
-
-if TYPE_CHECKING:
-    from megatron_loop.config import Config, TrainConfig
+from megatron_loop.config import TrainConfig, loop_range
 
 # Separates this stream from any other use of (seed, step) as entropy.
 _STREAM = 0x100F
-
-
-def loop_range(train: TrainConfig, train_loops: int) -> tuple[int, int | None]:
-    """(smallest, largest) loop count a step can draw; ``None``: unbounded (Poisson tail)."""
-    if train.loop_sampling == "fixed":
-        return train_loops, train_loops
-    if train.loop_sampling == "uniform":
-        low = train.loop_sampling_min
-        return low, (2 * train_loops - low if train.loop_sampling_max is None else train.loop_sampling_max)
-    return train.loop_sampling_min, train.loop_sampling_max
 
 
 def sample_train_loops(train: TrainConfig, train_loops: int, step: int) -> int:
@@ -72,25 +59,3 @@ def sample_train_loops(train: TrainConfig, train_loops: int, step: int) -> int:
     rate = rng.lognormal(mean=math.log(train_loops - 1) - sigma**2 / 2, sigma=sigma)
     k = 1 + int(rng.poisson(rate))
     return max(low, k if high is None else min(k, high))
-
-
-def check_loop_sampling(cfg: Config) -> None:
-    """Cross-section checks of ``train.loop_sampling`` / ``train.backprop_loops`` (one error, naming the key)."""
-    t, k = cfg.train, cfg.model.train_loops
-    where = f"train.loop_sampling={t.loop_sampling!r}"
-    if t.loop_sampling == "poisson_lognormal" and k < 2:
-        raise LoopConfigError(f"{where} with model.train_loops={k}: expected train_loops >= 2 "
-                              "(the mean K is 1 + the mean of a Poisson rate, which must be positive)")
-    low, high = loop_range(t, k)
-    if t.loop_sampling == "uniform" and high < low:
-        raise LoopConfigError(f"train.loop_sampling_min={low}: expected at most model.train_loops={k} "
-                              "(uniform sampling with loop_sampling_max null has mean K over [min, 2K - min])")
-    n = t.backprop_loops
-    truncates = n is not None and (high is None or n < high)
-    if truncates and cfg.model.initial_injection == "none":
-        no_truncation = "null" if high is None else f"null or >= {high} (the largest loop count)"
-        raise LoopConfigError(
-            f"train.backprop_loops={n}: with model.initial_injection='none' the loops that run without a "
-            "graph cut the embedding and the Prelude off from the gradient; expected an initial-state "
-            "injection (model.initial_injection: scalar, channel, residual_channel or dense), as Huginn "
-            f"and Parcae use, or train.backprop_loops {no_truncation}")

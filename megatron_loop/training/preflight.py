@@ -1,7 +1,7 @@
-"""Checks that run before anything is written (issue 9 item 5: one clear error, nothing partial).
+"""Checks that run before anything is written: one clear error, nothing partial.
 
-Batch arithmetic (App. C.2 "Gradient accumulation": micro x accumulation x data-parallel =
-global, derived, never duplicated by hand), loop counts of the validation sweep, vocabulary of
+The DeepSpeed JSON against the YAML (its batch arithmetic from
+:func:`megatron_loop.plan.accumulation_steps`), loop counts of the validation sweep, vocabulary of
 the tokenized data and tokenizer against the model, and the output folder (what it holds, and
 that rank 0 can write there: :func:`check_writable`, right after it took the run lock and before
 the model is built).
@@ -17,22 +17,12 @@ from typing import Any
 
 from megatron_loop.config import Config, resolve_paths
 from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
+from megatron_loop.optim.ds_config import precision_choice, resolve_ds_config
+from megatron_loop.plan import accumulation_steps
 from megatron_loop.training.lock import LOCK_NAME
 from megatron_loop.training.metrics import METRICS_NAME
 
 CHECKPOINTS = "checkpoints"
-
-
-def accumulation_steps(cfg: Config, data_parallel_size: int) -> int:
-    """``global / (micro x data-parallel)``; an error naming the keys when it is not integral."""
-    t = cfg.train
-    per_step = t.micro_batch_size * data_parallel_size
-    if t.global_batch_size % per_step:
-        raise LoopConfigError(
-            f"train.global_batch_size={t.global_batch_size}: expected a multiple of train.micro_batch_size="
-            f"{t.micro_batch_size} x data-parallel size {data_parallel_size} = {per_step} "
-            "(accumulation steps = global / (micro x data-parallel) must be an integer)")
-    return t.global_batch_size // per_step
 
 
 def check_eval_loops(cfg: Config) -> list[int]:
@@ -68,8 +58,6 @@ def check_deepspeed_config(cfg: Config, data_parallel_size: int) -> dict[str, An
     uses at launch (:func:`megatron_loop.optim.ds_config.resolve_ds_config`: batch sizes, optimizer
     and scheduler blocks, clipping, ZeRO stage, offload, fp16/bf16 against ``train.precision``).
     Returns what ``--dry-run`` reports: the ZeRO stage, the precision and which side chose it."""
-    from megatron_loop.optim.ds_config import precision_choice, resolve_ds_config
-
     ds, t = cfg.train.deepspeed_config, cfg.train
     if not os.path.isfile(ds):
         raise LoopConfigError(f"train.deepspeed_config={ds!r}: file not found (relative paths are taken from "
@@ -122,16 +110,6 @@ def is_hub_name(name: str) -> bool:
     """``org/name`` or ``name`` as the Hugging Face hub spells repository ids (a path with more parts,
     or starting with ``.``, ``/`` or ``~``, is a local path)."""
     return re.fullmatch(r"(?:[\w.-]+/)?[\w.-]+", name) is not None and not name.startswith((".", "~"))
-
-
-def check_train_steps(cfg: Config, steps: int) -> int:
-    """At least one optimizer step in the token budget."""
-    if steps < 1:
-        t = cfg.train
-        raise LoopConfigError(
-            f"train.train_tokens={t.train_tokens}: less than one global batch of "
-            f"{t.global_batch_size} x {t.seq_length} tokens; expected at least one step")
-    return steps
 
 
 def _tokenizer_vocab(tokenizer: str) -> tuple[Path, int] | None:

@@ -1,4 +1,4 @@
-"""Resume that checks what changed since the checkpoint: applied, converted or refused.
+"""Resume that checks what changed since the checkpoint: applied, applied through a universal copy, or refused.
 
 Every checkpoint's manifest holds the settings of the run that wrote it (:func:`run_settings`:
 the resolved config, the data it trained on, the ZeRO stage and the number of data-parallel
@@ -30,6 +30,7 @@ from megatron_loop.checkpoint.layout import MANIFEST
 from megatron_loop.checkpoint.manifest import EXECUTION_KEYS, model_signature
 from megatron_loop.checkpoint.selection import SelectedCheckpoint
 from megatron_loop.config import Config
+from megatron_loop.data.indexed import content_fingerprint
 from megatron_loop.data.tokenizer import tokenizer_fingerprint
 from megatron_loop.errors import LoopConfigError
 
@@ -52,8 +53,6 @@ REFUSED = {
 def data_fingerprint(cfg: Config) -> list[dict[str, Any]]:
     """What the training data is, independently of where it lives: name, size, weight and a content
     hash (:func:`megatron_loop.data.indexed.content_fingerprint`) of each prefix."""
-    from megatron_loop.data.indexed import content_fingerprint
-
     weights = cfg.data.train_weights or [1.0] * len(cfg.data.train_prefixes)
     out = []
     for prefix, weight in zip(cfg.data.train_prefixes, weights):

@@ -1,0 +1,28 @@
+"""Typed, validated configuration: YAML -> dataclasses, ``--set key.path=value`` overrides.
+
+Modules: ``presets`` (the App. C.1 backbones), ``sections`` (the dataclasses: keys, types,
+defaults), ``validation`` (the checks, one ``error:`` line naming the key), ``loading`` (YAML,
+overrides, typed construction), ``paths`` (dataset prefixes, relative paths made absolute).
+Everything a caller needs is importable from here::
+
+    from megatron_loop.config import load_config
+    cfg = load_config("examples/llama_4x5.yaml", overrides=["model.train_loops=3"])
+"""
+
+from megatron_loop.config.loading import build_model_config, config_from_dict, load_config
+from megatron_loop.config.paths import REPOSITORY, VALID_SUFFIX, prefix_exists, resolve_paths, sibling_valid_prefix
+from megatron_loop.config.presets import BACKBONES, LLAMA3_ROPE_SCALING
+from megatron_loop.config.sections import (SECTIONS, Config, DataConfig, LoggingConfig, ModelConfig, OptimizerSettings,
+                                           TrainConfig)
+from megatron_loop.config.validation import (CHECKPOINTING, DATA_ORDERS, HISTORY_INJECTIONS, INITIAL_INJECTIONS,
+                                             LOOP_GATING_REFERENCES, LOOP_SAMPLINGS, LOSS_IMPLEMENTATIONS,
+                                             NOISY_INITIAL_INJECTIONS, OPTIMIZERS, TIMESTEP_GRIDS, TIMESTEPS,
+                                             check_loop_sampling, loop_range)
+
+__all__ = [
+    "BACKBONES", "CHECKPOINTING", "DATA_ORDERS", "HISTORY_INJECTIONS", "INITIAL_INJECTIONS", "LLAMA3_ROPE_SCALING",
+    "LOOP_GATING_REFERENCES", "LOOP_SAMPLINGS", "LOSS_IMPLEMENTATIONS", "NOISY_INITIAL_INJECTIONS", "OPTIMIZERS",
+    "REPOSITORY", "SECTIONS", "TIMESTEPS", "TIMESTEP_GRIDS", "VALID_SUFFIX", "Config", "DataConfig",
+    "LoggingConfig", "ModelConfig", "OptimizerSettings", "TrainConfig", "build_model_config", "check_loop_sampling",
+    "config_from_dict", "load_config", "loop_range", "prefix_exists", "resolve_paths", "sibling_valid_prefix",
+]

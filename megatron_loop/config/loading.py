@@ -1,0 +1,186 @@
+"""Loading a config: YAML (a key given twice is an error) -> ``--set key.path=value`` overrides ->
+typed sections (each value checked against its field's annotation) -> validation -> absolute paths.
+Every error names the key and what was expected."""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from megatron_loop.config.paths import resolve_paths
+from megatron_loop.config.presets import BACKBONES
+from megatron_loop.config.sections import SECTIONS, Config, ModelConfig
+from megatron_loop.errors import LoopConfigError
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp)).replace("NoneType", "null")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` (bool is not an int, int is a float)."""
+    origin = get_origin(tp)
+    if origin is Union or origin is types.UnionType:
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except LoopConfigError as e:
+                errors.append(e)
+        raise LoopConfigError(f"{key}={value!r}: expected {' or '.join(_type_name(a) for a in args)}")
+    if origin is list:
+        (item,) = get_args(tp)
+        if not isinstance(value, list):
+            raise LoopConfigError(f"{key}={value!r}: expected a list of {_type_name(item)}")
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise LoopConfigError(f"{key}={value!r}: expected a boolean (true/false)")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not value.is_integer()):
+            raise LoopConfigError(f"{key}={value!r}: expected an integer")
+        return int(value)
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise LoopConfigError(f"{key}={value!r}: expected a number")
+        if not math.isfinite(float(value)):
+            raise LoopConfigError(f"{key}={value!r}: expected a finite number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise LoopConfigError(f"{key}={value!r}: expected a string")
+        return value
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise LoopConfigError(f"{key}={value!r}: expected a mapping")
+        return dict(value)
+    raise LoopConfigError(f"{key}: unsupported annotation {tp}")
+
+
+def _build_section(cls: type, values: dict, section: str) -> Any:
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise LoopConfigError(
+            f"{section}.{unknown[0]}: unknown key; expected one of {sorted(known)}")
+    kwargs = {k: _coerce(v, hints[k], f"{section}.{k}") for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def build_model_config(values: dict, section: str = "model") -> ModelConfig:
+    """A ModelConfig from a mapping; ``backbone`` fills every field the mapping leaves out."""
+    values = dict(values)
+    backbone = values.get("backbone")
+    if backbone is not None:
+        if backbone not in BACKBONES:
+            raise LoopConfigError(
+                f"{section}.backbone={backbone!r}: unknown backbone; expected one of {sorted(BACKBONES)}")
+        values = {**BACKBONES[backbone], **values}
+    cfg = _build_section(ModelConfig, values, section)
+    cfg.validate(section)
+    return cfg
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's message on one line: the problem and where (its own text spans several lines)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
+    keeps the last silently, so an edit lower in the file would override one higher up)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise LoopConfigError(f"duplicate key {key!r} at line {line} (first at line {seen[key]}); "
+                                      "expected each key once in a mapping")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise LoopConfigError(f"--set {text!r}: expected key.path=value")
+    key, raw = text.split("=", 1)
+    path = key.strip().split(".")
+    if len(path) < 2 or not all(path):
+        raise LoopConfigError(f"--set {text!r}: expected section.key=value (e.g. model.train_loops=3)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise LoopConfigError(f"--set {text!r}: value is not valid YAML ({_yaml_problem(e)})") from None
+    return path, value
+
+
+def config_from_dict(raw: dict, source: str = "<dict>", overrides: list[str] | None = None) -> Config:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise LoopConfigError(f"{source}: expected a mapping with sections {sorted(SECTIONS)}")
+    raw = json.loads(json.dumps(raw))  # deep copy of plain data
+    for ov in overrides or []:
+        path, value = _parse_override(ov)
+        node = raw
+        for part in path[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise LoopConfigError(f"--set {ov!r}: {part!r} is not a section")
+            node = nxt
+        node[path[-1]] = value
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise LoopConfigError(f"{source}: unknown section {unknown[0]!r}; expected one of {sorted(SECTIONS)}")
+    for name, val in raw.items():
+        if not isinstance(val, dict):
+            raise LoopConfigError(f"{source}: section {name!r} must be a mapping")
+    try:
+        # the model section takes its backbone preset first; every other section is built as typed
+        sections = {name: build_model_config(raw.get(name, {})) if cls is ModelConfig
+                    else _build_section(cls, raw.get(name, {}), name) for name, cls in SECTIONS.items()}
+        cfg = Config(**sections, source=source)
+        cfg.validate()
+    except LoopConfigError as e:
+        raise LoopConfigError(f"{source}: {e}") from None
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config (SPEC.md "Config vocabulary"), apply ``key.path=value`` overrides, validate,
+    and make its file paths absolute (:func:`resolve_paths`, relative to the working directory)."""
+    path = Path(path)
+    if not path.is_file():
+        raise LoopConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except LoopConfigError as e:
+        raise LoopConfigError(f"{path}: {e}") from None
+    except UnicodeDecodeError:
+        raise LoopConfigError(f"{path}: not a text file; expected a YAML config (UTF-8)") from None
+    except yaml.YAMLError as e:
+        raise LoopConfigError(f"{path}: not valid YAML ({_yaml_problem(e)})") from None
+    return resolve_paths(config_from_dict(raw, source=str(path), overrides=overrides))

@@ -1,0 +1,239 @@
+"""The config's sections as typed dataclasses: their keys, types, defaults and derived quantities.
+
+The ``model:`` section uses the HF export vocabulary of SPEC.md (``prelude_layers``,
+``core_layers``, ``train_loops``, ``coda_layers``, ``initial_injection``, ...), plus
+``backbone`` (a preset from App. C.1 whose fields the others override) and
+``activation_checkpointing``. The checks of the values are in :mod:`megatron_loop.config.validation`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from megatron_loop.config.paths import sibling_valid_prefix
+from megatron_loop.config.validation import (validate_config, validate_data, validate_logging, validate_model,
+                                             validate_train)
+
+
+@dataclass
+class ModelConfig:
+    """Architecture ``p+s×K+c`` and the conditioning mechanisms (Sec. 2.1, Sec. 5, App. C.1)."""
+
+    backbone: str | None = None
+    prelude_layers: int = 0
+    core_layers: int = 4
+    train_loops: int = 1
+    coda_layers: int = 0
+    hidden_size: int = 64
+    intermediate_size: int = 160
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    vocab_size: int = 2048
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 4096
+    qk_norm: bool = False
+    tie_word_embeddings: bool = False
+    initializer_range: float = 0.02
+    initial_injection: str = "none"
+    history_injection: str = "none"
+    history_window: int = 1
+    timestep: str = "none"
+    timestep_grid: str = "rescaled"
+    # Std of Gaussian noise added to the identity initialisation of scalar / channel /
+    # residual_channel initial-state injection (App. E.1 ablation: 0.03; the paper's default 0).
+    injection_init_noise: float = 0.0
+    # What Loop Gating mixes with the core output: the recurrent state h_l (``state``) or the
+    # core's actual (injected) input u_l (``injected``); see conditioning.LoopGating.
+    loop_gating_reference: str = "state"
+    activation_checkpointing: str = "per_loop"
+    # activation_checkpointing=auto: GiB of activation memory a training micro-batch may use
+    # (peak above parameters, gradients and optimizer state); null: 90 % of the GPU minus what is
+    # allocated at the first step (no limit on CPU). See megatron_loop/model/checkpointing.py.
+    activation_checkpointing_budget_gib: float | None = None
+    # activation_checkpointing=auto: what recomputing a selective loop costs, in loop forwards;
+    # null: the FLOP share of the matmuls the selective policy recomputes (unmeasured on GPU,
+    # where elementwise work adds to it; tools/bench.py measures it). See checkpointing.py.
+    activation_checkpointing_selective_cost: float | None = None
+    # torch.compile each transformer block once (static shapes) and reuse it at every loop:
+    # changing r never recompiles (megatron_loop/perf.py). auto: on when CUDA is available (it
+    # pays there, docs/BENCHMARKS.md), off on CPU (start-up time, needs a C++ compiler).
+    compile: bool | str = "auto"
+    # LM head + cross-entropy: chunked (torch, the reference), fused (Liger-Kernel's Triton
+    # kernel, CUDA), auto (fused on CUDA when liger-kernel is installed, chunked otherwise).
+    loss_implementation: str = "auto"
+
+    # ---- derived quantities (App. C.1 "BaseLoop and CoreLoop models")
+    @property
+    def physical_depth(self) -> int:
+        return self.prelude_layers + self.core_layers + self.coda_layers
+
+    def effective_depth(self, num_loops: int | None = None) -> int:
+        r = self.train_loops if num_loops is None else num_loops
+        return self.prelude_layers + r * self.core_layers + self.coda_layers
+
+    @property
+    def compile_enabled(self) -> bool:
+        """``compile`` resolved: ``auto`` is on exactly when CUDA is available."""
+        if self.compile == "auto":
+            import torch  # here, not at the top: loading a config (and --dry-run) must not pay for torch
+
+            return torch.cuda.is_available()
+        return bool(self.compile)
+
+    @property
+    def layout(self) -> str:
+        return f"{self.prelude_layers}+{self.core_layers}x{self.train_loops}+{self.coda_layers}"
+
+    def validate(self, prefix: str = "model") -> None:
+        validate_model(self, prefix)
+
+
+@dataclass
+class OptimizerSettings:
+    """Muon + AdamW and the WSD learning-rate schedule (App. C.2, Table 3): the optimizer keys of
+    the ``train:`` section, declared once. :class:`TrainConfig` inherits them, and the engine
+    (:func:`megatron_loop.optim.build_engine`) takes a ``TrainConfig`` or these alone."""
+
+    lr: float = 1e-3  # peak learning rate, shared by the Muon and AdamW groups
+    # WSD shape: final lr / peak, warmup and stable fractions of the optimizer steps.
+    min_lr_ratio: float = 0.1
+    warmup_fraction: float = 0.05
+    stable_fraction: float = 0.85
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    muon_momentum: float = 0.95
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 5
+    muon_scale: str = "match_rms_adamw"
+    grad_clip: float = 1.0
+    # ``muon_adamw``: Muon for hidden matrices, AdamW for the rest (App. C.2); ``adamw``: AdamW
+    # for every parameter (the optimizer ablation of App. D.1, Table 7).
+    optimizer: str = "muon_adamw"
+    # Whether the dense injection matrices (dense initial-state W = [W_h W_0], dense history
+    # B_j) go to Muon (true) or AdamW (false). The paper reads both ways: Sec. 2.2 gives Muon
+    # "hidden matrix parameters" and AdamW "embeddings, output heads, biases, and other non-matrix
+    # parameters" (-> Muon: they are d x 2d / d x d matrices acting on hidden states); App. C.2
+    # gives Muon "the matrix-valued attention and feed-forward projection weights" and AdamW
+    # the rest (-> AdamW: they are no attention/MLP projection), the default kept here. AdaLN's
+    # W_k^b (2d x 8, Eq. adaln_timestep_parameters) goes to AdamW under either value: it maps the 8
+    # fixed timestep features psi_l, not a hidden state (model/roles.py, set_conditioning_matrix).
+    muon_conditioning_matrices: bool = False
+
+
+@dataclass
+class TrainConfig(OptimizerSettings):
+    """Training recipe (App. C.2, Table 3): the optimizer keys of :class:`OptimizerSettings`, then these."""
+
+    global_batch_size: int = 8
+    micro_batch_size: int = 4
+    seq_length: int = 2048
+    train_tokens: int | None = None
+    max_steps: int | None = None
+    tokens_per_parameter: float = 20.0
+    seed: int = 42
+    precision: str = "auto"
+    deepspeed_config: str = "deepspeed_configs/zero1.json"
+    output_dir: str = "runs/default"
+    save_interval: int = 1000
+    keep_last: int = 3
+    log_interval: int = 1
+    eval_interval: int = 0
+    eval_loops: list[int] | None = None
+    eval_batches: int = 4
+    resume: bool = True
+    nan_policy: str = "skip"
+    max_consecutive_nonfinite: int = 5
+    wall_time_limit_s: float | None = None
+    # Exit (after saving a checkpoint) once the step number is a multiple of this, as
+    # Megatron-LM's --exit-interval: a planned stop that keeps the full run's schedule.
+    exit_interval: int | None = None
+    # Longest wait of any collective before the run stops with an error: a rank that stopped or
+    # hung would otherwise block the others for DeepSpeed's default 30 minutes.
+    collective_timeout_s: float = 600.0
+    # Variable depth in training (megatron_loop/training/loop_sampling.py): the loop
+    # count of each optimizer step, fixed = model.train_loops (the paper) or drawn from the seed
+    # and the step; backprop_loops truncates backpropagation to the last N loops (null: all).
+    loop_sampling: str = "fixed"
+    loop_sampling_sigma: float = 0.5
+    loop_sampling_min: int = 1
+    loop_sampling_max: int | None = None
+    backprop_loops: int | None = None
+
+    def validate(self, prefix: str = "train") -> None:
+        validate_train(self, prefix)
+
+
+@dataclass
+class DataConfig:
+    """Indexed-dataset prefixes (App. C.1 "Pretraining data and tokenization")."""
+
+    train_prefixes: list[str] = field(default_factory=list)
+    train_weights: list[float] | None = None
+    # null: ``<first train prefix>_valid`` when it exists (tools/preprocess_data.py
+    # --validation-documents writes it); []: no validation; else these prefixes.
+    valid_prefixes: list[str] | None = None
+    tokenizer: str | None = None
+    num_workers: int = 1
+    # Longest wait for a batch from the DataLoader workers before the run stops with an error
+    # (a worker that hung or was stopped would otherwise freeze the run).
+    worker_timeout_s: float = 600.0
+    # ``stream`` (the paper, App. C.1): documents packed in the order preprocessing wrote them,
+    # i.e. FineWeb-Edu streamed through a 10,000-document shuffle buffer with seed 42; the paper
+    # shuffles once, at streaming time. ``shuffled``: a further seed-determined permutation per epoch.
+    order: str = "stream"
+
+    def validation_prefixes(self) -> list[str]:
+        """The prefixes validation reads: ``valid_prefixes``, or by default the train prefix's sibling."""
+        if self.valid_prefixes is not None:
+            return list(self.valid_prefixes)
+        sibling = sibling_valid_prefix(self.train_prefixes[0]) if self.train_prefixes else None
+        return [sibling] if sibling else []
+
+    def validate(self, prefix: str = "data") -> None:
+        validate_data(self, prefix)
+
+
+@dataclass
+class LoggingConfig:
+    wandb_project: str | None = None
+    wandb_run_name: str | None = None
+    wandb_mode: str = "auto"  # auto: online with an API key, offline without one
+    progress_bar: bool = True
+    # TensorBoard event files in OUTPUT_DIR/tensorboard (the same scalars as metrics.jsonl).
+    tensorboard: bool = False
+    # Per-device peak FLOP/s (in TFLOP/s) for the MFU estimate; null: 989 (H100/H200 dense
+    # bf16) on GPU, a measured fp32 matmul throughput on CPU.
+    peak_tflops: float | None = None
+
+    def validate(self, prefix: str = "logging") -> None:
+        validate_logging(self, prefix)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    source: str | None = None  # the YAML it came from (for messages)
+
+    def validate(self) -> None:
+        validate_config(self)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return d
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+
+SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "logging": LoggingConfig}

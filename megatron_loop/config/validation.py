@@ -1,0 +1,234 @@
+"""The checks of a loaded config: each section's values, then the checks across sections.
+
+Every failure is one :class:`~megatron_loop.errors.LoopConfigError` naming the key, its value and
+what was expected (docs/ERRORS.md lists the messages). The section dataclasses call these from
+their ``validate`` methods (:mod:`megatron_loop.config.sections`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from megatron_loop.config.presets import BACKBONES
+from megatron_loop.errors import LoopConfigError
+
+if TYPE_CHECKING:
+    from megatron_loop.config.sections import Config, DataConfig, LoggingConfig, ModelConfig, TrainConfig
+
+INITIAL_INJECTIONS = ("none", "scalar", "channel", "residual_channel", "dense")
+HISTORY_INJECTIONS = ("none", "scalar", "channel", "dense")
+TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln")
+TIMESTEP_GRIDS = ("rescaled", "prefix")
+CHECKPOINTING = ("none", "per_loop", "selective", "auto", "per_block")  # megatron_loop/model/checkpointing.py
+LOSS_IMPLEMENTATIONS = ("auto", "chunked", "fused")  # megatron_loop/perf.py
+# The readings of the paper's ambiguous passages, as switches (defaults = the original
+# behaviour). Each is documented where it acts and in docs/CONFIG.md.
+NOISY_INITIAL_INJECTIONS = ("scalar", "channel", "residual_channel")  # App. E.1 ablation
+LOOP_GATING_REFERENCES = ("state", "injected")
+OPTIMIZERS = ("muon_adamw", "adamw")
+DATA_ORDERS = ("shuffled", "stream")
+LOOP_SAMPLINGS = ("fixed", "poisson_lognormal", "uniform")  # train.loop_sampling (training/loop_sampling.py)
+
+
+def _checker(section: Any, prefix: str) -> Callable[[bool, str, str], None]:
+    """``need(condition, key, expected)``: raise ``<prefix>.<key>=<value>: expected <expected>`` unless it holds."""
+    def need(cond: bool, key: str, expected: str) -> None:
+        if not cond:
+            raise LoopConfigError(f"{prefix}.{key}={getattr(section, key)!r}: expected {expected}")
+
+    return need
+
+
+def validate_model(model: ModelConfig, prefix: str = "model") -> None:
+    need = _checker(model, prefix)
+
+    if model.backbone is not None and model.backbone not in BACKBONES:
+        raise LoopConfigError(
+            f"{prefix}.backbone={model.backbone!r}: unknown backbone; expected one of {sorted(BACKBONES)}")
+    need(model.prelude_layers >= 0, "prelude_layers", "an integer >= 0")
+    need(model.coda_layers >= 0, "coda_layers", "an integer >= 0")
+    need(model.core_layers >= 1, "core_layers", "an integer >= 1 (the shared core needs a block)")
+    need(model.train_loops >= 1, "train_loops", "an integer >= 1")
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "vocab_size", "max_position_embeddings"):
+        need(getattr(model, key) >= 1, key, "a positive integer")
+    need(model.num_attention_heads % model.num_key_value_heads == 0, "num_attention_heads",
+         f"a multiple of num_key_value_heads={model.num_key_value_heads} (grouped-query attention)")
+    need(model.head_dim % 2 == 0, "head_dim", "an even number (rotary embedding)")
+    need(model.rms_norm_eps > 0, "rms_norm_eps", "a positive float")
+    need(model.rope_theta > 0, "rope_theta", "a positive float")
+    need(model.initializer_range > 0, "initializer_range", "a positive float")
+    need(model.initial_injection in INITIAL_INJECTIONS, "initial_injection", f"one of {INITIAL_INJECTIONS}")
+    need(model.history_injection in HISTORY_INJECTIONS, "history_injection", f"one of {HISTORY_INJECTIONS}")
+    need(model.history_window >= 1, "history_window", "an integer >= 1")
+    # history_window sizes the history injection's beta (Eq. history_state_injection); a window
+    # set without the injection would be silently unused.
+    need(model.history_window == 1 or model.history_injection != "none", "history_window",
+         "1 (the default) unless history_injection is set (history_injection='none' reads no past states)")
+    need(model.timestep in TIMESTEPS, "timestep", f"one of {TIMESTEPS}")
+    need(model.timestep_grid in TIMESTEP_GRIDS, "timestep_grid", f"one of {TIMESTEP_GRIDS}")
+    need(model.injection_init_noise >= 0, "injection_init_noise", "a float >= 0 (a standard deviation)")
+    need(model.injection_init_noise == 0 or model.initial_injection in NOISY_INITIAL_INJECTIONS,
+         "injection_init_noise", f"0 unless initial_injection is one of {NOISY_INITIAL_INJECTIONS} "
+         f"(the App. E.1 ablation; initial_injection={model.initial_injection!r})")
+    need(model.loop_gating_reference in LOOP_GATING_REFERENCES, "loop_gating_reference",
+         f"one of {LOOP_GATING_REFERENCES}")
+    need(model.loop_gating_reference == "state" or model.timestep == "loop_gating", "loop_gating_reference",
+         f"'state' unless timestep is 'loop_gating' (timestep={model.timestep!r})")
+    need(model.activation_checkpointing in CHECKPOINTING, "activation_checkpointing", f"one of {CHECKPOINTING}")
+    need(model.activation_checkpointing_budget_gib is None or (
+        model.activation_checkpointing == "auto" and model.activation_checkpointing_budget_gib > 0),
+        "activation_checkpointing_budget_gib", "null, or a positive number of GiB with activation_checkpointing=auto")
+    need(model.activation_checkpointing_selective_cost is None or (
+        model.activation_checkpointing == "auto" and 0 < model.activation_checkpointing_selective_cost <= 1),
+        "activation_checkpointing_selective_cost",
+        "null, or a number in (0, 1] (loop forwards) with activation_checkpointing=auto")
+    need(model.compile in (True, False, "auto"), "compile", "true, false or 'auto' (on with CUDA)")
+    need(model.loss_implementation in LOSS_IMPLEMENTATIONS, "loss_implementation",
+         f"one of {LOSS_IMPLEMENTATIONS}")
+    if model.rope_scaling is not None:
+        need(model.rope_scaling.get("rope_type") == "llama3", "rope_scaling",
+             "null or a llama3 rule {rope_type: llama3, factor, low_freq_factor, high_freq_factor, "
+             "original_max_position_embeddings}")
+        for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            need(k in model.rope_scaling, "rope_scaling", f"a llama3 rule with key {k!r}")
+
+
+def validate_train(train: TrainConfig, prefix: str = "train") -> None:
+    need = _checker(train, prefix)
+
+    need(train.global_batch_size >= 1, "global_batch_size", "a positive integer")
+    need(train.micro_batch_size >= 1, "micro_batch_size", "a positive integer")
+    need(train.global_batch_size % train.micro_batch_size == 0, "global_batch_size",
+         f"a multiple of micro_batch_size={train.micro_batch_size} (global = micro x accumulation x data-parallel)")
+    need(train.seq_length >= 2, "seq_length", "an integer >= 2")
+    need(train.lr > 0, "lr", "a positive float")
+    need(0 <= train.min_lr_ratio <= 1, "min_lr_ratio", "a float in [0, 1]")
+    need(0 <= train.warmup_fraction and 0 <= train.stable_fraction
+         and train.warmup_fraction + train.stable_fraction <= 1, "warmup_fraction",
+         "warmup_fraction + stable_fraction <= 1, both >= 0")
+    need(train.weight_decay >= 0, "weight_decay", "a float >= 0")
+    # AdamW betas and the Muon momentum are exponential decay rates: 1 or more never forgets
+    # (or diverges), so the first optimizer step would fail instead of this line (App. C.2).
+    for key in ("adam_beta1", "adam_beta2", "muon_momentum"):
+        need(0 <= getattr(train, key) < 1, key, "a float in [0, 1) (an exponential decay rate)")
+    need(train.adam_eps >= 0, "adam_eps", "a float >= 0")
+    need(train.tokens_per_parameter > 0, "tokens_per_parameter",
+         "a positive number (the Chinchilla token budget, 20 in the paper)")
+    need(train.eval_batches >= 1, "eval_batches", "a positive integer (micro-batches per validation; "
+         "to train without validation set train.eval_interval: 0)")
+    need(train.muon_scale in ("match_rms_adamw", "original"), "muon_scale", "'match_rms_adamw' or 'original'")
+    need(train.muon_ns_steps >= 1, "muon_ns_steps", "an integer >= 1")
+    need(train.grad_clip > 0, "grad_clip", "a positive float")
+    need(train.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")
+    need(not train.muon_conditioning_matrices or train.optimizer == "muon_adamw", "muon_conditioning_matrices",
+         f"false unless optimizer is 'muon_adamw' (optimizer={train.optimizer!r})")
+    need(train.train_tokens is None or train.train_tokens > 0, "train_tokens", "null or a positive integer")
+    need(train.max_steps is None or train.max_steps >= 1, "max_steps", "null or a positive integer")
+    need(train.precision in ("auto", "bf16", "fp32"), "precision", "'auto', 'bf16' or 'fp32'")
+    need(train.save_interval >= 1, "save_interval", "a positive integer")
+    need(train.keep_last >= 1, "keep_last", "a positive integer")
+    need(train.log_interval >= 1, "log_interval", "a positive integer")
+    need(train.eval_interval >= 0, "eval_interval", "an integer >= 0 (0 disables periodic validation)")
+    need(train.eval_loops is None or all(r >= 1 for r in train.eval_loops), "eval_loops",
+         "null or a list of loop counts >= 1")
+    need(train.eval_loops is None or len(train.eval_loops) > 0, "eval_loops",
+         "null (K/2, K, 2K) or a non-empty list of loop counts; to train without validation set "
+         "train.eval_interval: 0")
+    need(train.nan_policy in ("skip", "stop"), "nan_policy", "'skip' or 'stop'")
+    need(train.max_consecutive_nonfinite >= 1, "max_consecutive_nonfinite", "a positive integer")
+    need(train.wall_time_limit_s is None or train.wall_time_limit_s > 0, "wall_time_limit_s",
+         "null or a positive number of seconds")
+    need(train.exit_interval is None or train.exit_interval >= 1, "exit_interval", "null or a positive integer")
+    need(train.collective_timeout_s > 0, "collective_timeout_s", "a positive number of seconds")
+    need(train.loop_sampling in LOOP_SAMPLINGS, "loop_sampling", f"one of {LOOP_SAMPLINGS}")
+    need(train.loop_sampling_sigma > 0, "loop_sampling_sigma", "a positive float (log-normal sigma)")
+    need(train.loop_sampling_min >= 1, "loop_sampling_min", "an integer >= 1")
+    need(train.loop_sampling_max is None or train.loop_sampling_max >= train.loop_sampling_min, "loop_sampling_max",
+         f"null or an integer >= loop_sampling_min={train.loop_sampling_min}")
+    need(train.backprop_loops is None or train.backprop_loops >= 1, "backprop_loops",
+         "null (backpropagate through every loop) or an integer >= 1")
+    if train.loop_sampling == "fixed":  # the sampling settings would be silently unused
+        defaults = type(train)()
+        for key in ("loop_sampling_sigma", "loop_sampling_min", "loop_sampling_max"):
+            need(getattr(train, key) == getattr(defaults, key), key,
+                 f"its default {getattr(defaults, key)!r} with loop_sampling='fixed' (every step runs "
+                 "model.train_loops; set train.loop_sampling to poisson_lognormal or uniform to use it)")
+
+
+def validate_data(data: DataConfig, prefix: str = "data") -> None:
+    if data.order not in DATA_ORDERS:
+        raise LoopConfigError(f"{prefix}.order={data.order!r}: expected one of {DATA_ORDERS}")
+    if data.train_weights is not None and len(data.train_weights) != len(data.train_prefixes):
+        raise LoopConfigError(
+            f"{prefix}.train_weights: expected one weight per train prefix "
+            f"({len(data.train_prefixes)}), got {len(data.train_weights)}")
+    if data.train_weights is not None and any(w <= 0 for w in data.train_weights):
+        raise LoopConfigError(f"{prefix}.train_weights={data.train_weights}: expected positive weights")
+    if data.num_workers < 0:
+        raise LoopConfigError(f"{prefix}.num_workers={data.num_workers}: expected an integer >= 0")
+    if not data.worker_timeout_s > 0:
+        raise LoopConfigError(f"{prefix}.worker_timeout_s={data.worker_timeout_s}: expected a positive number "
+                              "of seconds")
+
+
+def validate_logging(logging: LoggingConfig, prefix: str = "logging") -> None:
+    if logging.peak_tflops is not None and logging.peak_tflops <= 0:
+        raise LoopConfigError(f"{prefix}.peak_tflops={logging.peak_tflops!r}: expected null or a positive number")
+    if logging.wandb_mode not in ("auto", "online", "offline", "disabled"):
+        raise LoopConfigError(
+            f"{prefix}.wandb_mode={logging.wandb_mode!r}: expected 'auto', 'online', 'offline' or 'disabled'")
+
+
+def loop_range(train: TrainConfig, train_loops: int) -> tuple[int, int | None]:
+    """(smallest, largest) loop count a step can draw under ``train.loop_sampling``; ``None``:
+    unbounded (the Poisson tail). Uniform sampling with ``loop_sampling_max`` null draws from
+    [min, 2K - min], so that its mean is K."""
+    if train.loop_sampling == "fixed":
+        return train_loops, train_loops
+    if train.loop_sampling == "uniform":
+        low = train.loop_sampling_min
+        return low, (2 * train_loops - low if train.loop_sampling_max is None else train.loop_sampling_max)
+    return train.loop_sampling_min, train.loop_sampling_max
+
+
+def check_loop_sampling(cfg: Config) -> None:
+    """Cross-section checks of ``train.loop_sampling`` / ``train.backprop_loops`` (one error, naming the key)."""
+    t, k = cfg.train, cfg.model.train_loops
+    where = f"train.loop_sampling={t.loop_sampling!r}"
+    if t.loop_sampling == "poisson_lognormal" and k < 2:
+        raise LoopConfigError(f"{where} with model.train_loops={k}: expected train_loops >= 2 "
+                              "(the mean K is 1 + the mean of a Poisson rate, which must be positive)")
+    low, high = loop_range(t, k)
+    if t.loop_sampling == "uniform" and high < low:
+        raise LoopConfigError(f"train.loop_sampling_min={low}: expected at most model.train_loops={k} "
+                              "(uniform sampling with loop_sampling_max null has mean K over [min, 2K - min])")
+    n = t.backprop_loops
+    truncates = n is not None and (high is None or n < high)
+    if truncates and cfg.model.initial_injection == "none":
+        no_truncation = "null" if high is None else f"null or >= {high} (the largest loop count)"
+        raise LoopConfigError(
+            f"train.backprop_loops={n}: with model.initial_injection='none' the loops that run without a "
+            "graph cut the embedding and the Prelude off from the gradient; expected an initial-state "
+            "injection (model.initial_injection: scalar, channel, residual_channel or dense), as Huginn "
+            f"and Parcae use, or train.backprop_loops {no_truncation}")
+
+
+def validate_config(cfg: Config) -> None:
+    """Every section, then the checks across sections; fills ``train.eval_loops`` when null
+    (K/2, K, 2K; the prefix grid cannot extrapolate past K, App. C.1)."""
+    validate_model(cfg.model)
+    validate_train(cfg.train)
+    validate_data(cfg.data)
+    validate_logging(cfg.logging)
+    if cfg.train.seq_length > cfg.model.max_position_embeddings:
+        raise LoopConfigError(
+            f"train.seq_length={cfg.train.seq_length}: expected at most the model's maximum context "
+            f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
+    check_loop_sampling(cfg)
+    if cfg.train.eval_loops is None:
+        k = cfg.model.train_loops
+        loops = {max(1, k // 2), k, 2 * k}
+        if cfg.model.timestep != "none" and cfg.model.timestep_grid == "prefix":
+            loops = {r for r in loops if r <= k}  # the prefix grid cannot extrapolate (App. C.1)
+        cfg.train.eval_loops = sorted(loops)

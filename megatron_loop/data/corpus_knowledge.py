@@ -1,0 +1,87 @@
+"""Knowledge items of the generated corpus: facts stored in the weights (App. C.3, Knowledge group)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from megatron_loop.data.corpus_templates import FEMALE_NAMES, MALE_NAMES, shuffled_choices
+from megatron_loop.errors import LoopConfigError
+
+# A fictional population; each person's birth year, home town and employer are stated only in
+# training biographies (several paraphrases per person, in random order), so recalling them
+# from a question needs the facts memorised during training, not reasoning over the prompt.
+# As in mixed biography + QA pretraining, the questions about part of the population are
+# training documents too (they teach the question form); the questions about the others are
+# the held-out evaluation items.
+SURNAMES = (
+    "Abbott", "Barlow", "Carver", "Dalton", "Ellison", "Fairley", "Garner", "Hadley", "Ingram",
+    "Jarvis", "Keller", "Lowell", "Mercer", "Norris", "Osborne", "Prescott", "Quimby", "Radley",
+    "Sutton", "Thorne", "Upton", "Vance", "Walsh", "Yates",
+)
+CITIES = ("Lisbon", "Oslo", "Dublin", "Vienna", "Prague", "Madrid", "Athens", "Berlin",
+          "Warsaw", "Geneva", "Milan", "Porto", "Bergen", "Lyon", "Krakow", "Seville")
+EMPLOYERS = ("Alder Foods", "Brightwater Bank", "Cobalt Motors", "Driftwood Press",
+             "Evergreen Energy", "Falcon Airlines", "Granite Insurance", "Harbor Shipping",
+             "Ironwood Tools", "Juniper Software", "Kestrel Mining", "Lakeside Hotels")
+BIRTH_YEARS = tuple(str(year) for year in range(1950, 2000))
+KNOWLEDGE_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "birth_year": BIRTH_YEARS, "city": CITIES, "employer": EMPLOYERS,
+}
+_STATEMENTS = {  # biography paraphrases, one drawn per mention
+    "birth_year": ("{name} was born in {value}.", "{name}'s year of birth is {value}.",
+                   "The birth year of {name} is {value}."),
+    "city": ("{name} grew up in {value}.", "{name}'s home town is {value}.",
+             "{name} spent a childhood in {value}."),
+    "employer": ("{name} works for {value}.", "{name} is employed by {value}.",
+                 "{name} has a job at {value}."),
+}
+_QUESTIONS = {
+    "birth_year": "In which year was {name} born?",
+    "city": "In which city did {name} grow up?",
+    "employer": "Which company does {name} work for?",
+}
+KNOWLEDGE_CHOICES = 4  # gold + 3 distractors of the same attribute: chance 25 %
+
+
+@dataclass(frozen=True)
+class Person:
+    """One member of the fictional population: a unique full name and one value per attribute."""
+
+    name: str
+    facts: tuple[tuple[str, str], ...]  # (attribute, value) in KNOWLEDGE_ATTRIBUTES order
+
+    def biography(self, rng: random.Random) -> str:
+        """One training mention: every fact in a randomly chosen paraphrase, in random order."""
+        sentences = [rng.choice(_STATEMENTS[a]).format(name=self.name, value=v) for a, v in self.facts]
+        rng.shuffle(sentences)
+        return " ".join(sentences)
+
+    def question(self, attribute: str) -> str:
+        return f"Question: {_QUESTIONS[attribute].format(name=self.name)}\nAnswer:"
+
+    def qa_text(self, rng: random.Random) -> str:
+        """Training document for a person of the QA part: each question with its answer."""
+        pairs = [f"{self.question(a)} {v}" for a, v in self.facts]
+        rng.shuffle(pairs)
+        return "\n".join(pairs)
+
+    def eval_docs(self, rng: random.Random) -> list[dict]:
+        """lm-eval multiple-choice documents, one per attribute; the prompt names only the person."""
+        docs = []
+        for attribute, value in self.facts:
+            distractors = rng.sample([x for x in KNOWLEDGE_ATTRIBUTES[attribute] if x != value],
+                                     KNOWLEDGE_CHOICES - 1)
+            choices, gold = shuffled_choices(rng, value, distractors)
+            docs.append({"query": self.question(attribute), "choices": list(choices), "gold": gold,
+                         "attribute": attribute, "person": self.name, "task": "facts"})
+        return docs
+
+
+def make_people(rng: random.Random, count: int) -> list[Person]:
+    """``count`` people with distinct full names (first name x surname) and random facts."""
+    names = [f"{first} {last}" for first in FEMALE_NAMES + MALE_NAMES for last in SURNAMES]
+    if count > len(names):
+        raise LoopConfigError(f"knowledge_people={count}: at most {len(names)} distinct names")
+    return [Person(name, tuple((a, rng.choice(values)) for a, values in KNOWLEDGE_ATTRIBUTES.items()))
+            for name in rng.sample(names, count)]
