@@ -51,6 +51,7 @@ from megatron_loop.optim.layout import PartitionLayout
 from megatron_loop.optim.muon import ScaleRule
 from megatron_loop.optim.optimizer import MuonAdamW, role_param_groups
 from megatron_loop.optim.schedule import FINAL_FRACTION, STABLE_FRACTION, WARMUP_FRACTION, wsd_scheduler
+from megatron_loop.parallel.mpu import data_parallel_size, model_parallel_unit
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "deepspeed_configs"
 
@@ -247,7 +248,7 @@ def build_engine(
         config,
         micro_batch_size=micro_batch_size,
         grad_accum=grad_accum,
-        data_parallel_size=dist.get_world_size() if dist.is_initialized() else 1,
+        data_parallel_size=data_parallel_size(),  # world / TP: ZeRO shards over the DP group only
         bf16=bf16,
         grad_clip=settings.grad_clip,
         source=(f"train.deepspeed_config={str(ds_config)!r}" if isinstance(ds_config, (str, Path))
@@ -265,7 +266,7 @@ def build_engine(
     if hasattr(model, "fit_compile_to_zero"):  # LoopLM: no compiled blocks under ZeRO-3's hooks (compile: auto)
         model.fit_compile_to_zero(stage)
     engine, engine_optimizer, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, mpu=model_parallel_unit()
     )
     if stage >= 1:
         attach_zero_layouts(engine_optimizer, optimizer)

@@ -1,0 +1,1 @@
+"""Tensor (megatron-core) x data (DeepSpeed ZeRO) parallelism of a LoopLM."""
