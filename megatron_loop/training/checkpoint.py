@@ -40,6 +40,7 @@ from megatron_loop.errors import LoopDataError, first_line as _first_line, write
 from megatron_loop.model.io import (LATEST, MANIFEST, PARTIAL, SET_ASIDE, SelectedCheckpoint, complete_tags,
                                     read_latest, safe_load, save_run_config, select_automatic, select_explicit,
                                     sha256_file, tag_for, verify_checkpoint)
+from megatron_loop.parallel.checkpoint import manifest_fields as tensor_parallel_fields
 from megatron_loop.training import distributed as D
 
 RNG_FILE = "rng_state_rank{rank}.pt"
@@ -192,7 +193,8 @@ def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.
     if not failed and info.is_main:
         try:
             write_manifest(partial, {"tag": tag, "step": state.step, "consumed_samples": state.consumed_samples,
-                                     "model": model_signature(cfg), **settings})
+                                     "model": model_signature(cfg), **settings,
+                                     **tensor_parallel_fields(engine.module)})
             publish(root, partial, tag)
             save_run_config(root, cfg)
         except OSError as e:
