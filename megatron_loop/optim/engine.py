@@ -52,6 +52,7 @@ from megatron_loop.optim.muon import ScaleRule
 from megatron_loop.optim.optimizer import MuonAdamW, role_param_groups
 from megatron_loop.optim.schedule import FINAL_FRACTION, STABLE_FRACTION, WARMUP_FRACTION, wsd_scheduler
 from megatron_loop.parallel.mpu import data_parallel_size, model_parallel_unit
+from megatron_loop.parallel.zero import sum_partial_grads_in_backward
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "deepspeed_configs"
 
@@ -263,6 +264,7 @@ def build_engine(
 
     if stage == 3:
         register_external_parameters(model)
+    sum_partial_grads_in_backward(model)  # TP: replicated weights' partial gradients, before ZeRO takes them
     if hasattr(model, "fit_compile_to_zero"):  # LoopLM: no compiled blocks under ZeRO-3's hooks (compile: auto)
         model.fit_compile_to_zero(stage)
     engine, engine_optimizer, _, _ = deepspeed.initialize(
