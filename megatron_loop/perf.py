@@ -165,8 +165,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int,
-                ignore_index: int, implementation: str) -> torch.Tensor:
-        chunk_fn = CHUNK_IMPLEMENTATIONS[implementation]
+                ignore_index: int, chunk_fn: Callable) -> torch.Tensor:
         count = (targets != ignore_index).sum().to(torch.float32)  # device tensor: no host sync
         inv_count = 1.0 / count
         total = hidden.new_zeros((), dtype=torch.float32)
@@ -199,25 +198,27 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                                  chunk_size: int = DEFAULT_CHUNK_TOKENS, ignore_index: int = IGNORE_INDEX,
-                                 implementation: str = "chunked") -> torch.Tensor:
+                                 implementation: str | Callable = "chunked") -> torch.Tensor:
     """``F.cross_entropy(F.linear(hidden, weight).float(), targets, ignore_index=...)`` (mean),
     without ever holding more than ``chunk_size`` tokens of logits.
 
     ``hidden`` is ``[N, d]``, ``weight`` ``[V, d]``, ``targets`` ``[N]``. As F.cross_entropy, the
     mean is over the non-ignored targets (NaN when every target is ignored). ``implementation``:
     ``chunked`` (torch, fp32 logits per chunk: the reference), ``fused`` (Liger-Kernel's Triton
-    kernel on logits in the hidden dtype) or ``auto`` (:func:`resolve_loss_implementation`).
+    kernel on logits in the hidden dtype) or ``auto`` (:func:`resolve_loss_implementation`), or a
+    chunk function with :func:`_torch_chunk`'s contract (vocabulary shards: ``parallel/vocab.py``).
     """
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"expected hidden [N, d] and targets [N], got {tuple(hidden.shape)} and "
                          f"{tuple(targets.shape)}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size}: expected a positive integer")
-    implementation = resolve_loss_implementation(implementation, hidden)
+    # a callable is a chunk function of its own (the vocab-parallel one: parallel.vocab.vocab_parallel_chunk)
+    chunk_fn = (implementation if callable(implementation)
+                else CHUNK_IMPLEMENTATIONS[resolve_loss_implementation(implementation, hidden)])
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(hidden, weight, targets, chunk_size, ignore_index, implementation)
+        return _LinearCrossEntropy.apply(hidden, weight, targets, chunk_size, ignore_index, chunk_fn)
     # No gradient wanted (evaluation): plain chunked reduction, nothing kept.
-    chunk_fn = CHUNK_IMPLEMENTATIONS[implementation]
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, hidden.shape[0], chunk_size):
         total = total + chunk_fn(hidden[start:start + chunk_size], weight, targets[start:start + chunk_size],

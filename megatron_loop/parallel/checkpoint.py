@@ -18,24 +18,23 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.parallel.mpu import data_parallel_size, tensor_parallel_size
-from megatron_loop.parallel.shards import ShardSpec
+from megatron_loop.parallel.grads import is_tensor_parallel
+from megatron_loop.parallel.shards import whole_of
 
 MANIFEST_KEY = "tensor_parallel"
 
 
 def manifest_fields(module: torch.nn.Module) -> dict[str, Any]:
     """``{"tensor_parallel": {"size", "data_parallel_size", "sharded": {name: [dim, stride]}}}``."""
-    sharded = {}
-    for name, param in module.named_parameters():
-        spec = ShardSpec.of(param)
-        if spec is not None:
-            sharded[name] = [spec.dim, spec.stride]
+    sharded = {name: [int(param.partition_dim), int(getattr(param, "partition_stride", 1))]
+               for name, param in module.named_parameters() if is_tensor_parallel(param)}
     tp = tensor_parallel_size()
     return {MANIFEST_KEY: {"size": tp, "data_parallel_size": data_parallel_size(),
                            "sharded": sharded if tp > 1 else {}}}
@@ -72,7 +71,8 @@ def read_whole_weights(chosen, read_weights) -> dict[str, torch.Tensor] | None:
     tp, _ = saved_layout(chosen.manifest)
     if tp == 1:
         return None
-    sharded = {name: ShardSpec(int(dim), int(stride))
+    # stand-ins carrying megatron-core's partition attributes, as recorded at save
+    sharded = {name: SimpleNamespace(tensor_model_parallel=True, partition_dim=int(dim), partition_stride=int(stride))
                for name, (dim, stride) in chosen.manifest[MANIFEST_KEY]["sharded"].items()}
     per_rank = []
     with tempfile.TemporaryDirectory(prefix="looplm-tp-") as tmp:
@@ -89,8 +89,5 @@ def read_whole_weights(chosen, read_weights) -> dict[str, torch.Tensor] | None:
                 per_rank.append(read_weights(type(chosen)(view.parent, view.name, None)))
             except LoopDataError as e:  # name the checkpoint, not the view
                 raise LoopDataError(str(e).replace(str(view), f"{chosen.path} (tensor-parallel rank {rank})")) from None
-    whole = {}
-    for name, first in per_rank[0].items():
-        spec = sharded.get(name)
-        whole[name] = first if spec is None else spec.merge([state[name] for state in per_rank])
-    return whole
+    return {name: whole_of([state[name] for state in per_rank], sharded[name]) if name in sharded else first
+            for name, first in per_rank[0].items()}

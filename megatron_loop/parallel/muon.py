@@ -30,12 +30,8 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from megatron_loop.model import roles
 from megatron_loop.optim.muon import ScaleRule, orthogonalize_projections, orthogonalized_update
+from megatron_loop.parallel.grads import is_tensor_parallel
 from megatron_loop.parallel.mpu import tensor_parallel_size
-
-
-def is_tensor_parallel(param: torch.nn.Parameter) -> bool:
-    """megatron-core's mark of a TP-sharded weight (also what DeepSpeed's grad norm reads)."""
-    return bool(getattr(param, "tensor_model_parallel", False))
 
 
 def shard_split(split, tp: int, local_rows: int):

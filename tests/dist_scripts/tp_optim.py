@@ -40,8 +40,10 @@ from megatron_loop.model.layers import loop_block_spec  # noqa: E402
 from megatron_loop.optim import OptimizerSettings, build_engine, init_distributed, load_ds_config  # noqa: E402
 from megatron_loop.optim import muon  # noqa: E402
 from megatron_loop.optim.muon import orthogonalized_update  # noqa: E402
+from megatron_loop.parallel import initialize_parallel  # noqa: E402
 from megatron_loop.parallel.muon import tensor_parallel_update  # noqa: E402
-from megatron_loop.parallel.shards import ShardSpec  # noqa: E402
+from megatron_loop.parallel.grads import is_tensor_parallel  # noqa: E402
+from megatron_loop.parallel.shards import shard_of, whole_of  # noqa: E402
 
 VOCAB, HIDDEN, FFN, HEADS, GROUPS, HEAD_DIM, SEQ, LOOPS = 32, 16, 24, 4, 2, 4, 8, 2
 LR, STEPS, ACCUM, MICRO, DATA_REPLICAS, MULTIPLIER = 0.02, 4, 2, 2, 2, {2: 1e3}
@@ -54,8 +56,8 @@ class LoopedToy(torch.nn.Module):
         super().__init__()
         config = transformer_config(num_layers=1, hidden_size=HIDDEN, intermediate_size=FFN,
                                     num_attention_heads=HEADS, num_key_value_heads=GROUPS, head_dim=HEAD_DIM,
-                                    rms_norm_eps=1e-6, qk_norm=False, initializer_range=0.02)
-        config.tensor_model_parallel_size = tp
+                                    rms_norm_eps=1e-6, qk_norm=False, initializer_range=0.02,
+                                    tensor_model_parallel_size=tp)
         self.embed = torch.nn.Parameter(torch.empty(VOCAB, HIDDEN))
         self.injection = torch.nn.Parameter(torch.empty(HIDDEN))
         self.block = build_module(loop_block_spec(False), config=config)
@@ -77,9 +79,9 @@ class LoopedToy(torch.nn.Module):
 
 
 def whole_shape(param: torch.nn.Parameter, tp: int) -> torch.Size:
-    spec, shape = ShardSpec.of(param), list(param.shape)
-    if spec is not None:
-        shape[spec.dim] *= tp
+    shape = list(param.shape)
+    if is_tensor_parallel(param):
+        shape[param.partition_dim] *= tp
     return torch.Size(shape)
 
 
@@ -93,22 +95,19 @@ def whole_tensor(name: str, shape: torch.Size) -> torch.Tensor:
 def load_whole(model: LoopedToy, tp: int, rank: int) -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():
-            full = whole_tensor(name, whole_shape(param, tp))
-            spec = ShardSpec.of(param)
-            param.copy_(full if spec is None or tp == 1 else spec.shard(full, tp, rank))
+            param.copy_(shard_of(whole_tensor(name, whole_shape(param, tp)), param, rank, tp))
 
 
 def merged(name_values, tp: int) -> dict[str, torch.Tensor]:
     """Whole tensors from this rank's TP slices (collective over the TP group)."""
     out = {}
     for name, param, value in name_values:
-        spec = ShardSpec.of(param)
-        if spec is None or tp == 1:
+        if not is_tensor_parallel(param) or tp == 1:
             out[name] = value.detach().clone()
             continue
         shards = [torch.empty_like(value) for _ in range(tp)]
         dist.all_gather(shards, value.detach().contiguous(), group=parallel_state.get_tensor_model_parallel_group())
-        out[name] = spec.merge(shards)
+        out[name] = whole_of(shards, param)
     return out
 
 
@@ -131,7 +130,7 @@ def muon_updates(model: LoopedToy, tp: int, rank: int) -> dict[str, torch.Tensor
         if tp == 1:
             items.append((name, param, orthogonalized_update(full, param)))
         else:
-            items.append((name, param, tensor_parallel_update(ShardSpec.of(param).shard(full, tp, rank), param)))
+            items.append((name, param, tensor_parallel_update(shard_of(full, param, rank, tp), param)))
     return merged(items, tp)
 
 
@@ -148,7 +147,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     init_distributed()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=args.tp)
+    initialize_parallel(args.tp)
     tp, tp_rank = args.tp, parallel_state.get_tensor_model_parallel_rank()
     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     # the DATA_REPLICAS x ACCUM micro-batches of a step: DP rank r takes replica r's (one process: all)

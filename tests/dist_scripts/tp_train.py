@@ -38,8 +38,11 @@ LR, ACCUM, REPLICAS, MODEL = 0.01, 2, 2, "llama"
 
 
 def batch(step: int, replica: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counting sequences (a seeded start, stride 1 or 3, modulo 64): learnable within 20 updates."""
     g = torch.Generator().manual_seed(10_000 + 100 * step + 10 * replica + micro)
-    tokens = torch.randint(0, 256, (fx.MICRO, fx.SEQ), generator=g)
+    start = torch.randint(0, 64, (fx.MICRO, 1), generator=g)
+    stride = 1 + 2 * torch.randint(0, 2, (fx.MICRO, 1), generator=g)
+    tokens = (start + stride * torch.arange(fx.SEQ)) % 64
     labels = tokens.clone()
     labels[0, 3] = -100
     return tokens, labels
