@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.model.io import MANIFEST
 from megatron_loop.parallel.mpu import data_parallel_size, tensor_parallel_size
 from megatron_loop.parallel.grads import is_tensor_parallel
 from megatron_loop.parallel.shards import whole_of
@@ -46,6 +47,13 @@ def saved_layout(manifest: dict | None) -> tuple[int, int | None]:
     return int(fields.get("size", 1)), fields.get("data_parallel_size")
 
 
+def configured_tensor_parallel_size(cfg) -> int:
+    """``parallel.tensor_model_parallel_size`` of a run config (a config without a ``parallel``
+    section: the size of megatron-core's groups in this process)."""
+    parallel = getattr(cfg, "parallel", None)
+    return int(parallel.tensor_model_parallel_size) if parallel is not None else tensor_parallel_size()
+
+
 def check_resume(manifest: dict | None, where: Path, tp: int, dp: int) -> None:
     """Refuse (one line) a resume whose TP size, or at TP > 1 whose DP size, differs from the checkpoint's."""
     saved_tp, saved_dp = saved_layout(manifest)
@@ -60,33 +68,37 @@ def check_resume(manifest: dict | None, where: Path, tp: int, dp: int) -> None:
             f"a tensor-parallel checkpoint resumes only on the same layout ({saved_dp * tp} ranks)")
 
 
-def read_whole_weights(chosen, read_weights) -> dict[str, torch.Tensor] | None:
+def read_whole_weights(chosen, read_replica) -> dict[str, torch.Tensor] | None:
     """The TP = 1 fp32 weights of a TP > 1 checkpoint ``chosen`` (None at TP = 1).
 
-    Each TP rank's slices are consolidated over the data-parallel ZeRO shards by ``read_weights``
-    (:func:`megatron_loop.model.io.read_weights`, DeepSpeed's zero_to_fp32, weights-only) on a view
+    Each TP rank's slices are consolidated over the data-parallel ZeRO shards by ``read_replica``
+    (:func:`megatron_loop.model.io.read_zero_weights`, DeepSpeed's zero_to_fp32, weights-only) on a view
     of that rank's files, then every sharded weight is put back together from the slices in TP rank
     order with the layout the manifest recorded; replicated weights are taken from TP rank 0.
     """
     tp, _ = saved_layout(chosen.manifest)
     if tp == 1:
+        if chosen.manifest is None and any("mp_rank_01_" in f.name for f in chosen.path.iterdir()):
+            raise LoopDataError(f"{chosen.path}: tensor-parallel shards (mp_rank_01_*) without {MANIFEST}; "
+                                "the slices can only be merged with the layout the manifest records")
         return None
     # stand-ins carrying megatron-core's partition attributes, as recorded at save
     sharded = {name: SimpleNamespace(tensor_model_parallel=True, partition_dim=int(dim), partition_stride=int(stride))
                for name, (dim, stride) in chosen.manifest[MANIFEST_KEY]["sharded"].items()}
+    files = [[f for f in chosen.path.iterdir() if f"mp_rank_{rank:02d}_" in f.name] for rank in range(tp)]
+    for rank, mine in enumerate(files):
+        if not mine:
+            raise LoopDataError(f"{chosen.path}: no files of tensor-parallel rank {rank} "
+                                f"(mp_rank_{rank:02d}_*); the manifest records {tp} ranks")
     per_rank = []
     with tempfile.TemporaryDirectory(prefix="looplm-tp-") as tmp:
         for rank in range(tp):
             view = Path(tmp) / chosen.tag / f"mp_rank_{rank:02d}"
             view.mkdir(parents=True)
-            files = [f for f in chosen.path.iterdir() if f"mp_rank_{rank:02d}_" in f.name]
-            if not files:
-                raise LoopDataError(f"{chosen.path}: no files of tensor-parallel rank {rank} "
-                                    f"(mp_rank_{rank:02d}_*); the manifest records {tp} ranks")
-            for file in files:
+            for file in files[rank]:
                 (view / file.name).symlink_to(file.resolve())
             try:
-                per_rank.append(read_weights(type(chosen)(view.parent, view.name, None)))
+                per_rank.append(read_replica(type(chosen)(view.parent, view.name, None)))
             except LoopDataError as e:  # name the checkpoint, not the view
                 raise LoopDataError(str(e).replace(str(view), f"{chosen.path} (tensor-parallel rank {rank})")) from None
     return {name: whole_of([state[name] for state in per_rank], sharded[name]) if name in sharded else first

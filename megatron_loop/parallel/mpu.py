@@ -36,26 +36,22 @@ class ModelParallelUnit:
     (pipeline parallel size 1: the model-parallel group is the TP group)."""
 
     # data parallel: ZeRO's partition group
-    @staticmethod
-    def get_data_parallel_group():
-        return parallel_state.get_data_parallel_group()
-
-    @staticmethod
-    def get_data_parallel_rank() -> int:
-        return parallel_state.get_data_parallel_rank()
-
-    @staticmethod
-    def get_data_parallel_world_size() -> int:
-        return parallel_state.get_data_parallel_world_size()
+    get_data_parallel_group = staticmethod(parallel_state.get_data_parallel_group)
+    get_data_parallel_rank = staticmethod(parallel_state.get_data_parallel_rank)
+    get_data_parallel_world_size = staticmethod(parallel_state.get_data_parallel_world_size)
+    # model parallel = tensor parallel x pipeline parallel (1)
+    get_model_parallel_group = staticmethod(parallel_state.get_model_parallel_group)
+    get_tensor_model_parallel_group = staticmethod(parallel_state.get_tensor_model_parallel_group)
+    get_tensor_model_parallel_rank = staticmethod(parallel_state.get_tensor_model_parallel_rank)
+    get_tensor_model_parallel_world_size = staticmethod(parallel_state.get_tensor_model_parallel_world_size)
+    get_tensor_model_parallel_src_rank = staticmethod(parallel_state.get_tensor_model_parallel_src_rank)
+    get_pipeline_model_parallel_group = staticmethod(parallel_state.get_pipeline_model_parallel_group)
+    get_pipeline_model_parallel_rank = staticmethod(parallel_state.get_pipeline_model_parallel_rank)
+    get_pipeline_model_parallel_world_size = staticmethod(parallel_state.get_pipeline_model_parallel_world_size)
 
     @staticmethod
     def get_data_parallel_group_ranks() -> list[int]:
         return dist.get_process_group_ranks(parallel_state.get_data_parallel_group())
-
-    # model parallel = tensor parallel x pipeline parallel (1)
-    @staticmethod
-    def get_model_parallel_group():
-        return parallel_state.get_model_parallel_group()
 
     @staticmethod
     def get_model_parallel_rank() -> int:
@@ -64,34 +60,6 @@ class ModelParallelUnit:
     @staticmethod
     def get_model_parallel_world_size() -> int:
         return dist.get_world_size(group=parallel_state.get_model_parallel_group())
-
-    @staticmethod
-    def get_tensor_model_parallel_group():
-        return parallel_state.get_tensor_model_parallel_group()
-
-    @staticmethod
-    def get_tensor_model_parallel_rank() -> int:
-        return parallel_state.get_tensor_model_parallel_rank()
-
-    @staticmethod
-    def get_tensor_model_parallel_world_size() -> int:
-        return parallel_state.get_tensor_model_parallel_world_size()
-
-    @staticmethod
-    def get_tensor_model_parallel_src_rank() -> int:
-        return parallel_state.get_tensor_model_parallel_src_rank()
-
-    @staticmethod
-    def get_pipeline_model_parallel_group():
-        return parallel_state.get_pipeline_model_parallel_group()
-
-    @staticmethod
-    def get_pipeline_model_parallel_rank() -> int:
-        return parallel_state.get_pipeline_model_parallel_rank()
-
-    @staticmethod
-    def get_pipeline_model_parallel_world_size() -> int:
-        return parallel_state.get_pipeline_model_parallel_world_size()
 
 
 def tensor_parallel_size() -> int:

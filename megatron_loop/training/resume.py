@@ -30,8 +30,7 @@ from megatron_loop.config import Config
 from megatron_loop.data.tokenizer import tokenizer_fingerprint
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model.io import MANIFEST, SelectedCheckpoint
-from megatron_loop.parallel.checkpoint import check_resume as check_tensor_parallel_resume
-from megatron_loop.parallel.mpu import tensor_parallel_size
+from megatron_loop.parallel.checkpoint import check_resume as check_tensor_parallel_resume, configured_tensor_parallel_size
 from megatron_loop.training.checkpoint import EXECUTION_KEYS, model_signature
 
 SCHEDULE_KEYS = ("train.lr", "train.max_steps", "train.train_tokens", "train.tokens_per_parameter",
@@ -104,7 +103,7 @@ def plan_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_st
     naming the key) or return what to apply."""
     manifest = point.manifest or {}
     where = point.path / MANIFEST
-    tp = tensor_parallel_size()
+    tp = configured_tensor_parallel_size(cfg)
     check_tensor_parallel_resume(point.manifest, where, tp, world_size // tp)
     saved_model = manifest.get("model", {})
     for key, value in model_signature(cfg).items():

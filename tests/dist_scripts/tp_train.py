@@ -8,9 +8,11 @@ reads ``REPLICAS`` x 2 micro-batches whichever the layout: each DP rank the ones
 (a single process: all of them), so every layout sees the same data per update. Newton-Schulz
 runs in fp32 (see test_parallel_optim.py). Records per step the mean loss over the global batch
 and the engine's grad norm, and at the end the whole weights (TP slices merged); rank 0 writes
-``--out``. ``--save-at S``: saves a DeepSpeed checkpoint after update S into ``--ckpt`` and, at
-the end, builds a second engine, loads it and trains the remaining updates again, recording
-those losses and weights too (``resumed``).
+``--out``. ``--save-at S``: saves a checkpoint after update S into ``--ckpt`` through the training
+loop's ``save_checkpoint`` (manifest with the TP layout, run config; the whole weights then are
+recorded as ``weights_at_save``) and, at the end, builds a second engine (initial weights, no
+optimizer state), resumes it with ``load_checkpoint`` and trains the remaining updates again,
+recording those losses and weights (``resumed``).
 """
 
 from __future__ import annotations
@@ -27,12 +29,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tp_fixtures as fx  # noqa: E402
 from dist_scripts.optim_zero import skip_shm_comm_build  # noqa: E402
 
+from megatron_loop.config import config_from_dict  # noqa: E402
 from megatron_loop.model import build_model  # noqa: E402
+from megatron_loop.model.io import select_explicit  # noqa: E402
 from megatron_loop.optim import OptimizerSettings, build_engine, init_distributed, load_ds_config  # noqa: E402
 from megatron_loop.optim import muon  # noqa: E402
 from megatron_loop.parallel import ParallelConfig, initialize_parallel  # noqa: E402
 from megatron_loop.parallel.shards import gather_whole  # noqa: E402
 from megatron_loop.parallel.state import data_parallel_group  # noqa: E402
+from megatron_loop.training import checkpoint as C  # noqa: E402
+from megatron_loop.training.distributed import DistInfo  # noqa: E402
+from megatron_loop.training.resume import run_settings  # noqa: E402
 
 LR, ACCUM, REPLICAS, MODEL = 0.01, 2, 2, "llama"
 
@@ -79,6 +86,12 @@ def train(parts, layout, steps: range) -> tuple[list[float], list[float]]:
     return losses, norms
 
 
+def run_config():
+    """The run config a checkpoint records (the model of this test; no tokenizer: the export has none)."""
+    return config_from_dict({"model": fx.MODELS[MODEL], "train": {"seq_length": fx.SEQ, "micro_batch_size": fx.MICRO,
+                                                                  "global_batch_size": fx.MICRO * ACCUM * REPLICAS}})
+
+
 def whole_weights(model) -> dict[str, torch.Tensor]:
     import deepspeed
 
@@ -104,15 +117,20 @@ def main() -> None:
     parts = build(args, layout)
     first = args.save_at or args.steps
     losses, norms = train(parts, layout, range(first))
-    if args.save_at:
-        parts.engine.save_checkpoint(args.ckpt, tag="mid")
+    record = {}
+    if args.save_at:  # through the training loop's atomic save (manifest, run config, RNG per rank)
+        info = DistInfo(dist.get_rank(), dist.get_world_size(), dist.get_rank())
+        cfg = run_config()
+        record["weights_at_save"] = whole_weights(parts.engine.module)
+        C.save_checkpoint(parts.engine, Path(args.ckpt), C.TrainState(step=first), cfg, info,
+                          run_settings(cfg, info.world_size, args.stage))
         more, more_norms = train(parts, layout, range(first, args.steps))
         losses, norms = losses + more, norms + more_norms
-    record = {"losses": losses, "grad_norms": norms, "weights": whole_weights(parts.engine.module)}
+    record.update(losses=losses, grad_norms=norms, weights=whole_weights(parts.engine.module))
     if args.save_at:
         resumed = build(args, layout)
-        resumed.engine.load_checkpoint(args.ckpt, tag="mid")
-        again, _ = train(resumed, layout, range(first, args.steps))
+        state = C.load_checkpoint(resumed.engine, select_explicit(Path(args.ckpt)), info)
+        again, _ = train(resumed, layout, range(state.step, args.steps))
         record["resumed"] = {"losses": again, "weights": whole_weights(resumed.engine.module)}
     if dist.get_rank() == 0:
         torch.save(record, args.out)
