@@ -23,19 +23,16 @@ Asserted:
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from train_fixtures import VENV_BIN, env
-from megatron_loop.optim.engine import free_port
+from train_fixtures import launch_all
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "tp_optim.py"
-REPO = Path(__file__).resolve().parents[1]
 ATOL = 2e-6
+TIMEOUT_S = 600
 LAYOUTS = {  # name -> (ranks, tp, zero stage)
     "tp1": (1, 1, 1),
     "tp2_dp2_zero1": (4, 2, 1),
@@ -44,21 +41,12 @@ LAYOUTS = {  # name -> (ranks, tp, zero stage)
 }
 
 
-def launch(root: Path, name: str) -> list[dict]:
-    ranks, tp, stage = LAYOUTS[name]
-    args = [str(SCRIPT), "--tp", str(tp), "--stage", str(stage), "--out", str(root / name)]
-    cmd = ([sys.executable] if ranks == 1 else
-           [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(ranks), "--master_port", str(free_port())])
-    proc = subprocess.run(cmd + args, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        pytest.fail(f"{name} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
-    return [torch.load(root / f"{name}.rank{r}.pt") for r in range(ranks)]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, list[dict]]:
     root = tmp_path_factory.mktemp("tp_optim")
-    return {name: launch(root, name) for name in LAYOUTS}
+    launch_all(root, {name: (ranks, [str(SCRIPT), "--tp", str(tp), "--stage", str(stage), "--out", str(root / name)])
+                      for name, (ranks, tp, stage) in LAYOUTS.items()}, TIMEOUT_S)
+    return {name: [torch.load(root / f"{name}.rank{r}.pt") for r in range(LAYOUTS[name][0])] for name in LAYOUTS}
 
 
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "tp1"])

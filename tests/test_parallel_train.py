@@ -30,12 +30,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_loop.optim.engine import free_port
-from train_fixtures import VENV_BIN, env
+from train_fixtures import REPO, env, launch_all
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "tp_train.py"
-REPO = Path(__file__).resolve().parents[1]
 STEPS = 20
+TIMEOUT_S = 600
 # name -> (ranks, tp, sequence parallel, ZeRO stage, save-at)
 LAYOUTS = {
     "tp1": (1, 1, 0, 1, 0),
@@ -46,26 +45,21 @@ LAYOUTS = {
 }
 
 
-def launch(root: Path, name: str) -> dict:
-    ranks, tp, sp, stage, save_at = LAYOUTS[name]
-    args = [str(SCRIPT), "--tp", str(tp), "--sp", str(sp), "--stage", str(stage), "--steps", str(STEPS),
-            "--save-at", str(save_at), "--ckpt", str(root / f"{name}.ckpt"), "--out", str(root / f"{name}.pt")]
-    cmd = ([sys.executable] if ranks == 1 else
-           [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(ranks), "--master_port", str(free_port())])
-    proc = subprocess.run(cmd + args, cwd=REPO, env=env(), capture_output=True, text=True, timeout=400)
-    if proc.returncode != 0:
-        pytest.fail(f"{name} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
-    return torch.load(root / f"{name}.pt")
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("tp_train")
 
 
+def arguments(root: Path, name: str) -> list[str]:
+    _, tp, sp, stage, save_at = LAYOUTS[name]
+    return [str(SCRIPT), "--tp", str(tp), "--sp", str(sp), "--stage", str(stage), "--steps", str(STEPS),
+            "--save-at", str(save_at), "--ckpt", str(root / f"{name}.ckpt"), "--out", str(root / f"{name}.pt")]
+
+
 @pytest.fixture(scope="module")
 def runs(root) -> dict[str, dict]:
-    return {name: launch(root, name) for name in LAYOUTS}
+    launch_all(root, {name: (LAYOUTS[name][0], arguments(root, name)) for name in LAYOUTS}, TIMEOUT_S)
+    return {name: torch.load(root / f"{name}.pt") for name in LAYOUTS}
 
 
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "tp1"])
