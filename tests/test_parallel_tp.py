@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import tp_fixtures as fx
+from data_fixtures import data_assets
 from megatron_loop.optim.engine import free_port
 from train_fixtures import env
 
@@ -32,9 +33,10 @@ TIMEOUT_S = 420
 def tp_runs(tmp_path_factory) -> dict[int, dict]:
     """Both launches, concurrently; each record as written by its rank 0."""
     out = tmp_path_factory.mktemp("tp")
+    prefix = data_assets().prefix
     procs = {world: subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_port",
-         str(free_port()), str(SCRIPT), "--tp", "2", "--out", str(out / f"world{world}.pt")],
+         str(free_port()), str(SCRIPT), "--tp", "2", "--out", str(out / f"world{world}.pt"), "--data", prefix],
         env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for world in WORLDS}
     records = {}
     for world, proc in procs.items():
@@ -84,3 +86,57 @@ def test_partial_gradients_are_summed_over_tp(tp_runs, references, name, sequenc
     expected = sorted(key for key in ref["grads"] if not any(s in key for s in sharded)
                       and (sequence_parallel or "_layernorm" in key and ("q_" in key or "k_" in key)))
     assert wrong == expected
+
+
+def _loader_batches(dp_rank: int, dp_size: int) -> list:
+    """The first micro-batches of data-parallel rank ``dp_rank`` of ``dp_size`` (no tensor parallelism)."""
+    from megatron_loop.data.loaders import build_train_valid_loaders
+    from megatron_loop.training import preflight
+
+    cfg = fx.data_config(data_assets().prefix)
+    t = cfg.train
+    return fx.first_micro_batches(build_train_valid_loaders(
+        preflight.data_spec(cfg), seq_length=t.seq_length, global_batch_size=t.global_batch_size,
+        micro_batch_size=t.micro_batch_size, dp_rank=dp_rank, dp_size=dp_size, seed=t.seed,
+        vocab_size=cfg.model.vocab_size, train_samples=2 * t.global_batch_size).train)
+
+
+def test_tp_ranks_of_a_dp_group_read_the_same_micro_batches(tp_runs):
+    """The training loop's loaders shard by data-parallel rank: at TP = 2 x DP = 2, ranks 0 and 1
+    (DP rank 0) read what rank 0 of a 2-rank data-parallel run reads, ranks 2 and 3 its rank 1;
+    at TP = 2 x DP = 1 both ranks read the whole global batch."""
+    dp0, dp1 = _loader_batches(0, 2), _loader_batches(1, 2)
+    assert dp0 != dp1
+    assert tp_runs[4]["batches"] == [dp0, dp0, dp1, dp1]
+    whole = _loader_batches(0, 1)
+    assert tp_runs[2]["batches"] == [whole, whole]
+
+
+@pytest.mark.parametrize("parallel, model, message", [
+    ({"tensor_model_parallel_size": 0}, {}, "parallel.tensor_model_parallel_size=0: expected an integer >= 1"),
+    ({"sequence_parallel": True}, {}, "parallel.sequence_parallel=true: expected parallel.tensor_model_parallel_size > 1"),
+    ({"tensor_model_parallel_size": 8}, {}, "parallel.tensor_model_parallel_size=8: expected a divisor of "
+                                            "model.num_attention_heads=4"),
+    ({"tensor_model_parallel_size": 2}, {"num_key_value_heads": 1},
+     "parallel.tensor_model_parallel_size=2: expected a divisor of model.num_key_value_heads=1"),
+    ({"tensor_model_parallel_size": 2}, {"vocab_size": 641},
+     "parallel.tensor_model_parallel_size=2: expected a divisor of model.vocab_size=641"),
+    ({"tensor_model_parallel_size": 2, "tp": 1}, {}, "parallel.tp: unknown key"),
+])
+def test_parallel_config_errors(parallel, model, message):
+    from megatron_loop.config import config_from_dict
+    from megatron_loop.errors import LoopConfigError
+
+    with pytest.raises(LoopConfigError, match="^run.yaml: " + message.replace("(", r"\(").replace(".", r"\.")):
+        config_from_dict({"model": {"backbone": "tiny-llama", **model}, "parallel": parallel}, "run.yaml")
+
+
+def test_world_and_sequence_checks():
+    from megatron_loop.errors import LoopConfigError
+    from megatron_loop.parallel import ParallelConfig
+
+    assert ParallelConfig(2).check_world(8) == 4  # TP 2 x DP 4
+    with pytest.raises(LoopConfigError, match="expected a divisor of the world size 6"):
+        ParallelConfig(4).check_world(6)
+    with pytest.raises(LoopConfigError, match="train.seq_length=30 to be a multiple of"):
+        ParallelConfig(4, sequence_parallel=True).check_world(8, seq_length=30)

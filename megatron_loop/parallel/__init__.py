@@ -7,9 +7,20 @@
 * ``norm``    -- the block spec's RMSNorm (sequence parallel capable).
 * ``grads``   -- summing the partial gradients of replicated parameters over the TP group.
 * ``shards``  -- a TP = 1 state dict to this rank's shards and back.
+
+
+The config module is light (the ``parallel:`` section of every config); the others import
+megatron-core, so they load only when used.
 """
 
 from megatron_loop.parallel.config import ParallelConfig
-from megatron_loop.parallel.state import TensorParallelLayout, current_layout, initialize_parallel
 
 __all__ = ["ParallelConfig", "TensorParallelLayout", "current_layout", "initialize_parallel"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from megatron_loop.parallel import state
+
+        return getattr(state, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
