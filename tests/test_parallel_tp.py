@@ -12,6 +12,7 @@ and at TP = 2 x DP = 2 on 4 ranks, sequence parallelism off and on, and records 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +141,43 @@ def test_world_and_sequence_checks():
         ParallelConfig(4).check_world(6)
     with pytest.raises(LoopConfigError, match="train.seq_length=30 to be a multiple of"):
         ParallelConfig(4, sequence_parallel=True).check_world(8, seq_length=30)
+
+
+@pytest.mark.parametrize("name", list(fx.MODELS))
+def test_plan_counts_the_parameters_each_rank_holds(tp_runs, name):
+    from megatron_loop.dryrun import count_parameters
+    from megatron_loop.parallel.plan import parameters_per_rank
+
+    cfg = fx.model_config(name)
+    assert parameters_per_rank(cfg, count_parameters(cfg).total, 2) == tp_runs[2]["cases"][(name, False)]["params_per_rank"]
+
+
+def test_dry_run_plans_tp_x_dp_from_the_world(tmp_path):
+    """``--dry-run`` under a 4-rank world at TP = 2: DP 2, accumulation global / (micro x DP), per-rank
+    figures; sequence parallelism shrinks the activations and costs 10/8 of the TP traffic."""
+    from train_fixtures import run_cli, tiny_config
+
+    config = tiny_config(tmp_path, train={"global_batch_size": 8, "micro_batch_size": 2})
+    reports = {}
+    for sp in (False, True):
+        out = subprocess.run([sys.executable, "pretrain_loop.py", "--config", str(config), "--dry-run", "--set",
+                              "parallel.tensor_model_parallel_size=2", "--set", f"parallel.sequence_parallel={sp}"],
+                             cwd=Path(__file__).parents[1], env={**env(), "WORLD_SIZE": "4"}, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        reports[sp] = json.loads(out.stdout)
+    plain, sp = reports[False], reports[True]
+    assert plain["parallel_layout"] == "TP 2 x DP 2" and plain["data_parallel_size"] == 2 and plain["world_size"] == 4
+    assert plain["accumulation"] == 2  # 8 = 2 x 2 x 2
+    assert plain["params_per_rank"] < plain["params"]
+    assert sp["activation_bytes_per_rank"] < plain["activation_bytes_per_rank"] < plain["activation_bytes_tp1"]
+    assert sp["tp_comm_bytes_per_micro_batch"] > plain["tp_comm_bytes_per_micro_batch"]
+    tp2 = ("--config", str(config), "--dry-run", "--set", "parallel.tensor_model_parallel_size=2")
+    bad = run_cli(*tp2)  # a world of one rank
+    assert bad.returncode == 2
+    assert bad.stderr == ("error: parallel.tensor_model_parallel_size=2: expected a divisor of the world size 1 "
+                          "(ranks = tensor-parallel x data-parallel)\n")
+    bad = run_cli(*tp2, "--data-parallel-size", "2", "--set", "parallel.sequence_parallel=true",
+                  "--set", "train.seq_length=31")
+    assert bad.returncode == 2
+    assert "parallel.sequence_parallel=true: expected train.seq_length=31 to be a multiple of" in bad.stderr

@@ -57,6 +57,7 @@ def main() -> None:
                 "grads": gather_whole(model, {n: p.grad for n, p in model.named_parameters()}),
                 "grads_before_tp_sum": partial,
                 "partial": sorted(n for n, p in model.named_parameters() if getattr(p, "sequence_parallel", False)),
+                "params_per_rank": sum(p.numel() for p in model.parameters()),
             }
     if args.data:  # the training loop's loaders: sharded by data-parallel rank
         from megatron_loop.training.loop import data_loaders
