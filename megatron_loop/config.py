@@ -20,6 +20,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from megatron_loop.errors import LoopConfigError
+from megatron_loop.parallel.config import ParallelConfig
 
 # --------------------------------------------------------------------------------------
 # Backbone presets (App. C.1, Table 1)
@@ -408,6 +409,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # tensor parallelism: parallel/config.py
     source: str | None = None  # the YAML it came from (for messages)
 
     def validate(self) -> None:
@@ -415,6 +417,8 @@ class Config:
         self.train.validate()
         self.data.validate()
         self.logging.validate()
+        self.parallel.validate()
+        self.parallel.check_model(self.model)
         if self.train.seq_length > self.model.max_position_embeddings:
             raise LoopConfigError(
                 f"train.seq_length={self.train.seq_length}: expected at most the model's maximum context "
@@ -438,7 +442,8 @@ class Config:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
 
 
-SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "logging": LoggingConfig}
+SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "logging": LoggingConfig,
+            "parallel": ParallelConfig}
 
 
 # --------------------------------------------------------------------------------------
@@ -591,6 +596,7 @@ def config_from_dict(raw: dict, source: str = "<dict>", overrides: list[str] | N
             train=_build_section(TrainConfig, raw.get("train", {}), "train"),
             data=_build_section(DataConfig, raw.get("data", {}), "data"),
             logging=_build_section(LoggingConfig, raw.get("logging", {}), "logging"),
+            parallel=_build_section(ParallelConfig, raw.get("parallel", {}), "parallel"),
             source=source,
         )
         cfg.validate()

@@ -22,6 +22,7 @@ from megatron_loop.config import Config, ModelConfig
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.flops import block_matmul_params
 from megatron_loop.optim.schedule import wsd_split
+from megatron_loop.parallel.plan import tensor_parallel_plan
 
 # psi(t, dt) of Eq. (timestep_features), as in model.conditioning (which imports torch);
 # tests/test_dry_run.py checks the counts against the built model.
@@ -138,7 +139,10 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
     """
     from megatron_loop.training import preflight
 
-    dp = default_data_parallel_size() if data_parallel_size is None else data_parallel_size
+    # the launcher's world holds tensor-parallel x data-parallel ranks (parallel/config.py)
+    world = (default_data_parallel_size() if data_parallel_size is None
+             else data_parallel_size * cfg.parallel.tensor_model_parallel_size)
+    dp = cfg.parallel.check_world(world, cfg.train.seq_length)
     if dp < 1:
         raise LoopConfigError(f"--data-parallel-size={dp}: expected a positive number of data-parallel ranks")
     accumulation = preflight.accumulation_steps(cfg, dp)
@@ -161,6 +165,7 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
         global_batch=cfg.train.global_batch_size,
         micro_batch=cfg.train.micro_batch_size,
         data_parallel_size=dp,
+        **tensor_parallel_plan(cfg, params, dp),
         accumulation=accumulation,
         seq_length=cfg.train.seq_length,
         **files,

@@ -76,3 +76,24 @@ def reference(name: str, dp_size: int) -> dict:
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     perturb(model)
     return {"init": init, **run(model, list(range(dp_size)))}
+
+
+def data_config(prefix: str):
+    """A tiny run config on the test corpus (``data_fixtures.data_assets``) for the data-sharding check."""
+    from megatron_loop.config import config_from_dict
+
+    return config_from_dict({
+        "model": {"backbone": "tiny-llama", "vocab_size": 640},
+        "train": {"seq_length": 16, "global_batch_size": 8, "micro_batch_size": 2, "max_steps": 2,
+                  "eval_interval": 0},
+        "data": {"train_prefixes": [prefix], "num_workers": 0},
+        "parallel": {"tensor_model_parallel_size": 2}})
+
+
+def first_micro_batches(loader, n: int = 3) -> list[list[list[int]]]:
+    batches = []
+    for batch in loader:
+        batches.append(batch["tokens"].tolist())
+        if len(batches) == n:
+            break
+    return batches

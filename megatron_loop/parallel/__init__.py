@@ -11,9 +11,20 @@
 * ``zero``    -- the TP sum of partial gradients inside backward, before ZeRO takes them.
 * ``muon``    -- Muon on TP-sharded matrices (gathered over TP, orthogonalised per projection).
 * ``checkpoint`` -- TP x DP in the manifest, the resume check, whole weights for the HF export.
+
+
+The config module is light (the ``parallel:`` section of every config); the others import
+megatron-core, so they load only when used.
 """
 
 from megatron_loop.parallel.config import ParallelConfig
-from megatron_loop.parallel.state import TensorParallelLayout, current_layout, initialize_parallel
 
 __all__ = ["ParallelConfig", "TensorParallelLayout", "current_layout", "initialize_parallel"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from megatron_loop.parallel import state
+
+        return getattr(state, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -173,7 +173,7 @@ def build_engine(cfg: Config, ds_config: Path | dict, accumulation: int, total_s
     from megatron_loop.optim import build_engine as build_optim_engine
 
     t = cfg.train
-    model = build_model(cfg.model)
+    model = build_model(cfg.model, parallel=cfg.parallel)
     settings = OptimizerSettings(
         lr=t.lr, weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps,
         momentum=t.muon_momentum, nesterov=t.muon_nesterov, ns_steps=t.muon_ns_steps,
@@ -208,21 +208,38 @@ def _resume_messages(point: SelectedCheckpoint, plan: R.ResumePlan, set_aside: P
     return msgs
 
 
+def data_loaders(cfg: Config, total_steps: int):
+    """This rank's training and validation loaders, sharded by its data-parallel rank: the
+    tensor-parallel ranks of one data-parallel group read the same micro-batches."""
+    from megatron_loop.data.loaders import build_train_valid_loaders
+    from megatron_loop.parallel import current_layout
+
+    t, layout = cfg.train, current_layout()
+    return build_train_valid_loaders(
+        preflight.data_spec(cfg), seq_length=t.seq_length, global_batch_size=t.global_batch_size,
+        micro_batch_size=t.micro_batch_size, dp_rank=layout.dp_rank, dp_size=layout.dp_size, seed=t.seed,
+        vocab_size=cfg.model.vocab_size, train_samples=total_steps * t.global_batch_size)
+
+
 def build_run(cfg: Config, resume: str | None,
               stopper: StopController | None = None) -> tuple[Run, C.TrainState, MetricsLogger]:
     t = cfg.train
     # Cheap checks first, before the heavy imports and the process group (fast, clear errors).
-    accumulation = preflight.accumulation_steps(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    # Data-parallel size: the world over the tensor-parallel size (parallel/config.py).
+    world = cfg.parallel.check_world(int(os.environ.get("WORLD_SIZE", "1")), t.seq_length)
+    accumulation = preflight.accumulation_steps(cfg, world)
     preflight.check_eval_loops(cfg)
     preflight.check_vocabulary(cfg)
     out = Path(t.output_dir)
     preflight.check_output_dir(out, t.resume or resume is not None)
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # the DeepSpeed JSON is checked against this batch
     ds_config = Path(preflight.check_input_files(cfg, world)["deepspeed_config"])  # + data prefixes, tokenizer
     total_steps = total_train_steps(cfg)
 
     info = D.setup_distributed(t.collective_timeout_s)
-    accumulation = preflight.accumulation_steps(cfg, info.world_size)
+    from megatron_loop.parallel import initialize_parallel  # TP groups inside a node, DP across
+
+    layout = initialize_parallel(cfg.parallel.tensor_model_parallel_size, cfg.parallel.sequence_parallel)
+    accumulation = preflight.accumulation_steps(cfg, layout.dp_size)
     lock = take_output_dir(out, info)  # one run per folder; writable; nothing written before this
     try:
         return _build_locked(cfg, resume, stopper, info, lock, out, ds_config, accumulation, total_steps)
@@ -244,12 +261,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     point = choose_resume_point(root, resume, t.resume, info)  # what changed: refused before any work
     plan = R.plan_resume(point, cfg, info.world_size, _zero_stage(ds_config)) if point else R.ResumePlan()
 
-    from megatron_loop.data.loaders import build_train_valid_loaders
-
-    loaders = build_train_valid_loaders(
-        preflight.data_spec(cfg), seq_length=t.seq_length, global_batch_size=t.global_batch_size,
-        micro_batch_size=t.micro_batch_size, dp_rank=info.rank, dp_size=info.world_size, seed=t.seed,
-        vocab_size=cfg.model.vocab_size, train_samples=total_steps * t.global_batch_size)
+    loaders = data_loaders(cfg, total_steps)
     S.protect_loader_workers(loaders.train, loaders.valid)  # a group signal must not kill a worker
 
     set_aside = start_branch(root, point, out, info) if point is not None else None

@@ -3,7 +3,8 @@ torchrun, gloo): builds each model of ``tp_fixtures.MODELS`` at TP = ``--tp`` wi
 parallelism off and on, runs forward and backward on this data-parallel rank's micro-batch,
 averages the gradients over the DP group, sums the partial gradients over the TP group
 (``parallel.grads``) and gathers every parameter and gradient whole (also as they were before
-the TP sum). Rank 0 writes ``--out`` (torch.save)."""
+the TP sum). With ``--data`` it also records the first micro-batches of the training loop's
+loaders on every rank. Rank 0 writes ``--out`` (torch.save)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tp", type=int, required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--data", help="an indexed prefix: also record the micro-batches each rank reads")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     layout = initialize_parallel(args.tp)
@@ -55,7 +57,14 @@ def main() -> None:
                 "grads": gather_whole(model, {n: p.grad for n, p in model.named_parameters()}),
                 "grads_before_tp_sum": partial,
                 "partial": sorted(n for n, p in model.named_parameters() if getattr(p, "sequence_parallel", False)),
+                "params_per_rank": sum(p.numel() for p in model.parameters()),
             }
+    if args.data:  # the training loop's loaders: sharded by data-parallel rank
+        from megatron_loop.training.loop import data_loaders
+
+        batches = fx.first_micro_batches(data_loaders(fx.data_config(args.data), total_steps=2).train)
+        record["batches"] = [None] * dist.get_world_size()
+        dist.all_gather_object(record["batches"], batches)
     if dist.get_rank() == 0:
         torch.save(record, args.out)
     dist.barrier()
