@@ -13,19 +13,20 @@ MICRO = 2
 CHUNK = 7  # tokens per loss chunk: several chunks, one of them ragged
 
 # name -> model section. ``llama``: untied head, initial + history injection, Loop Gating;
-# ``qwen``: QK norms (gradients partial over heads), tied embedding, dense injection, AdaLN;
-# ``branch``: Branch Gating with scalar history.
+# ``qwen``: QK norms (gradients partial over heads), tied embedding, dense injection, AdaLN,
+# per-loop activation checkpointing (the TP collectives rerun in the recomputation);
+# ``branch``: Branch Gating with scalar history, selective activation checkpointing.
 MODELS = {
     "llama": dict(backbone="tiny-llama", prelude_layers=1, core_layers=2, coda_layers=1, train_loops=3,
                   vocab_size=256, initial_injection="channel", injection_init_noise=0.03,
                   history_injection="channel", history_window=2, timestep="loop_gating",
                   activation_checkpointing="none", compile=False),
     "qwen": dict(backbone="tiny-qwen", prelude_layers=1, core_layers=1, coda_layers=1, train_loops=2,
-                 vocab_size=256, initial_injection="dense", timestep="adaln", activation_checkpointing="none",
+                 vocab_size=256, initial_injection="dense", timestep="adaln", activation_checkpointing="per_loop",
                  compile=False),
     "branch": dict(backbone="tiny-llama", core_layers=2, train_loops=3, vocab_size=256,
                    history_injection="scalar", history_window=1, timestep="branch_gating",
-                   activation_checkpointing="none", compile=False),
+                   activation_checkpointing="selective", compile=False),
 }
 
 
