@@ -171,6 +171,11 @@ def test_dry_run_plans_tp_x_dp_from_the_world(tmp_path):
     assert plain["parallel_layout"] == "TP 2 x DP 2" and plain["data_parallel_size"] == 2 and plain["world_size"] == 4
     assert plain["accumulation"] == 2  # 8 = 2 x 2 x 2
     assert plain["params_per_rank"] < plain["params"]
+    from megatron_loop.config import load_config
+    from megatron_loop.flops import train_flops_per_token
+
+    model = load_config(config).model  # one step's model FLOPs (8 sequences) over the 4 GPUs
+    assert plain["train_flops_per_rank_per_step"] == pytest.approx(train_flops_per_token(model, 32) * 8 * 32 / 4)
     assert sp["activation_bytes_per_rank"] < plain["activation_bytes_per_rank"] < plain["activation_bytes_tp1"]
     assert sp["tp_comm_bytes_per_micro_batch"] > plain["tp_comm_bytes_per_micro_batch"]
     tp2 = ("--config", str(config), "--dry-run", "--set", "parallel.tensor_model_parallel_size=2")
