@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Tensor-parallel step time against TP = 1 on the same GPUs (docs/PARALLELISM.md).
 
-    torchrun --nproc_per_node 2 tools/bench_tp.py --config examples/qwen_0+2x13+2.yaml --tp 1,2 \
+    torchrun --nproc_per_node 2 tools/bench_tp.py --config examples/qwen_4x7.yaml --tp 1,2 \
         --micro-batch 4 --json bench_tp.json
 
 For each TP size in ``--tp`` (one after another, in this one launch) every rank builds the model
