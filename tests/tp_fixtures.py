@@ -13,19 +13,20 @@ MICRO = 2
 CHUNK = 7  # tokens per loss chunk: several chunks, one of them ragged
 
 # name -> model section. ``llama``: untied head, initial + history injection, Loop Gating;
-# ``qwen``: QK norms (gradients partial over heads), tied embedding, dense injection, AdaLN;
-# ``branch``: Branch Gating with scalar history.
+# ``qwen``: QK norms (gradients partial over heads), tied embedding, dense injection, AdaLN,
+# per-loop activation checkpointing (the TP collectives rerun in the recomputation);
+# ``branch``: Branch Gating with scalar history, selective activation checkpointing.
 MODELS = {
     "llama": dict(backbone="tiny-llama", prelude_layers=1, core_layers=2, coda_layers=1, train_loops=3,
                   vocab_size=256, initial_injection="channel", injection_init_noise=0.03,
                   history_injection="channel", history_window=2, timestep="loop_gating",
                   activation_checkpointing="none", compile=False),
     "qwen": dict(backbone="tiny-qwen", prelude_layers=1, core_layers=1, coda_layers=1, train_loops=2,
-                 vocab_size=256, initial_injection="dense", timestep="adaln", activation_checkpointing="none",
+                 vocab_size=256, initial_injection="dense", timestep="adaln", activation_checkpointing="per_loop",
                  compile=False),
     "branch": dict(backbone="tiny-llama", core_layers=2, train_loops=3, vocab_size=256,
                    history_injection="scalar", history_window=1, timestep="branch_gating",
-                   activation_checkpointing="none", compile=False),
+                   activation_checkpointing="selective", compile=False),
 }
 
 
@@ -67,6 +68,31 @@ def run(model, dp_ranks: list[int]) -> dict:
             "grads": {n: p.grad.detach().clone() for n, p in model.named_parameters()}}
 
 
+TRAIN_STEPS = 20
+TRAIN_LR = 3e-3
+
+
+def train(model, dp_ranks: list[int], after_backward=lambda: None) -> list[float]:
+    """TRAIN_STEPS AdamW steps (elementwise, so a shard's update is the whole update's shard) on the
+    mean loss over ``dp_ranks``' batches (a different batch each step); the loss before each step.
+    ``after_backward`` reduces the gradients (TP sum, DP mean) before the step."""
+    model.loss_chunk_tokens = CHUNK
+    optimizer = torch.optim.AdamW(model.parameters(), lr=TRAIN_LR, weight_decay=0.1)
+    losses = []
+    for step in range(TRAIN_STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for r in dp_ranks:
+            tokens, labels = batch(r + 1000 * (step % 2))  # two batches to learn
+            loss = model(tokens, labels=labels).loss / len(dp_ranks)
+            loss.backward()
+            total += loss.item()
+        after_backward()
+        optimizer.step()
+        losses.append(total)
+    return losses
+
+
 def reference(name: str, dp_size: int) -> dict:
     """The TP = 1 model (same seed) on the same batches: initial weights, losses, logits, gradients."""
     from megatron_loop.model import build_model
@@ -76,6 +102,13 @@ def reference(name: str, dp_size: int) -> dict:
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     perturb(model)
     return {"init": init, **run(model, list(range(dp_size)))}
+
+
+def reference_training(name: str, dp_size: int) -> list[float]:
+    from megatron_loop.model import build_model
+
+    torch.manual_seed(SEED)
+    return train(build_model(model_config(name)), list(range(dp_size)))
 
 
 def data_config(prefix: str):

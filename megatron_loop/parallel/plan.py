@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 
 from megatron_loop.config import ModelConfig
-from megatron_loop.flops import block_matmul_params
+from megatron_loop.flops import block_matmul_params, train_flops_per_token
 
 
 def sharded_parameters(cfg: ModelConfig) -> int:
@@ -81,12 +81,17 @@ def activation_bytes_per_rank(cfg: ModelConfig, tp: int, sequence_parallel: bool
 
 
 def tensor_parallel_plan(cfg, params: int, data_parallel_size: int) -> dict:
-    """The dry run's tensor-parallel keys for a Config: the layout and, with TP > 1, the per-rank
-    parameters, activation memory and TP traffic of one micro-batch (precision: bf16 unless fp32)."""
+    """The dry run's tensor-parallel keys for a Config: the layout, the per-rank parameters and model
+    FLOPs of a step and, with TP > 1, the per-rank activation memory and TP traffic of one
+    micro-batch (precision: bf16 unless fp32)."""
     p, t, m = cfg.parallel, cfg.train, cfg.model
     tp = p.tensor_model_parallel_size
-    plan = dict(tensor_parallel_size=tp, sequence_parallel=p.sequence_parallel, world_size=tp * data_parallel_size,
-                parallel_layout=f"TP {tp} x DP {data_parallel_size}", params_per_rank=parameters_per_rank(m, params, tp))
+    world = tp * data_parallel_size
+    plan = dict(tensor_parallel_size=tp, sequence_parallel=p.sequence_parallel, world_size=world,
+                parallel_layout=f"TP {tp} x DP {data_parallel_size}", params_per_rank=parameters_per_rank(m, params, tp),
+                # model FLOPs of one optimizer step shared by every GPU (each TP rank does 1/t of its group's)
+                train_flops_per_rank_per_step=train_flops_per_token(m, t.seq_length) * t.global_batch_size
+                * t.seq_length / world)
     if tp > 1:
         itemsize = 4 if t.precision == "fp32" else 2
         args = (t.micro_batch_size, t.seq_length, itemsize)

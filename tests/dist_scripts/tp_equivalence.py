@@ -59,6 +59,23 @@ def main() -> None:
                 "partial": sorted(n for n, p in model.named_parameters() if getattr(p, "sequence_parallel", False)),
                 "params_per_rank": sum(p.numel() for p in model.parameters()),
             }
+    record["training"] = {}
+    # 20 AdamW steps: this rank's loss, DP-averaged, before each step; "no TP sum" leaves the
+    # partial gradients of sequence parallelism unreduced (what the test must be able to see)
+    for key, sp, tp_sum in ((False, False, True), (True, True, True), ("no TP sum", True, False)):
+        torch.manual_seed(fx.SEED)
+        model = build_model(fx.model_config("llama"), parallel=ParallelConfig(args.tp, sp))
+
+        def reduce_grads():
+            if tp_sum:
+                allreduce_partial_grads(model)
+            for p in model.parameters():
+                dist.all_reduce(p.grad, group=data_parallel_group())
+                p.grad /= layout.dp_size
+
+        losses = torch.tensor(fx.train(model, [layout.dp_rank], reduce_grads))
+        dist.all_reduce(losses, group=data_parallel_group())
+        record["training"][key] = (losses / layout.dp_size).tolist()
     if args.data:  # the training loop's loaders: sharded by data-parallel rank
         from megatron_loop.training.loop import data_loaders
 
