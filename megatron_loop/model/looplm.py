@@ -285,7 +285,6 @@ class LoopLM(nn.Module):
             from megatron_loop.model.adaptive_exit import check_exit
 
             self.tensor_parallel.check_exit(exit_criterion)
-
             check_exit(exit_criterion, exit_threshold)
         cfg = self.config
         r = cfg.train_loops if num_loops is None else int(num_loops)

@@ -225,18 +225,19 @@ def build_run(cfg: Config, resume: str | None,
               stopper: StopController | None = None) -> tuple[Run, C.TrainState, MetricsLogger]:
     t = cfg.train
     # Cheap checks first, before the heavy imports and the process group (fast, clear errors).
-    # Data-parallel size: the world over the tensor-parallel size (parallel/config.py).
-    world = cfg.parallel.check_world(int(os.environ.get("WORLD_SIZE", "1")), t.seq_length)
+    # Data-parallel size: the world over the tensor-parallel size (parallel/config.py); the batch
+    # arithmetic and the DeepSpeed JSON are checked against it.
+    data_parallel = cfg.parallel.check_world(int(os.environ.get("WORLD_SIZE", "1")), t.seq_length)
     if cfg.parallel.tensor_model_parallel_size > 1:  # DeepSpeed would average TP shards' gradients together
         raise LoopConfigError(f"parallel.tensor_model_parallel_size={cfg.parallel.tensor_model_parallel_size}: "
                               "training needs the DeepSpeed engine built with the model-parallel unit (mpu), which "
                               "this build does not have yet; expected 1")
-    accumulation = preflight.accumulation_steps(cfg, world)
+    accumulation = preflight.accumulation_steps(cfg, data_parallel)
     preflight.check_eval_loops(cfg)
     preflight.check_vocabulary(cfg)
     out = Path(t.output_dir)
     preflight.check_output_dir(out, t.resume or resume is not None)
-    ds_config = Path(preflight.check_input_files(cfg, world)["deepspeed_config"])  # + data prefixes, tokenizer
+    ds_config = Path(preflight.check_input_files(cfg, data_parallel)["deepspeed_config"])  # + data prefixes, tokenizer
     total_steps = total_train_steps(cfg)
 
     info = D.setup_distributed(t.collective_timeout_s)
