@@ -13,6 +13,7 @@ import sys
 
 from megatron_loop.config import Config
 from megatron_loop.errors import LoopConfigError
+from megatron_loop.parallel.plan import tensor_parallel_plan
 from megatron_loop.plan import accumulation_steps, check_train_steps, count_parameters, data_epochs, training_plan
 from megatron_loop.training import preflight
 
@@ -43,7 +44,10 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
     step. Prints a ``warning:`` line on stderr per train prefix read more than
     :data:`DATA_REUSE_WARN_EPOCHS` times; ``data_epochs`` and ``eval_loops`` are in the JSON.
     """
-    dp = default_data_parallel_size() if data_parallel_size is None else data_parallel_size
+    # the launcher's world holds tensor-parallel x data-parallel ranks (config/parallel.py)
+    world = (default_data_parallel_size() if data_parallel_size is None
+             else data_parallel_size * cfg.parallel.tensor_model_parallel_size)
+    dp = cfg.parallel.check_world(world, cfg.train.seq_length)
     if dp < 1:
         raise LoopConfigError(f"--data-parallel-size={dp}: expected a positive number of data-parallel ranks")
     accumulation = accumulation_steps(cfg, dp)
@@ -66,6 +70,7 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
         global_batch=cfg.train.global_batch_size,
         micro_batch=cfg.train.micro_batch_size,
         data_parallel_size=dp,
+        **tensor_parallel_plan(cfg, params, dp),
         accumulation=accumulation,
         seq_length=cfg.train.seq_length,
         **files,

@@ -31,6 +31,11 @@ FLOORS: dict[str, tuple[int, str]] = {
     "megatron_loop.model": (4, "the LoopLM and its conditioning, built from a ModelConfig"),
     "megatron_loop.hf.modeling_looplm": (4, "self-contained HF modeling code (torch + transformers only); the "
                                             "model's adaptive exit reuses its exit rule"),
+    "megatron_loop.parallel": (4, "tensor parallelism the model is built with: TP groups, vocab-parallel edges, "
+                                  "sequence-parallel norms, shards; the TP plan of --dry-run"),
+    "megatron_loop.parallel.mpu": (5, "DeepSpeed's model-parallel unit: ZeRO over the data-parallel group"),
+    "megatron_loop.parallel.zero": (5, "TP sum of partial gradients inside backward, before ZeRO takes them"),
+    "megatron_loop.parallel.muon": (5, "Muon on TP-sharded matrices (gathered over the TP group)"),
     "megatron_loop.optim": (5, "Muon + AdamW, the DeepSpeed engine around a built model"),
     "megatron_loop.checkpoint": (6, "the on-disk checkpoint format: layout, manifest, selection, weights, publish"),
     "megatron_loop.training": (7, "the loop, checkpoints, resume, metrics: drives model, optim and data"),

@@ -32,6 +32,7 @@ NOT_ON_CPU = {  # regex on the command -> why it is not run here
     r"^(deepspeed|torchrun) .*examples/llama_4x5\.yaml": "paper scale: a 1B-parameter model on 8+ GPUs",
     r"(hf|runs)/llama_4x5": "needs the paper-scale checkpoint",
     r"^(mkdir -p logs && )?sbatch ": "needs SLURM",
+    r"^(deepspeed|torchrun) .*parallel\.tensor_model_parallel_size=2": "tensor parallelism: a paper-scale model on 8 GPUs",
     r"^source \.venv/bin/activate && export OMP_NUM_THREADS=1$": "the environment this suite already runs in",
     r"^python tools/bench\.py --help$": "tests/test_docs.py runs --help of every README script",
 }

@@ -74,6 +74,27 @@ def run_cli(*args: str, nproc: int = 1, launcher: str = "python", script: str = 
                           capture_output=True, text=True, timeout=timeout)
 
 
+def launch_all(root: Path, launches: dict[str, tuple[int, list[str]]], timeout: float = TIMEOUT) -> None:
+    """Run every ``name -> (ranks, [script, *args])`` at once (one process, or torchrun with ``ranks``),
+    logs in ``root/<name>.log``; a failed or hung launch fails the test with its log's tail."""
+    import pytest
+
+    procs = {}
+    for name, (ranks, (script, *args)) in launches.items():
+        log = open(root / f"{name}.log", "w")
+        cmd = command(*args, nproc=ranks, launcher="python" if ranks == 1 else "torchrun", script=script)
+        procs[name] = (subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=log, stderr=subprocess.STDOUT), log)
+    for name, (proc, log) in procs.items():
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    for name, (proc, _) in procs.items():
+        if proc.returncode != 0:
+            pytest.fail(f"{name} failed (exit {proc.returncode}):\n{(root / f'{name}.log').read_text()[-4000:]}")
+
+
 def start_cli(*args: str, nproc: int = 1, launcher: str = "python", script: str = "pretrain_loop.py",
               new_session: bool = False) -> subprocess.Popen:
     """``new_session``: the launch leads its own process group (``setsid``), so a test can signal

@@ -72,7 +72,16 @@ def consolidated_state_dict(ckpt_dir: str | os.PathLike, tag: str | None = None)
 
 
 def read_weights(chosen: SelectedCheckpoint) -> dict[str, torch.Tensor]:
-    """fp32 model weights of ``chosen`` (any ZeRO stage), consolidated by DeepSpeed's zero_to_fp32."""
+    """fp32 model weights of ``chosen`` (any ZeRO stage; a tensor-parallel checkpoint: consolidated
+    per TP rank, then the slices merged, :func:`megatron_loop.checkpoint.tensor_parallel.read_whole_weights`)."""
+    from megatron_loop.checkpoint.tensor_parallel import read_whole_weights  # megatron-core: loaded only here
+
+    whole = read_whole_weights(chosen, read_zero_weights)
+    return whole if whole is not None else read_zero_weights(chosen)
+
+
+def read_zero_weights(chosen: SelectedCheckpoint) -> dict[str, torch.Tensor]:
+    """fp32 model weights of the one model replica in ``chosen``, consolidated by DeepSpeed's zero_to_fp32."""
     from deepspeed.utils import zero_to_fp32
 
     real_torch, zero_to_fp32.torch = zero_to_fp32.torch, _WeightsOnlyTorch()

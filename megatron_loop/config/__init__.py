@@ -12,6 +12,7 @@ Everything a caller needs is importable from here::
 from megatron_loop.config.loading import build_model_config, config_from_dict, load_config
 from megatron_loop.config.paths import REPOSITORY, VALID_SUFFIX, prefix_exists, resolve_paths, sibling_valid_prefix
 from megatron_loop.config.presets import BACKBONES, LLAMA3_ROPE_SCALING
+from megatron_loop.config.parallel import ParallelConfig
 from megatron_loop.config.sections import (SECTIONS, Config, DataConfig, LoggingConfig, ModelConfig, OptimizerSettings,
                                            TrainConfig)
 from megatron_loop.config.validation import (CHECKPOINTING, DATA_ORDERS, HISTORY_INJECTIONS, INITIAL_INJECTIONS,
@@ -23,6 +24,6 @@ __all__ = [
     "BACKBONES", "CHECKPOINTING", "DATA_ORDERS", "HISTORY_INJECTIONS", "INITIAL_INJECTIONS", "LLAMA3_ROPE_SCALING",
     "LOOP_GATING_REFERENCES", "LOOP_SAMPLINGS", "LOSS_IMPLEMENTATIONS", "NOISY_INITIAL_INJECTIONS", "OPTIMIZERS",
     "REPOSITORY", "SECTIONS", "TIMESTEPS", "TIMESTEP_GRIDS", "VALID_SUFFIX", "Config", "DataConfig",
-    "LoggingConfig", "ModelConfig", "OptimizerSettings", "TrainConfig", "build_model_config", "check_loop_sampling",
+    "LoggingConfig", "ModelConfig", "OptimizerSettings", "ParallelConfig", "TrainConfig", "build_model_config", "check_loop_sampling",
     "config_from_dict", "load_config", "loop_range", "prefix_exists", "resolve_paths", "sibling_valid_prefix",
 ]

@@ -12,6 +12,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+from megatron_loop.config.parallel import ParallelConfig
 from megatron_loop.config.paths import sibling_valid_prefix
 from megatron_loop.config.validation import (validate_config, validate_data, validate_logging, validate_model,
                                              validate_train)
@@ -60,7 +61,7 @@ class ModelConfig:
     # where elementwise work adds to it; tools/bench.py measures it). See checkpointing.py.
     activation_checkpointing_selective_cost: float | None = None
     # torch.compile each transformer block once (static shapes) and reuse it at every loop:
-    # changing r never recompiles (megatron_loop/perf.py). auto: on when CUDA is available (it
+    # changing r never recompiles (megatron_loop/model/apply.py). auto: on when CUDA is available (it
     # pays there, docs/BENCHMARKS.md), off on CPU (start-up time, needs a C++ compiler).
     compile: bool | str = "auto"
     # LM head + cross-entropy: chunked (torch, the reference), fused (Liger-Kernel's Triton
@@ -222,6 +223,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # tensor parallelism: config/parallel.py
     source: str | None = None  # the YAML it came from (for messages)
 
     def validate(self) -> None:
@@ -236,4 +238,5 @@ class Config:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
 
 
-SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "logging": LoggingConfig}
+SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "logging": LoggingConfig,
+            "parallel": ParallelConfig}

@@ -20,7 +20,7 @@ HISTORY_INJECTIONS = ("none", "scalar", "channel", "dense")
 TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln")
 TIMESTEP_GRIDS = ("rescaled", "prefix")
 CHECKPOINTING = ("none", "per_loop", "selective", "auto", "per_block")  # megatron_loop/model/checkpointing.py
-LOSS_IMPLEMENTATIONS = ("auto", "chunked", "fused")  # megatron_loop/perf.py
+LOSS_IMPLEMENTATIONS = ("auto", "chunked", "fused")  # megatron_loop/model/loss.py
 # The readings of the paper's ambiguous passages, as switches (defaults = the original
 # behaviour). Each is documented where it acts and in docs/CONFIG.md.
 NOISY_INITIAL_INJECTIONS = ("scalar", "channel", "residual_channel")  # App. E.1 ablation
@@ -221,6 +221,8 @@ def validate_config(cfg: Config) -> None:
     validate_train(cfg.train)
     validate_data(cfg.data)
     validate_logging(cfg.logging)
+    cfg.parallel.validate()
+    cfg.parallel.check_model(cfg.model)
     if cfg.train.seq_length > cfg.model.max_position_embeddings:
         raise LoopConfigError(
             f"train.seq_length={cfg.train.seq_length}: expected at most the model's maximum context "

@@ -46,8 +46,10 @@ def ensure_parallel_state() -> None:
 
 def transformer_config(*, num_layers: int, hidden_size: int, intermediate_size: int, num_attention_heads: int,
                        num_key_value_heads: int, head_dim: int, rms_norm_eps: float, qk_norm: bool,
-                       initializer_range: float, params_dtype: torch.dtype = torch.float32) -> TransformerConfig:
-    """megatron-core config for a pre-norm RMSNorm / GQA / RoPE / SwiGLU block without biases or dropout."""
+                       initializer_range: float, params_dtype: torch.dtype = torch.float32,
+                       tensor_model_parallel_size: int = 1, sequence_parallel: bool = False) -> TransformerConfig:
+    """megatron-core config for a pre-norm RMSNorm / GQA / RoPE / SwiGLU block without biases or dropout
+    (``tensor_model_parallel_size`` / ``sequence_parallel``: ``megatron_loop/parallel``)."""
 
     def init_method(weight: torch.Tensor) -> torch.Tensor:
         # App. C.2: every linear weight ~ N(0, 0.02); no depth scaling of output layers.
@@ -82,6 +84,8 @@ def transformer_config(*, num_layers: int, hidden_size: int, intermediate_size: 
             persist_layer_norm=False,
             gradient_accumulation_fusion=False,
             rotary_interleaved=False,
+            tensor_model_parallel_size=tensor_model_parallel_size,
+            sequence_parallel=sequence_parallel,
         )
 
 

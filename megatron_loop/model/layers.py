@@ -21,6 +21,7 @@ from torch import nn
 
 from megatron_loop.model import roles
 from megatron_loop.model.compat import SDPACoreAttention
+from megatron_loop.parallel.norm import TorchRMSNorm
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -30,15 +31,14 @@ with warnings.catch_warnings():
     from megatron.core.transformer.identity_op import IdentityOp
     from megatron.core.transformer.mlp import MLP, MLPSubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec, build_module
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_config import TransformerConfig
 
 
 @dataclass
 class LoopBlockSubmodules:
-    input_layernorm: ModuleSpec | type = WrappedTorchNorm
+    input_layernorm: ModuleSpec | type = TorchRMSNorm
     self_attention: ModuleSpec | type = IdentityOp
-    pre_mlp_layernorm: ModuleSpec | type = WrappedTorchNorm
+    pre_mlp_layernorm: ModuleSpec | type = TorchRMSNorm
     mlp: ModuleSpec | type = IdentityOp
 
 
@@ -47,7 +47,7 @@ def loop_block_spec(qk_norm: bool) -> ModuleSpec:
     return ModuleSpec(
         module=LoopBlock,
         submodules=LoopBlockSubmodules(
-            input_layernorm=WrappedTorchNorm,
+            input_layernorm=TorchRMSNorm,
             self_attention=ModuleSpec(
                 module=SelfAttention,
                 params={"attn_mask_type": AttnMaskType.causal},
@@ -55,11 +55,11 @@ def loop_block_spec(qk_norm: bool) -> ModuleSpec:
                     linear_qkv=ColumnParallelLinear,
                     core_attention=SDPACoreAttention,
                     linear_proj=RowParallelLinear,
-                    q_layernorm=WrappedTorchNorm if qk_norm else IdentityOp,
-                    k_layernorm=WrappedTorchNorm if qk_norm else IdentityOp,
+                    q_layernorm=TorchRMSNorm if qk_norm else IdentityOp,
+                    k_layernorm=TorchRMSNorm if qk_norm else IdentityOp,
                 ),
             ),
-            pre_mlp_layernorm=WrappedTorchNorm,
+            pre_mlp_layernorm=TorchRMSNorm,
             mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear,
                                                                 linear_fc2=RowParallelLinear)),
         ),
@@ -84,11 +84,13 @@ class LoopBlock(nn.Module):
 
     def _tag_roles(self, config: TransformerConfig) -> None:
         heads, groups = config.num_attention_heads, config.num_query_groups
+        tp = config.tensor_model_parallel_size  # the splits describe this rank's shard of the fused weights
         attn = self.self_attention
         roles.set_role(attn.linear_qkv.weight, roles.MATRIX,
-                       roles.QKVSplit(num_groups=groups, heads_per_group=heads // groups, head_dim=config.kv_channels))
+                       roles.QKVSplit(num_groups=groups // tp, heads_per_group=heads // groups,
+                                      head_dim=config.kv_channels))
         roles.set_role(attn.linear_proj.weight, roles.MATRIX)
-        roles.set_role(self.mlp.linear_fc1.weight, roles.MATRIX, roles.GateUpSplit(config.ffn_hidden_size))
+        roles.set_role(self.mlp.linear_fc1.weight, roles.MATRIX, roles.GateUpSplit(config.ffn_hidden_size // tp))
         roles.set_role(self.mlp.linear_fc2.weight, roles.MATRIX)
         for norm in (self.input_layernorm, self.pre_mlp_layernorm, attn.q_layernorm, attn.k_layernorm):
             for p in norm.parameters() if norm is not None else ():

@@ -46,6 +46,9 @@ from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStat
                                               branch_modulation, history_window, timestep_features)
 from megatron_loop.model.layers import loop_block_spec
 from megatron_loop.model.loss import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked_linear_cross_entropy
+from megatron_loop.config.parallel import ParallelConfig
+from megatron_loop.parallel.grads import mark_sequence_parallel
+from megatron_loop.parallel.vocab import TensorParallelEdges, lm_head, token_embedding
 
 with __import__("warnings").catch_warnings():
     __import__("warnings").simplefilter("ignore")
@@ -66,28 +69,34 @@ class LoopLMOutput(ModelOutput):
 
 
 class LoopLM(nn.Module):
-    """A looped decoder ``p+s×K+c`` built from megatron-core blocks."""
+    """A looped decoder ``p+s×K+c`` built from megatron-core blocks.
 
-    def __init__(self, config: ModelConfig):
+    Tensor parallelism (``megatron_loop/parallel``): the TP size is that of megatron-core's groups
+    (``parallel.initialize_parallel``; TP = 1 when none were built); ``parallel`` adds sequence
+    parallelism and is checked against them.
+    """
+
+    def __init__(self, config: ModelConfig, parallel: ParallelConfig | None = None):
         super().__init__()
         config.validate()
         self.config = config
         ensure_parallel_state()
+        self.tensor_parallel = TensorParallelEdges.of(config, parallel)
+        layout = self.tensor_parallel.layout
         d = config.hidden_size
         tcfg = transformer_config(
             num_layers=config.physical_depth, hidden_size=d, intermediate_size=config.intermediate_size,
             num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
             head_dim=config.head_dim, rms_norm_eps=config.rms_norm_eps, qk_norm=config.qk_norm,
-            initializer_range=config.initializer_range)
+            initializer_range=config.initializer_range, tensor_model_parallel_size=layout.tp_size,
+            sequence_parallel=layout.sequence_parallel)
         spec = loop_block_spec(config.qk_norm)
         numbers = iter(range(1, config.physical_depth + 1))
 
         def blocks(n: int) -> nn.ModuleList:
             return nn.ModuleList(build_module(spec, config=tcfg, layer_number=next(numbers)) for _ in range(n))
 
-        self.embed_tokens = nn.Embedding(config.vocab_size, d)
-        nn.init.normal_(self.embed_tokens.weight, mean=0.0, std=config.initializer_range)
-        roles.set_role(self.embed_tokens.weight, roles.EMBEDDING)
+        self.embed_tokens = token_embedding(config.vocab_size, d, config.initializer_range, tcfg, layout)
         self.prelude = blocks(config.prelude_layers)
         self.core = blocks(config.core_layers)
         self.coda = blocks(config.coda_layers)
@@ -96,9 +105,7 @@ class LoopLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
-            nn.init.normal_(self.lm_head.weight, mean=0.0, std=config.initializer_range)
-            roles.set_role(self.lm_head.weight, roles.HEAD)
+            self.lm_head = lm_head(d, config.vocab_size, config.initializer_range, tcfg, layout)
 
         # ---- conditioning (Sec. 5); all of it starts as the identity
         self.initial_injection = (None if config.initial_injection == "none"
@@ -124,6 +131,7 @@ class LoopLM(nn.Module):
         self._device_constants: dict[tuple, torch.Tensor] = {}
         for name, p in self.named_parameters():
             roles.role_of(p)  # every parameter must carry a role (raises otherwise)
+        mark_sequence_parallel(self)  # replicated parameters whose gradients are partial over TP
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -208,6 +216,7 @@ class LoopLM(nn.Module):
         if exit_criterion != "none":
             from megatron_loop.model.adaptive_exit import check_exit
 
+            self.tensor_parallel.check_exit(exit_criterion)
             check_exit(exit_criterion, exit_threshold)
         cfg = self.config
         r = cfg.train_loops if num_loops is None else int(num_loops)
@@ -221,7 +230,7 @@ class LoopLM(nn.Module):
         grid = timestep_grid or cfg.timestep_grid
         psi_all = self._timestep_features(r, grid, input_ids.device) if self.uses_timestep else None
 
-        h = self.embed_tokens(input_ids).transpose(0, 1)  # [s, b, d]
+        h = self.tensor_parallel.embed(self.embed_tokens, input_ids)  # [s, b, d] ([s/N, b, d] sequence parallel)
         rope = self._rope(input_ids.shape[1], input_ids.device)
         for block in self.prelude:
             h = block(h, rope)
@@ -261,14 +270,14 @@ class LoopLM(nn.Module):
 
         for block in self.coda:
             h = block(h, rope)
-        h = self.norm(h).transpose(0, 1)  # [b, s, d]
+        h = self.tensor_parallel.head_input(self.norm(h)).transpose(0, 1)  # [b, s, d]
 
         loss = None
         if labels is not None:
             loss = self.loss(h, labels)
-        logits = F.linear(h, self.head_weight()) if compute_logits else None
+        logits = self.tensor_parallel.logits(h, self.head_weight()) if compute_logits else None
         if trajectory is not None:
-            trajectory = [t.transpose(0, 1) for t in trajectory]
+            trajectory = [self.tensor_parallel.gather_sequence(t).transpose(0, 1) for t in trajectory]
         exit_loops = None if token_exit is None else token_exit.loops.transpose(0, 1)
         return LoopLMOutput(logits=logits, loss=loss, trajectory=trajectory, exit_loops=exit_loops)
 
@@ -282,12 +291,14 @@ class LoopLM(nn.Module):
         h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
         return chunked_linear_cross_entropy(h, self.head_weight(), labels[:, 1:].reshape(-1),
                                             chunk_size=self.loss_chunk_tokens, ignore_index=IGNORE_INDEX,
-                                            implementation=self.loss_implementation)
+                                            implementation=self.tensor_parallel.loss_implementation(
+                                                self.loss_implementation))
 
 
-def build_model(config: ModelConfig, device: torch.device | str | None = None) -> LoopLM:
+def build_model(config: ModelConfig, device: torch.device | str | None = None,
+                parallel: ParallelConfig | None = None) -> LoopLM:
     """Build a LoopLM (CPU unless ``device`` is given; ``"meta"`` for shape-only dry runs)."""
     if device is None:
-        return LoopLM(config)
+        return LoopLM(config, parallel)
     with torch.device(device):
-        return LoopLM(config)
+        return LoopLM(config, parallel)

@@ -186,8 +186,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int,
-                ignore_index: int, implementation: str) -> torch.Tensor:
-        chunk_loss = CHUNK_LOSSES[implementation]
+                ignore_index: int, chunk_loss: ChunkLoss) -> torch.Tensor:
         count = (targets != ignore_index).sum().to(torch.float32)  # device tensor: no host sync
         inv_count = 1.0 / count
         total = hidden.new_zeros((), dtype=torch.float32)
@@ -220,25 +219,26 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                                  chunk_size: int = DEFAULT_CHUNK_TOKENS, ignore_index: int = IGNORE_INDEX,
-                                 implementation: str = "chunked") -> torch.Tensor:
+                                 implementation: str | ChunkLoss = "chunked") -> torch.Tensor:
     """``F.cross_entropy(F.linear(hidden, weight).float(), targets, ignore_index=...)`` (mean),
     without ever holding more than ``chunk_size`` tokens of logits.
 
     ``hidden`` is ``[N, d]``, ``weight`` ``[V, d]``, ``targets`` ``[N]``. As F.cross_entropy, the
     mean is over the non-ignored targets (NaN when every target is ignored). ``implementation``:
     ``chunked`` (torch, fp32 logits per chunk: the reference), ``fused`` (Liger-Kernel's Triton
-    kernel on logits in the hidden dtype) or ``auto`` (:func:`resolve_loss_implementation`).
+    kernel on logits in the hidden dtype) or ``auto`` (:func:`resolve_loss_implementation`), or a
+    :class:`ChunkLoss` of its own (the vocabulary-parallel one: ``parallel/vocab.py``).
     """
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"expected hidden [N, d] and targets [N], got {tuple(hidden.shape)} and "
                          f"{tuple(targets.shape)}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size}: expected a positive integer")
-    implementation = resolve_loss_implementation(implementation, hidden)
+    chunk_loss = (implementation if callable(implementation)
+                  else CHUNK_LOSSES[resolve_loss_implementation(implementation, hidden)])
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(hidden, weight, targets, chunk_size, ignore_index, implementation)
+        return _LinearCrossEntropy.apply(hidden, weight, targets, chunk_size, ignore_index, chunk_loss)
     # No gradient wanted (evaluation): plain chunked reduction, nothing kept.
-    chunk_loss = CHUNK_LOSSES[implementation]
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, hidden.shape[0], chunk_size):
         total = total + chunk_loss(hidden[start:start + chunk_size], weight, targets[start:start + chunk_size],

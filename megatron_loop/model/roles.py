@@ -112,9 +112,14 @@ def uses_muon(param: torch.nn.Parameter, conditioning_matrices: bool = False) ->
     return role_of(param) == MATRIX or (conditioning_matrices and is_conditioning_matrix(param))
 
 
+def projection_split(param: torch.nn.Parameter) -> QKVSplit | GateUpSplit | StackSplit | None:
+    """How a fused matrix splits into its projections (None: the matrix is one projection)."""
+    return getattr(param, _SPLIT_ATTR, None)
+
+
 def projection_rows(param: torch.nn.Parameter) -> list[torch.Tensor] | None:
     """Row indices of each projection inside a fused matrix (None: the matrix is one projection)."""
-    split = getattr(param, _SPLIT_ATTR, None)
+    split = projection_split(param)
     return None if split is None else split.row_index()
 
 

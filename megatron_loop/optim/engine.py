@@ -50,6 +50,8 @@ from megatron_loop.optim.ds_config import resolve_ds_config
 from megatron_loop.optim.layout import PartitionLayout
 from megatron_loop.optim.optimizer import MuonAdamW, role_param_groups
 from megatron_loop.optim.schedule import wsd_scheduler
+from megatron_loop.parallel.mpu import data_parallel_size, model_parallel_unit
+from megatron_loop.parallel.zero import sum_partial_grads_in_backward
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "deepspeed_configs"
 
@@ -224,7 +226,7 @@ def build_engine(
         config,
         micro_batch_size=micro_batch_size,
         grad_accum=grad_accum,
-        data_parallel_size=dist.get_world_size() if dist.is_initialized() else 1,
+        data_parallel_size=data_parallel_size(),  # world / TP: ZeRO shards over the DP group only
         bf16=bf16,
         grad_clip=settings.grad_clip,
         source=(f"train.deepspeed_config={str(ds_config)!r}" if isinstance(ds_config, (str, Path))
@@ -239,12 +241,13 @@ def build_engine(
 
     if stage == 3:
         register_external_parameters(model)
+    sum_partial_grads_in_backward(model)  # TP: replicated weights' partial gradients, before ZeRO takes them
     if hasattr(model, "blocks"):  # LoopLM: checkpointing and compiled blocks as model.* asks, for this stage
         from megatron_loop.model.apply import prepare_for_training
 
         prepare_for_training(model, stage)
     engine, engine_optimizer, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, mpu=model_parallel_unit()
     )
     if stage >= 1:
         attach_zero_layouts(engine_optimizer, optimizer)

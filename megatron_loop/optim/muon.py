@@ -34,6 +34,9 @@ from megatron_loop.model import roles
 
 NS_COEFFICIENTS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
+# Newton-Schulz compute dtype (torch.optim.Muon's). The multi-rank equivalence tests set float32: in bf16 a
+# last-bit difference of the input (another reduction order) can flip a rounding and move a weight by ~1e-4.
+NS_DTYPE = torch.bfloat16
 ScaleRule = Literal["match_rms_adamw", "original"]
 SCALE_RULES: tuple[str, ...] = ("match_rms_adamw", "original")
 
@@ -54,7 +57,7 @@ def newton_schulz(
     if matrix.ndim != 2:
         raise ValueError(f"Newton-Schulz needs a 2-D matrix, got shape {tuple(matrix.shape)}")
     a, b, c = coefficients
-    x = matrix.bfloat16()
+    x = matrix.to(NS_DTYPE)
     tall = matrix.size(0) > matrix.size(1)
     if tall:
         x = x.T
@@ -119,11 +122,18 @@ def orthogonalized_update(
     rows of projection ``j``. The caller applies ``param -= lr * update``.
     """
     rows = projection_rows_on(param, matrix.device)
-    if rows is None:
-        return newton_schulz(matrix, steps).mul_(muon_scale(matrix.shape, rule))
-    if matrix.ndim == 3:  # a stack of matrices (roles.StackSplit): its 2-D view, one row block each
+    if rows is not None and matrix.ndim == 3:  # a stack of matrices (roles.StackSplit): its 2-D view
         return orthogonalized_update(matrix.reshape(-1, matrix.shape[-1]), param, steps=steps,
                                      rule=rule).reshape(matrix.shape)
+    return orthogonalize_projections(matrix, rows, steps=steps, rule=rule)
+
+
+def orthogonalize_projections(matrix: torch.Tensor, rows: list[torch.Tensor] | None, *, steps: int = 5,
+                              rule: ScaleRule = "match_rms_adamw") -> torch.Tensor:
+    """``scale_j * NS(matrix[rows_j])`` in the rows of every projection ``j`` of a 2-D ``matrix``
+    (``rows`` None: the matrix is one projection)."""
+    if rows is None:
+        return newton_schulz(matrix, steps).mul_(muon_scale(matrix.shape, rule))
     update = torch.empty_like(matrix)
     covered = 0
     for index in rows:

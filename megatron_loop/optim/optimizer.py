@@ -37,7 +37,9 @@ from torch.optim.adamw import adamw as adamw_functional
 from megatron_loop.config import OPTIMIZERS
 from megatron_loop.model import roles
 from megatron_loop.optim.layout import PartitionLayout
-from megatron_loop.optim.muon import SCALE_RULES, ScaleRule, momentum_input_, orthogonalized_update
+from megatron_loop.optim.muon import SCALE_RULES, ScaleRule, momentum_input_
+from megatron_loop.parallel import muon as tp_muon
+from megatron_loop.parallel.mpu import model_parallel_unit
 
 MUON_GROUP = "muon"
 ADAMW_GROUP = "adamw"
@@ -144,6 +146,11 @@ class MuonAdamW(torch.optim.Optimizer):
         params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
         if any(self.layout_of(p) is not None for p in params):
             raise RuntimeError("ZeRO partitions are clipped by DeepSpeed; build MuonAdamW with clip_grad=None")
+        mpu = model_parallel_unit()
+        if mpu is not None:  # TP shards: DeepSpeed's norm sums over the TP group, replicated weights once
+            from deepspeed.runtime.utils import clip_grad_norm_
+
+            return float(clip_grad_norm_(params, max_norm, mpu=mpu))
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
     def _muon_step(self, group: dict) -> None:
@@ -161,7 +168,9 @@ class MuonAdamW(torch.optim.Optimizer):
             direction = momentum_input_(state["momentum_buffer"], param.grad, group["momentum"], group["nesterov"])
 
             def orthogonalize(matrix: torch.Tensor, weight: torch.nn.Parameter) -> torch.Tensor:
-                return orthogonalized_update(matrix, weight, steps=group["ns_steps"], rule=group["muon_scale"])
+                # a TP shard is orthogonalised as the whole matrix, gathered over the TP group
+                return tp_muon.tensor_parallel_update(matrix, weight, steps=group["ns_steps"],
+                                                      rule=group["muon_scale"])
 
             layout = self.layout_of(param)
             if layout is not None:

@@ -38,6 +38,7 @@ from megatron_loop.checkpoint.state import RNG_FILE, TrainState, capture_rng, re
 from megatron_loop.checkpoint.weights import restrict_unpickling, safe_load
 from megatron_loop.config import Config
 from megatron_loop.errors import LoopDataError, first_line as _first_line, write_failure
+from megatron_loop.checkpoint.tensor_parallel import manifest_fields as tensor_parallel_fields
 from megatron_loop.training import distributed as D
 from megatron_loop.training.metrics import read_records, record_step
 
@@ -76,7 +77,8 @@ def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.
     if not failed and info.is_main:
         try:
             write_manifest(partial, {"tag": tag, "step": state.step, "consumed_samples": state.consumed_samples,
-                                     "model": model_signature(cfg), **settings})
+                                     "model": model_signature(cfg), **settings,
+                                     **tensor_parallel_fields(engine.module)})
             publish(root, partial, tag)
             save_run_config(root, cfg)
         except OSError as e:

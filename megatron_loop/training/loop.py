@@ -44,6 +44,7 @@ from megatron_loop.model import build_model
 from megatron_loop.model.apply import new_checkpoint_plans
 from megatron_loop.optim import build_engine as build_optim_engine
 from megatron_loop.optim.engine import describe_precision, load_ds_config
+from megatron_loop.parallel.state import current_layout, initialize_parallel  # TP groups inside a node, DP across
 from megatron_loop.measure.peak_flops import matmul_peak_flops
 from megatron_loop.plan import accumulation_steps, total_train_steps
 from megatron_loop.training import checkpoint, distributed, preflight, signals
@@ -167,7 +168,7 @@ def build_engine(cfg: Config, ds_config: Path | dict, accumulation: int, total_s
     """The LoopLM in a DeepSpeed engine with Muon + AdamW and the WSD schedule (App. C.2); the
     optimizer settings are ``cfg.train``'s (a :class:`~megatron_loop.config.OptimizerSettings`)."""
     t = cfg.train
-    model = build_model(cfg.model)
+    model = build_model(cfg.model, parallel=cfg.parallel)
     parts = build_optim_engine(model, t, micro_batch_size=t.micro_batch_size, grad_accum=accumulation,
                                total_steps=total_steps, ds_config=ds_config,
                                bf16=None if t.precision == "auto" else t.precision == "bf16")  # auto: the JSON's
@@ -194,21 +195,34 @@ def _resume_messages(point: SelectedCheckpoint, plan: ResumePlan, set_aside: Pat
     return msgs
 
 
+def data_loaders(cfg: Config, total_steps: int):
+    """This rank's training and validation loaders, sharded by its data-parallel rank: the
+    tensor-parallel ranks of one data-parallel group read the same micro-batches."""
+    t, layout = cfg.train, current_layout()
+    return build_train_valid_loaders(
+        preflight.data_spec(cfg), seq_length=t.seq_length, global_batch_size=t.global_batch_size,
+        micro_batch_size=t.micro_batch_size, dp_rank=layout.dp_rank, dp_size=layout.dp_size, seed=t.seed,
+        vocab_size=cfg.model.vocab_size, train_samples=total_steps * t.global_batch_size)
+
+
 def build_run(cfg: Config, resume: str | None,
               stopper: StopController | None = None) -> tuple[Run, TrainState, MetricsLogger]:
     t = cfg.train
     # Cheap checks first, before the heavy imports and the process group (fast, clear errors).
-    accumulation = accumulation_steps(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    # Data-parallel size: the world over the tensor-parallel size (config/parallel.py); the batch
+    # arithmetic and the DeepSpeed JSON are checked against it.
+    data_parallel = cfg.parallel.check_world(int(os.environ.get("WORLD_SIZE", "1")), t.seq_length)
+    accumulation = accumulation_steps(cfg, data_parallel)
     preflight.check_eval_loops(cfg)
     preflight.check_vocabulary(cfg)
     out = Path(t.output_dir)
     preflight.check_output_dir(out, t.resume or resume is not None)
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # the DeepSpeed JSON is checked against this batch
-    ds_config = Path(preflight.check_input_files(cfg, world)["deepspeed_config"])  # + data prefixes, tokenizer
+    ds_config = Path(preflight.check_input_files(cfg, data_parallel)["deepspeed_config"])  # + data prefixes, tokenizer
     total_steps = total_train_steps(cfg)
 
     info = distributed.setup_distributed(t.collective_timeout_s)
-    accumulation = accumulation_steps(cfg, info.world_size)
+    layout = initialize_parallel(cfg.parallel.tensor_model_parallel_size, cfg.parallel.sequence_parallel)
+    accumulation = accumulation_steps(cfg, layout.dp_size)
     lock = take_output_dir(out, info)  # one run per folder; writable; nothing written before this
     try:
         return _build_locked(cfg, resume, stopper, info, lock, out, ds_config, accumulation, total_steps)
@@ -230,10 +244,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     point = choose_resume_point(root, resume, t.resume, info)  # what changed: refused before any work
     plan = plan_resume(point, cfg, info.world_size, _zero_stage(ds_config)) if point else ResumePlan()
 
-    loaders = build_train_valid_loaders(
-        preflight.data_spec(cfg), seq_length=t.seq_length, global_batch_size=t.global_batch_size,
-        micro_batch_size=t.micro_batch_size, dp_rank=info.rank, dp_size=info.world_size, seed=t.seed,
-        vocab_size=cfg.model.vocab_size, train_samples=total_steps * t.global_batch_size)
+    loaders = data_loaders(cfg, total_steps)
     signals.protect_loader_workers(loaders.train, loaders.valid)  # a group signal must not kill a worker
 
     set_aside = start_branch(root, point, out, info) if point is not None else None

@@ -1,0 +1,62 @@
+"""A TP = 1 tensor to this rank's TP shard and back, from megatron-core's partition attributes.
+
+megatron-core marks each TP-sharded parameter with ``partition_dim`` and ``partition_stride``:
+the whole tensor is cut along ``partition_dim`` into ``N * stride`` equal blocks and rank t holds
+blocks ``t, t + N, ...`` concatenated (stride 2 for the fused SwiGLU ``fc1``, whose rows are
+``[gate; up]``: rank t holds ``[gate_t; up_t]``; stride 1 everywhere else: QKV query groups,
+output-projection and ``fc2`` columns, vocabulary rows). Replicated tensors are identical on
+every rank.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from megatron_loop.parallel.grads import is_tensor_parallel
+from megatron_loop.parallel.state import tensor_parallel_group
+
+
+def shard_of(full: torch.Tensor, param: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """Rank ``rank``'s shard of the whole tensor ``full`` laid out as ``param``."""
+    if not is_tensor_parallel(param) or size == 1:
+        return full
+    dim, stride = param.partition_dim, getattr(param, "partition_stride", 1)
+    blocks = torch.chunk(full, size * stride, dim=dim)
+    return torch.cat(blocks[rank::size], dim=dim)
+
+
+def whole_of(shards: list[torch.Tensor], param: torch.Tensor) -> torch.Tensor:
+    """The whole tensor from every rank's shard (inverse of :func:`shard_of`)."""
+    if not is_tensor_parallel(param) or len(shards) == 1:
+        return shards[0]
+    dim, stride = param.partition_dim, getattr(param, "partition_stride", 1)
+    pieces = [torch.chunk(s, stride, dim=dim) for s in shards]
+    return torch.cat([pieces[r][k] for k in range(stride) for r in range(len(shards))], dim=dim)
+
+
+@torch.no_grad()
+def load_whole_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy a TP = 1 state dict (parameter names as the TP = 1 model's) into this rank's shards."""
+    group = tensor_parallel_group()
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    for name, p in model.named_parameters():
+        p.copy_(shard_of(state[name], p, rank, size))
+
+
+def gather_whole(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` (per parameter name: the parameter's value, gradient, ... on this rank) gathered
+    over the TP group into whole tensors (collective: every TP rank calls it)."""
+    group = tensor_parallel_group()
+    size = dist.get_world_size(group)
+    out = {}
+    for name, p in model.named_parameters():
+        t = tensors[name].contiguous()
+        if not is_tensor_parallel(p) or size == 1:
+            out[name] = t
+            continue
+        shards = [torch.empty_like(t) for _ in range(size)]
+        dist.all_gather(shards, t, group=group)
+        out[name] = whole_of(shards, p)
+    return out

@@ -1,0 +1,92 @@
+"""One rank of the tensor-parallel equivalence test (launched by tests/test_parallel_tp.py under
+torchrun, gloo): builds each model of ``tp_fixtures.MODELS`` at TP = ``--tp`` with sequence
+parallelism off and on, runs forward and backward on this data-parallel rank's micro-batch,
+averages the gradients over the DP group, sums the partial gradients over the TP group
+(``parallel.grads``) and gathers every parameter and gradient whole (also as they were before
+the TP sum). With ``--data`` it also records the first micro-batches of the training loop's
+loaders on every rank. Rank 0 writes ``--out`` (torch.save)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import tp_fixtures as fx  # noqa: E402
+
+from megatron_loop.model import build_model  # noqa: E402
+from megatron_loop.parallel import ParallelConfig, initialize_parallel  # noqa: E402
+from megatron_loop.parallel.grads import allreduce_partial_grads  # noqa: E402
+from megatron_loop.parallel.shards import gather_whole  # noqa: E402
+from megatron_loop.parallel.state import data_parallel_group  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tp", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--data", help="an indexed prefix: also record the micro-batches each rank reads")
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    layout = initialize_parallel(args.tp)
+    record = {"layout": [None] * dist.get_world_size(), "cases": {}}
+    dist.all_gather_object(record["layout"], (layout.tp_rank, layout.dp_rank))
+    for name in fx.MODELS:
+        for sp in (False, True):
+            torch.manual_seed(fx.SEED)
+            model = build_model(fx.model_config(name), parallel=ParallelConfig(args.tp, sp))
+            init = gather_whole(model, {n: p.detach().clone() for n, p in model.named_parameters()})
+            fx.perturb(model)
+            out = fx.run(model, [layout.dp_rank])
+            for p in model.parameters():  # the data-parallel mean, as ZeRO reduces it
+                dist.all_reduce(p.grad, group=data_parallel_group())
+                p.grad /= layout.dp_size
+            partial = gather_whole(model, {n: p.grad.clone() for n, p in model.named_parameters()})  # before the TP sum
+            allreduce_partial_grads(model)
+            losses = [torch.zeros_like(out["losses"]) for _ in range(layout.dp_size)]
+            dist.all_gather(losses, out["losses"], group=data_parallel_group())
+            logits = [torch.zeros_like(out["logits"]) for _ in range(layout.dp_size)]
+            dist.all_gather(logits, out["logits"], group=data_parallel_group())
+            record["cases"][(name, sp)] = {
+                "init": init, "losses": torch.cat(losses), "logits": torch.cat(logits),
+                "grads": gather_whole(model, {n: p.grad for n, p in model.named_parameters()}),
+                "grads_before_tp_sum": partial,
+                "partial": sorted(n for n, p in model.named_parameters() if getattr(p, "sequence_parallel", False)),
+                "params_per_rank": sum(p.numel() for p in model.parameters()),
+            }
+    record["training"] = {}
+    # 20 AdamW steps: this rank's loss, DP-averaged, before each step; "no TP sum" leaves the
+    # partial gradients of sequence parallelism unreduced (what the test must be able to see)
+    for key, sp, tp_sum in ((False, False, True), (True, True, True), ("no TP sum", True, False)):
+        torch.manual_seed(fx.SEED)
+        model = build_model(fx.model_config("llama"), parallel=ParallelConfig(args.tp, sp))
+
+        def reduce_grads():
+            if tp_sum:
+                allreduce_partial_grads(model)
+            for p in model.parameters():
+                dist.all_reduce(p.grad, group=data_parallel_group())
+                p.grad /= layout.dp_size
+
+        losses = torch.tensor(fx.train(model, [layout.dp_rank], reduce_grads))
+        dist.all_reduce(losses, group=data_parallel_group())
+        record["training"][key] = (losses / layout.dp_size).tolist()
+    if args.data:  # the training loop's loaders: sharded by data-parallel rank
+        from megatron_loop.training.loop import data_loaders
+
+        batches = fx.first_micro_batches(data_loaders(fx.data_config(args.data), total_steps=2).train)
+        record["batches"] = [None] * dist.get_world_size()
+        dist.all_gather_object(record["batches"], batches)
+    if dist.get_rank() == 0:
+        torch.save(record, args.out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
