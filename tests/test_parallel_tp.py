@@ -135,7 +135,7 @@ def test_parallel_config_errors(parallel, model, message):
 
 def test_world_and_sequence_checks():
     from megatron_loop.errors import LoopConfigError
-    from megatron_loop.parallel import ParallelConfig
+    from megatron_loop.config import ParallelConfig
 
     assert ParallelConfig(2).check_world(8) == 4  # TP 2 x DP 4
     with pytest.raises(LoopConfigError, match="expected a divisor of the world size 6"):

@@ -32,7 +32,8 @@ import torch.distributed as dist  # noqa: E402
 
 from megatron_loop.config import load_config  # noqa: E402
 from megatron_loop.flops import train_flops_per_token  # noqa: E402
-from megatron_loop.parallel import ParallelConfig, initialize_parallel  # noqa: E402
+from megatron_loop.config import ParallelConfig  # noqa: E402
+from megatron_loop.parallel import initialize_parallel  # noqa: E402
 from megatron_loop.parallel.plan import tp_communication_bytes  # noqa: E402
 from megatron_loop.measure.timing import synchronize  # noqa: E402
 

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tp_fixtures as fx  # noqa: E402
 
 from megatron_loop.model import build_model  # noqa: E402
-from megatron_loop.parallel import ParallelConfig, initialize_parallel  # noqa: E402
+from megatron_loop.config import ParallelConfig  # noqa: E402
+from megatron_loop.parallel import initialize_parallel  # noqa: E402
 from megatron_loop.parallel.grads import allreduce_partial_grads  # noqa: E402
 from megatron_loop.parallel.shards import gather_whole  # noqa: E402
 from megatron_loop.parallel.state import data_parallel_group  # noqa: E402

@@ -34,7 +34,8 @@ from megatron_loop.model import build_model  # noqa: E402
 from megatron_loop.checkpoint.selection import select_explicit  # noqa: E402
 from megatron_loop.optim import OptimizerSettings, build_engine, init_distributed, load_ds_config  # noqa: E402
 from megatron_loop.optim import muon  # noqa: E402
-from megatron_loop.parallel import ParallelConfig, initialize_parallel  # noqa: E402
+from megatron_loop.config import ParallelConfig  # noqa: E402
+from megatron_loop.parallel import initialize_parallel  # noqa: E402
 from megatron_loop.parallel.shards import gather_whole  # noqa: E402
 from megatron_loop.parallel.state import data_parallel_group  # noqa: E402
 from megatron_loop.training import checkpoint as C  # noqa: E402
