@@ -85,15 +85,16 @@ def vocab_parallel_chunk(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     row_max = logits.max(dim=1).values
     dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
     logits.sub_(row_max.unsqueeze(1))
-    stats = torch.stack([logits.exp().sum(dim=1),
-                         logits.gather(1, safe.unsqueeze(1)).squeeze(1) * owned.to(torch.float32)])
+    target_logit = logits.gather(1, safe.unsqueeze(1)).squeeze(1) * owned.to(torch.float32)
+    exp = logits.exp_()  # in place: the shifted logits are not needed again
+    stats = torch.stack([exp.sum(dim=1), target_logit])
     dist.all_reduce(stats, group=group)
     sum_exp, target_logit = stats
     validf = valid.to(torch.float32)
     loss = ((sum_exp.log() - target_logit) * validf).sum()
     if not need_grad:
         return loss, None
-    grad = logits.exp_().div_(sum_exp.unsqueeze(1))
+    grad = exp.div_(sum_exp.unsqueeze(1))
     grad.scatter_add_(1, safe.unsqueeze(1), -owned.to(torch.float32).unsqueeze(1))
     return loss, grad.mul_(validf.unsqueeze(1)).to(hidden.dtype)
 

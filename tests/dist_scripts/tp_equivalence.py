@@ -25,6 +25,7 @@ from megatron_loop.parallel import initialize_parallel  # noqa: E402
 from megatron_loop.parallel.grads import allreduce_partial_grads  # noqa: E402
 from megatron_loop.parallel.shards import gather_whole  # noqa: E402
 from megatron_loop.parallel.state import data_parallel_group  # noqa: E402
+from megatron_loop.training.distributed import setup_distributed  # noqa: E402
 
 
 def main() -> None:
@@ -33,7 +34,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--data", help="an indexed prefix: also record the micro-batches each rank reads")
     args = parser.parse_args()
-    dist.init_process_group("gloo")
+    setup_distributed(60)  # the training loop's path: the launcher's world through DeepSpeed, gloo on CPU
     layout = initialize_parallel(args.tp)
     record = {"layout": [None] * dist.get_world_size(), "cases": {}}
     dist.all_gather_object(record["layout"], (layout.tp_rank, layout.dp_rank))
