@@ -171,14 +171,14 @@ def test_tiny_model_overfits_a_small_batch():
 
 # ---------------------------------------------------------------- config
 def test_examples_cover_the_paper_and_load():
-    names = {p.stem for p in (ROOT / "examples").glob("*.yaml")}
+    names = {p.stem for p in (ROOT / "examples").rglob("*.yaml")}
     expected = {"llama_2x10", "llama_4x5", "llama_5x4", "llama_10x2", "qwen_2x14", "qwen_4x7", "qwen_7x4",
                 "qwen_14x2", "llama_20x1", "qwen_28x1", "llama_0+1x19+1", "llama_1+1x19+0", "llama_0+2x9+2",
                 "llama_1+2x9+1", "llama_2+2x9+0", "llama_0+3x6+2", "llama_1+3x6+1", "llama_2+3x6+0",
                 "llama_0+5x3+5", "llama_1+5x3+4", "llama_2+5x3+3", "llama_3+5x3+2", "llama_4+5x3+1",
                 "llama_5+5x3+0", "qwen_0+2x13+2", "qwen_1+2x13+1", "qwen_2+2x13+0"}
     assert expected <= names
-    for path in sorted((ROOT / "examples").glob("*.yaml")):
+    for path in sorted((ROOT / "examples").rglob("*.yaml")):
         cfg = load_config(path)
         if path.stem.startswith(("llama", "qwen")):
             assert cfg.train.seq_length == 2048

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = [*sorted(REPO.glob("megatron_loop/**/*.py")), *sorted(REPO.glob("tools/*.py")), REPO / "pretrain_loop.py"]
+SOURCES = [*sorted(REPO.glob("megatron_loop/**/*.py")), *sorted(REPO.glob("tools/**/*.py")), REPO / "pretrain_loop.py"]
 ERRORS_MD = REPO / "docs" / "ERRORS.md"
 ERROR_TYPES = {"LoopConfigError", "LoopDataError", "NonFiniteStop", "CollectiveFailure"}
 MIN_PIECE = 12  # shorter literal pieces ("=", ": expected ") identify nothing
