@@ -21,7 +21,7 @@ install: $(STAMP)
 
 test: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
-		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 tests
 
 demo: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash tools/demo.sh
