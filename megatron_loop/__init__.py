@@ -19,7 +19,7 @@ from megatron_loop.errors import LoopConfigError, LoopDataError  # noqa: E402
 
 def build_model(config, device=None):
     """Build a :class:`~megatron_loop.model.LoopLM` (imported lazily: megatron-core is heavy)."""
-    from megatron_loop.model import build_model as _build
+    from megatron_loop.model import build_model as _build  # megatron-core: load_config stays light
 
     return _build(config, device=device)
 

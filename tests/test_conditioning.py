@@ -1,4 +1,4 @@
-"""Recurrence conditioning (issue: conditioning): identity at init, exact formulas against an
+"""Recurrence conditioning (model/conditioning.py): identity at init, exact formulas against an
 independent reference loop, timestep grids, parameter counts, gradient flow."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`make demo`'s pipeline end to end (issue: quickstart), shortened: the same tools/demo.sh with
+"""`make demo`'s pipeline end to end (README's two commands), shortened: the same tools/demo.sh with
 fewer training steps and lm-eval items. Runs every stage through its real CLI: corpus, tokenizer,
 preprocessing, DeepSpeed training, HF export, loop sweep with lm-eval, geometry probes."""
 

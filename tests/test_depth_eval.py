@@ -1,4 +1,4 @@
-"""Compute against accuracy under adaptive exit (issue 15 item 4): ``tools/eval_loops.py
+"""Compute against accuracy under adaptive exit: ``tools/eval_loops.py
 --exit-criterion kl --exit-thresholds ...`` records, per threshold, the mean loops per token,
 the effective depth it implies and the scores, next to the fixed-r sweep; threshold 0 reproduces
 the fixed r = cap figures exactly and a huge threshold one loop per token."""

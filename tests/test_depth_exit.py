@@ -1,4 +1,4 @@
-"""Per-token adaptive exit at inference (issue 15 item 3), in ``LoopLM`` and in the HF export.
+"""Per-token adaptive exit at inference, in ``LoopLM`` and in the HF export.
 
 Threshold 0 is the fixed model with r = cap (bit for bit) and a huge threshold exits every token
 after its first loop; in between, tokens of one sequence run different loop counts, and the

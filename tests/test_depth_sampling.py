@@ -1,4 +1,4 @@
-"""Sampled loop counts in training (issue 15 item 1): ``train.loop_sampling``.
+"""Sampled loop counts in training: ``train.loop_sampling``.
 
 The step's loop count is a pure function of (config, seed, step): deterministic, untouched by
 the global RNG streams, with mean K; every micro-batch of a step and both of 2 gloo ranks run the

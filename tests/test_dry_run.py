@@ -1,4 +1,4 @@
-"""``pretrain_loop.py --dry-run`` (issue 16 item 3): the analytic parameter count equals the model
+"""``pretrain_loop.py --dry-run``: the analytic parameter count equals the model
 built on the meta device for every backbone, layout and conditioning; the dry run imports no
 torch / DeepSpeed / megatron-core; it prints the batch arithmetic; and each bad input it checks
 (DeepSpeed JSON, data prefixes, tokenizer, batch, budget) is one ``error:`` line with exit 2."""

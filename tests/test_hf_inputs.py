@@ -1,4 +1,4 @@
-"""HF export inputs and hygiene (issue 16 items 3 and 5): the loop count and timestep grid checked
+"""HF export inputs and hygiene: the loop count and timestep grid checked
 when an export is loaded (``from_pretrained`` and lm-eval's ``--model_args``), bad converter
 arguments as one ``error:`` line with nothing written, and a tokenizer that loads from the export
 without running the model's code and without install-specific keys."""

@@ -32,7 +32,7 @@ STRIP = " :;,.'\"="
 # Longest literal piece of a code message -> why docs/ERRORS.md does not list it.
 NOT_IN_ERRORS_MD = {
     # guards of internal APIs: the config / CLI checks before them reject the same input with a documented line
-    "unsupported annotation": "config.py: a dataclass field type the loader does not know (a programming error)",
+    "unsupported annotation": "config/loading.py: a dataclass field type the loader cannot read (a programming error)",
     "micro_batch_size, grad_accum and data-parallel size must be >= 1": "the batch keys are checked at load",
     "give zero_stage or ds_config": "load_ds_config() called without either (code, not input)",
     "DeepSpeed config has ZeRO stage": "load_ds_config(stage, file) in tests: the file is not that stage",
@@ -86,14 +86,14 @@ NOT_IN_ERRORS_MD = {
 # A documented message (as written in docs/ERRORS.md) -> why the code's literals do not spell it out
 # (a library prints it, or the code composes it at run time).
 NOT_LITERAL_IN_CODE = {
-    "a list of str": "config._coerce composes it from the field's annotation",
-    "dict or null": "config._coerce composes it from the field's annotation",
+    "a list of str": "config.loading._coerce composes it from the field's annotation",
+    "dict or null": "config.loading._coerce composes it from the field's annotation",
     "--set '<text>': value is not valid YAML (<problem> at line <l>, column <c>)": "PyYAML's problem and mark, "
-                                                                                 "put on one line by config.py",
+                                                                                 "put on one line by config/loading.py",
     "warning: skipping ...": "shorthand for the skipping messages above it in the same row",
     "pretrain_loop.py: error: the following arguments are required: --config": "argparse",
     "argument --data-parallel-size: invalid int value: 'abc'": "argparse",
-    "unknown section '<name>'; expected one of ['data', 'logging', 'model', 'train']": "config.py composes the "
+    "unknown section '<name>'; expected one of ['data', 'logging', 'model', 'train']": "config/loading.py composes the "
                                                                                        "list from SECTIONS",
     "(We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the cached "
     "files)": "transformers (quoted inside our tokenizer message)",
@@ -127,7 +127,7 @@ def code_messages() -> list[tuple[str, str]]:
             text = None
             if name in ERROR_TYPES or (name == "ValueError" and path.name == "modeling_looplm.py"):
                 text = _template(node.args[0])
-            elif name == "need" and len(node.args) >= 3:  # config.py's need(condition, key, expected)
+            elif name == "need" and len(node.args) >= 3:  # config/validation.py's need(condition, key, expected)
                 text = _template(node.args[2])
             elif name == "print":
                 line = _template(node.args[0])

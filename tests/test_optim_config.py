@@ -1,4 +1,4 @@
-"""DeepSpeed config files and batch arithmetic (issue 5 item 2)."""
+"""DeepSpeed config files and batch arithmetic."""
 
 from __future__ import annotations
 

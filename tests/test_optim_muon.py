@@ -151,7 +151,7 @@ def test_muon_state_is_in_state_dict_and_round_trips():
     assert [g["name"] for g in fresh.param_groups] == ["muon", "adamw"]
 
 
-# ------------------------------------------------------------------ grouping switches (issue 14)
+# ------------------------------------------------ grouping switches (train.optimizer, muon_conditioning_matrices)
 def _conditioned_looplm():
     """A tiny LoopLM with every kind of conditioning matrix: dense initial injection W [d, 2d],
     dense history B [w, d, d] (a StackSplit stack) and AdaLN W [2d, 8] (timestep, never Muon),

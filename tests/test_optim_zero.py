@@ -1,5 +1,4 @@
-"""ZeRO 1, 2 and 3 (and stage 0) on 2 gloo ranks against a single-process torch reference
-(issue 5 item 3).
+"""ZeRO 1, 2 and 3 (and stage 0) on 2 gloo ranks against a single-process torch reference.
 
 ``tests/dist_scripts/optim_zero.py`` trains ``FusedToy`` through ``build_engine`` (fp32, micro
 batch 2, accumulation 2, different data per rank, 4 updates of which the third has its loss

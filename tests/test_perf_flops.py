@@ -1,4 +1,4 @@
-"""FLOP accounting over the effective depth (issue 8), against a hand count."""
+"""FLOP accounting over the effective depth, against a hand count."""
 
 from __future__ import annotations
 

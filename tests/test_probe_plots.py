@@ -1,4 +1,4 @@
-"""Probe figures drawn from geometry.json (issue 14 item 5): the terminal response of
+"""Probe figures drawn from geometry.json: the terminal response of
 fig:conditioning_responses (a), the configuration ratios R(d), of C/N/B means and per shared-block
 pair (fig:conditioning_responses d, fig:appendix_composition_geometry b-d), computed from the
 report's N, B, C matrices and plotted with exactly those numbers; ``--replot`` redraws them."""

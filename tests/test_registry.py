@@ -254,7 +254,7 @@ def test_every_sweep_reaches_each_depth_its_figure_plots():
                 assert probe is None or first in probe, (study.name, name, depth, probe)
                 checked += 1
     assert checked > 400
-    # the examples: x+2x9+y reaches D = 40 at r = 19, the Qwen 2x13 CoreLoops D = 56 at r = 27,
+    # matched effective depth, worked examples: x+2x9+y reaches D = 40 at r = 19, the Qwen 2x13 CoreLoops D = 56 at r = 27,
     # Fig. 8(a) probes the Llama 2x9 CoreLoops at D = 40 and does not sweep Llama to 3x
     fig2 = generate_configs.study_commands(registry.STUDIES["fig2"])
     assert _loops_of(next(x for x in fig2 if "--model hf/llama_1+2x9+1 " in x), "--loops")[-1] == 19

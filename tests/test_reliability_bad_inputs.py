@@ -1,4 +1,4 @@
-"""The catalogue of bad inputs (issue 9 item 5): each one ends ``pretrain_loop.py`` (or the
+"""The catalogue of bad inputs: each one ends ``pretrain_loop.py`` (or the
 tool) with exit 2 and ONE ``error: ...`` line naming the key or file and what is expected, and
 leaves nothing half-written (no output folder; an existing run folder unchanged).
 
@@ -148,7 +148,7 @@ def _cases(root: Path) -> dict[str, Case]:
             ["--checkpoint", str(root / "no_ckpt"), "--output", str(root / "hf_out")],
             r"no_ckpt: checkpoint folder not found",
             script=str(REPO / "tools" / "convert_to_hf.py"), absent=[root / "hf_out"]),
-        # issue 17: one run per folder, resume that checks what changed, unwritable folders
+        # one run per folder, resume that checks what changed, unwritable folders
         "collective_timeout_not_positive": c(["train.collective_timeout_s=0"],
                                              r"train\.collective_timeout_s=0(\.0)?: expected a positive number"),
         "output_dir_in_use": _with(resume("in_use"), rf"{re.escape(str(runs['in_use']))}/run\.lock: train\."

@@ -1,4 +1,4 @@
-"""The fault suite of issue 17 (docs/RELIABILITY.md lists every scenario with its test).
+"""The fault suite: stops, crashes, locks and disk errors of real runs (docs/RELIABILITY.md lists every scenario with its test).
 
 Real runs (CPU, gloo, the tiny config of ``train_fixtures``) under python, torchrun and the
 ``deepspeed`` launcher, stopped the way a cluster stops them; each asserts the outcome: a

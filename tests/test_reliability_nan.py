@@ -1,4 +1,4 @@
-"""Non-finite loss policy (issue 9 item 4, "Must show"), on an injected NaN loss.
+"""Non-finite loss policy (``train.nan_policy``), on an injected NaN loss.
 
 ``skip``: the update is skipped (DeepSpeed refuses a non-finite gradient norm), counted, logged
 with the step and batch index, and training goes on; more than ``max_consecutive_nonfinite`` in a

@@ -1,4 +1,4 @@
-"""Preemption and crashes (issue 9 items 1 and 3, "Must show").
+"""Preemption and crashes.
 
 A real subprocess run stopped by SIGTERM saves and exits 0, a wall-time limit does the same,
 and one killed with SIGKILL mid-run resumes; both continue exactly (loss trajectory and final

@@ -1,4 +1,4 @@
-"""What an operator sees of a run (issue 16 items 2 and 3): one console line per logged step with
+"""What an operator sees of a run: one console line per logged step with
 the progress bar off (SLURM logs), validation lines, the data reuse at start, the end-of-run
 summary, TensorBoard scalars equal to metrics.jsonl, ``tools/plot_metrics.py``; and the
 validation data rules (``valid_prefixes: []`` disables validation, a validation set smaller

@@ -1,4 +1,4 @@
-"""Launch paths (issue 5 items 1 and 7): bare ``srun`` maps SLURM's task ids onto torch's
+"""Launch paths: bare ``srun`` maps SLURM's task ids onto torch's
 variables; the multi-node examples are well-formed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exact resume with 2 gloo ranks (issue 5 and issue 9 "Must show"): stop after N steps, resume to
+"""Exact resume with 2 gloo ranks: stop after N steps, resume to
 2N, and the loss trajectory, the validation losses and the final weights equal an uninterrupted
 2N run bitwise (CPU fp32), data order included.
 

@@ -246,7 +246,8 @@ class Target:
 
 
 def targets(inp: Inputs) -> list[Target]:
-    """Issue 22's targets, each from the step that measures it."""
+    """The GPU targets of docs/BENCHMARKS.md (speed, MFU, memory, recompiles), each from the step that
+    measures it."""
     llama, qwen = inp.train("train-llama"), inp.train("train-qwen")
     peers_compiled = inp.row("peers", r"^ratio .* ours compiled / .* HF compiled")
     peers_eager = inp.row("peers", r"^ratio .* ours eager / .* HF eager")

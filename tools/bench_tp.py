@@ -30,17 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from megatron_loop.config import load_config  # noqa: E402
+from megatron_loop.config import ParallelConfig, load_config  # noqa: E402
 from megatron_loop.flops import train_flops_per_token  # noqa: E402
-from megatron_loop.config import ParallelConfig  # noqa: E402
-from megatron_loop.parallel import initialize_parallel  # noqa: E402
-from megatron_loop.parallel.plan import tp_communication_bytes  # noqa: E402
 from megatron_loop.measure.timing import synchronize  # noqa: E402
+from megatron_loop.model import build_model  # noqa: E402
+from megatron_loop.parallel import initialize_parallel  # noqa: E402
+from megatron_loop.parallel.grads import allreduce_partial_grads  # noqa: E402
+from megatron_loop.parallel.plan import tp_communication_bytes  # noqa: E402
 
 
 def step_seconds(model, tokens: torch.Tensor, device: torch.device, steps: int, warmup: int) -> float:
-    from megatron_loop.parallel.grads import allreduce_partial_grads
-
     times = []
     for i in range(warmup + steps):
         synchronize(device)
@@ -84,8 +83,6 @@ def main() -> None:
         initialize_parallel(tp, args.sequence_parallel and tp > 1)
         parallel = ParallelConfig(tp, args.sequence_parallel and tp > 1)
         torch.manual_seed(t.seed)
-        from megatron_loop.model import build_model
-
         model = build_model(m, parallel=parallel).to(device)
         if cuda:
             model = model.bfloat16()

@@ -16,7 +16,7 @@ task x r table (score ± standard error) and writes results.json, results.csv, p
 and PNG plots into --output (default: <model>_eval next to the model folder); --compare adds
 other runs' results.json to the shared figures.
 
-Per-token adaptive exit (issue 15): ``--exit-criterion kl|cosine --exit-thresholds 1e-4,1e-3``
+Per-token adaptive exit (``model/adaptive_exit.py``): ``--exit-criterion kl|cosine --exit-thresholds 1e-4,1e-3``
 evaluates the same suite once per threshold with r capped at --exit-max-loops (default: the
 largest --loops) and adds, per threshold, the mean loops per token, the effective depth it
 implies and the scores (results.json "adaptive", adaptive.csv, frontier.png: score against mean

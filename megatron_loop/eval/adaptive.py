@@ -1,4 +1,4 @@
-"""Compute against accuracy under per-token adaptive exit (issue 15 item 4).
+"""Compute against accuracy under per-token adaptive exit (``tools/eval_loops.py --exit-criterion``).
 
 For each exit threshold the exported model runs with ``exit_criterion`` and ``num_loops`` = the
 cap R (``modeling_looplm.TokenExit``): the same lm-eval suite and held-out loss as the fixed-r

@@ -103,7 +103,7 @@ def hf_config(cfg: ModelConfig, token_ids: dict | None = None, train_seq_length:
         from transformers import LlamaConfig
         return LlamaConfig(**_common_fields(cfg), num_hidden_layers=depth, attention_bias=False, mlp_bias=False,
                            **token_ids)
-    from megatron_loop.hf.modeling_looplm import LoopLMConfig
+    from megatron_loop.hf.modeling_looplm import LoopLMConfig  # transformers: loaded only when an export is built
     return LoopLMConfig(**_common_fields(cfg), prelude_layers=cfg.prelude_layers, core_layers=cfg.core_layers,
                         train_loops=cfg.train_loops, coda_layers=cfg.coda_layers, num_loops=cfg.train_loops,
                         qk_norm=cfg.qk_norm, initial_injection=cfg.initial_injection,
@@ -277,7 +277,7 @@ def _export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
-        from megatron_loop.hf.modeling_looplm import LoopLMForCausalLM
+        from megatron_loop.hf.modeling_looplm import LoopLMForCausalLM  # transformers, as above
         with torch.device("meta"):
             model = LoopLMForCausalLM(config)
     missing, unexpected = model.load_state_dict(hf_state, strict=False, assign=True)
@@ -381,7 +381,7 @@ def load_looplm_from_hf(hf_dir: str | os.PathLike):
     """An exported HF folder -> the training ``LoopLM`` (fp32, eval mode), for probing."""
     from transformers import AutoConfig
 
-    from megatron_loop.model import build_model
+    from megatron_loop.model import build_model  # megatron-core: loaded only when a LoopLM is built from an export
 
     hf_dir = Path(hf_dir)
     if not (hf_dir / "config.json").is_file():

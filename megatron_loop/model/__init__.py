@@ -9,7 +9,7 @@ __all__ = ["LoopLM", "LoopLMOutput", "build_model"]
 
 def __getattr__(name):
     if name in __all__:
-        from megatron_loop.model import looplm
+        from megatron_loop.model import looplm  # megatron-core (see the module docstring)
 
         return getattr(looplm, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -55,6 +55,8 @@ from typing import Callable, Sequence
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from megatron_loop.flops import block_forward_flops_per_token, selective_recompute_flops_per_token
+
 NONE, SELECTIVE, FULL = "none", "selective", "full"  # what one loop keeps
 MODES = ("none", "per_loop", "selective", "auto", "per_block")
 LOOP_MODES = {"none": NONE, "per_loop": FULL, "selective": SELECTIVE}
@@ -151,8 +153,6 @@ def selective_recompute_fraction(cfg, seq: int) -> float:
     over the block's forward FLOPs (``flops.block_forward_flops_per_token``): the default
     recomputation cost of a selective loop. Elementwise work is left out (no FLOP count says what
     it costs on a GPU; the benchmark measures the real ratio)."""
-    from megatron_loop.flops import block_forward_flops_per_token, selective_recompute_flops_per_token
-
     return selective_recompute_flops_per_token(cfg) / block_forward_flops_per_token(cfg, seq)
 
 

@@ -41,6 +41,7 @@ from transformers.utils import ModelOutput
 from megatron_loop.config import ModelConfig
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
+from megatron_loop.model.adaptive_exit import TokenExit, check_exit
 from megatron_loop.model.compat import ensure_parallel_state, rope_freqs, rope_inv_freq, transformer_config
 from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStateInjection, LoopGating,
                                               branch_modulation, history_window, timestep_features)
@@ -214,8 +215,6 @@ class LoopLM(nn.Module):
                 return self.forward(input_ids, num_loops, labels, return_trajectory, timestep_grid, compute_logits,
                                     backprop_loops, exit_criterion, exit_threshold)
         if exit_criterion != "none":
-            from megatron_loop.model.adaptive_exit import check_exit
-
             self.tensor_parallel.check_exit(exit_criterion)
             check_exit(exit_criterion, exit_threshold)
         cfg = self.config
@@ -245,8 +244,6 @@ class LoopLM(nn.Module):
         runners = None if self.checkpointing is None else self.checkpointing.loop_runners(r - detached, h)
         token_exit = None
         if exit_criterion != "none":
-            from megatron_loop.model.adaptive_exit import TokenExit
-
             token_exit = TokenExit(exit_criterion, exit_threshold, h0, lambda x: F.linear(self.norm(x), self.head_weight()))
         with token_exit.latest_kv(self.core) if token_exit is not None else nullcontext():
             for step in range(r):

@@ -46,8 +46,10 @@ import torch.distributed as dist
 
 from megatron_loop.config import OptimizerSettings
 from megatron_loop.errors import LoopConfigError
+from megatron_loop.model.apply import prepare_for_training
 from megatron_loop.optim.ds_config import resolve_ds_config
 from megatron_loop.optim.layout import PartitionLayout
+from megatron_loop.optim.memory import pending_training_memory
 from megatron_loop.optim.optimizer import MuonAdamW, role_param_groups
 from megatron_loop.optim.schedule import wsd_scheduler
 from megatron_loop.parallel.mpu import data_parallel_size, model_parallel_unit
@@ -243,8 +245,6 @@ def build_engine(
         register_external_parameters(model)
     sum_partial_grads_in_backward(model)  # TP: replicated weights' partial gradients, before ZeRO takes them
     if hasattr(model, "blocks"):  # LoopLM: checkpointing and compiled blocks as model.* asks, for this stage
-        from megatron_loop.model.apply import prepare_for_training
-
         prepare_for_training(model, stage)
     engine, engine_optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, mpu=model_parallel_unit()
@@ -252,8 +252,6 @@ def build_engine(
     if stage >= 1:
         attach_zero_layouts(engine_optimizer, optimizer)
     if getattr(model, "checkpointing", None) is not None:  # auto checkpointing counts what the step still allocates
-        from megatron_loop.optim.memory import pending_training_memory
-
         model.checkpointing.pending_memory = lambda: pending_training_memory(engine, optimizer)
     return EngineParts(engine, optimizer, scheduler)
 

@@ -1,7 +1,7 @@
 """Where each weight's elements sit inside a ZeRO flat partition, and how to gather them back.
 
 Under ZeRO >= 1 DeepSpeed hands the wrapped optimizer one flat 1-D fp32 partition per param
-group (stage 1/2) or per sub-group (stage 3), so a stock Muon never sees a matrix (issue 5).
+group (stage 1/2) or per sub-group (stage 3), so a stock Muon never sees a matrix.
 Muon's momentum is elementwise and stays on the partition (sharded, checkpointed by ZeRO);
 only Newton-Schulz needs whole matrices. A :class:`PartitionLayout` all-gathers the momentum
 direction of the partition across the data-parallel group, rebuilds the full matrices that

@@ -52,7 +52,7 @@ def newton_schulz(
     Computed in bfloat16 like ``torch.optim.Muon`` and Keller Jordan's reference; the result is
     returned in ``matrix``'s dtype (bf16 -> fp32 is exact, so fp32 callers see the same values
     ``torch.optim.Muon`` adds). Deliberately not ``torch.compile``d: DeepSpeed's compiled
-    Newton-Schulz costs ~25 s of cold start on CPU (issue 5).
+    Newton-Schulz costs ~25 s of cold start on CPU, paid by every rank of every run.
     """
     if matrix.ndim != 2:
         raise ValueError(f"Newton-Schulz needs a 2-D matrix, got shape {tuple(matrix.shape)}")

@@ -22,7 +22,7 @@ __all__ = ["TensorParallelLayout", "current_layout", "initialize_parallel"]
 
 def __getattr__(name):
     if name in __all__:
-        from megatron_loop.parallel import state
+        from megatron_loop.parallel import state  # megatron-core: the light modules (plan, for --dry-run) skip it
 
         return getattr(state, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -42,7 +42,7 @@ def sharded_parameters(cfg: ModelConfig) -> int:
 
 
 def parameters_per_rank(cfg: ModelConfig, total: int, tp: int) -> int:
-    """Parameters one TP rank holds, from the model's ``total`` (``dryrun.count_parameters``)."""
+    """Parameters one TP rank holds, from the model's ``total`` (``plan.count_parameters``)."""
     sharded = sharded_parameters(cfg)
     return total - sharded + sharded // tp
 

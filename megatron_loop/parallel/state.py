@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from megatron_loop.errors import LoopConfigError
+from megatron_loop.parallel.cpu import make_megatron_collectives_cpu_capable
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -47,8 +48,6 @@ def initialize_parallel(tensor_model_parallel_size: int = 1, sequence_parallel: 
     if world % n:
         raise LoopConfigError(f"parallel.tensor_model_parallel_size={n}: expected a divisor of the world size {world}")
     if n > 1:
-        from megatron_loop.parallel.cpu import make_megatron_collectives_cpu_capable
-
         make_megatron_collectives_cpu_capable()
     if parallel_state.model_parallel_is_initialized():
         built = parallel_state.get_tensor_model_parallel_world_size()

@@ -21,9 +21,11 @@ from pathlib import Path
 import torch
 
 from megatron_loop import plotting
+from megatron_loop.checkpoint.weights import load_model_from_checkpoint
 from megatron_loop.data.cli import parse_loop_counts
 from megatron_loop.data.indexed import check_token_ids
 from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.hf.convert import load_looplm_from_hf
 from megatron_loop.probes.report import JSON_NAME, probe_geometry, read_report, replot
 from megatron_loop.probes.runner import ProbeSettings
 from megatron_loop.probes.sampling import load_probe_sample
@@ -104,14 +106,7 @@ def check_source(checkpoint: str | None, hf_dir: str | None) -> None:
 def load_model(checkpoint: str | None, hf_dir: str | None) -> torch.nn.Module:
     """The LoopLM of a DeepSpeed checkpoint folder or of an HF export."""
     if checkpoint is not None:
-        from megatron_loop.checkpoint.weights import load_model_from_checkpoint
-
         return load_model_from_checkpoint(checkpoint)[0]
-    try:
-        from megatron_loop.hf.convert import load_looplm_from_hf
-    except ImportError:
-        raise LoopDataError("--model: the HF export loader megatron_loop.hf.convert.load_looplm_from_hf "
-                            "is not available in this installation; use --checkpoint") from None
     if not Path(hf_dir).is_dir():
         raise LoopDataError(f"--model {hf_dir}: folder not found")
     return load_looplm_from_hf(hf_dir)

@@ -39,7 +39,7 @@ def read_run(path: str | os.PathLike, label: str | None = None) -> RunCurves:
     if not file.is_file():
         raise LoopDataError(f"{p}: no {METRICS_NAME}; expected a run folder (train.output_dir) or its "
                             f"{METRICS_NAME}")
-    from megatron_loop.plotting import run_name
+    from megatron_loop.plotting import run_name  # matplotlib: reading metrics must not load it
 
     run = RunCurves(label or run_name(file.parent), file)
     for _, record in read_records(file):
@@ -66,7 +66,7 @@ def plot_runs(runs: list[RunCurves], x: str = "step"):
         raise LoopConfigError(f"--x {x!r}: expected one of {sorted(X_AXES)}")
     import matplotlib.pyplot as plt
 
-    from megatron_loop import plotting
+    from megatron_loop import plotting  # matplotlib, as above
 
     fig, grid = plt.subplots(2, 3, figsize=(15, 7.5))
     loss_ax, lr_ax, grad_ax, speed_ax, mfu_ax, legend_ax = grid.flat

@@ -1,4 +1,5 @@
-"""Graceful stop: signals, a vanished launcher, wall time, a vanished output folder (issues 9, 17).
+"""Graceful stop: signals, a vanished launcher, wall time, a vanished output folder
+(docs/RELIABILITY.md lists each case with its test).
 
 A handler only sets a flag; the loop asks :meth:`StopController.poll` after every optimizer step.
 ``poll`` is collective (one all-reduce of the flags) so every rank stops after the SAME step;

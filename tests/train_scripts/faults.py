@@ -1,5 +1,5 @@
 """``pretrain_loop.py`` (or ``tools/convert_to_hf.py``) with injected faults, for the reliability
-tests (issues 9 and 17).
+tests (docs/RELIABILITY.md).
 
     python tests/train_scripts/faults.py FAULT[+FAULT...] [pretrain_loop.py arguments]
     python tests/train_scripts/faults.py FAULT convert_to_hf.py [convert_to_hf.py arguments]

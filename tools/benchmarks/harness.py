@@ -121,7 +121,7 @@ def measure(cases: dict[str, Case], setup: Setup) -> dict[str, dict]:
             m["mfu" if setup.cuda else "mfu_vs_matmul"] = utilisation
         if case.memory:
             m["peak_step_mib"] = peak_memory_delta(case.step, setup.device) / 2**20
-        if case.check_syncs:  # CUDA: sync debug mode; CPU: perf.HostSyncDetector (aten-level reads)
+        if case.check_syncs:  # CUDA: sync debug mode; CPU: measure.host_sync.HostSyncDetector (aten-level reads)
             where: list[str] = []
             m["host_syncs"] = count_host_syncs(case.step, setup.device, where)
             if where:
