@@ -7,7 +7,8 @@ accumulation 2 and the same 4 micro-batches per update in every layout, through 
 single process is the reference.
 
 Layouts: TP = 2 (ZeRO 1; ZeRO 3 with sequence parallelism) on 2 ranks, TP = 2 x DP = 2 (ZeRO 1 with
-sequence parallelism; ZeRO 3) on 4 ranks. Asserted per layout: the mean loss of every update within
+sequence parallelism; ZeRO 3) on 4 ranks; in bf16 (the GPU precision), TP = 1 and TP = 2 with
+sequence parallelism (ZeRO 1), compared with the fp32 run. Asserted per layout: the mean loss of every update within
 2e-6 of TP = 1 (relative; measured <= 2.1e-7, the loss falls from 5.5 to 1.5), the grad norm within
 1e-5 (relative; measured <= 8.6e-7), every whole weight (TP slices merged) after 20 updates within
 5e-6 absolute (measured <= 9.5e-7).
@@ -35,14 +36,17 @@ from train_fixtures import REPO, env, launch_all
 SCRIPT = Path(__file__).parent / "dist_scripts" / "tp_train.py"
 STEPS = 20
 TIMEOUT_S = 600
-# name -> (ranks, tp, sequence parallel, ZeRO stage, save-at)
+# name -> (ranks, tp, sequence parallel, ZeRO stage, save-at, bf16)
 LAYOUTS = {
-    "tp1": (1, 1, 0, 1, 0),
-    "tp2_zero1_resume": (2, 2, 0, 1, 10),
-    "tp2_sp_zero3": (2, 2, 1, 3, 0),
-    "tp2_dp2_sp_zero1": (4, 2, 1, 1, 0),
-    "tp2_dp2_zero3": (4, 2, 0, 3, 0),
+    "tp1": (1, 1, 0, 1, 0, 0),
+    "tp2_zero1_resume": (2, 2, 0, 1, 10, 0),
+    "tp2_sp_zero3": (2, 2, 1, 3, 0, 0),
+    "tp2_dp2_sp_zero1": (4, 2, 1, 1, 0, 0),
+    "tp2_dp2_zero3": (4, 2, 0, 3, 0, 0),
+    "tp1_bf16": (1, 1, 0, 1, 0, 1),
+    "tp2_sp_zero1_bf16": (2, 2, 1, 1, 0, 1),
 }
+FP32 = [name for name in LAYOUTS if not LAYOUTS[name][5]]
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +55,8 @@ def root(tmp_path_factory) -> Path:
 
 
 def arguments(root: Path, name: str) -> list[str]:
-    _, tp, sp, stage, save_at = LAYOUTS[name]
-    return [str(SCRIPT), "--tp", str(tp), "--sp", str(sp), "--stage", str(stage), "--steps", str(STEPS),
+    _, tp, sp, stage, save_at, bf16 = LAYOUTS[name]
+    return [str(SCRIPT), "--tp", str(tp), "--sp", str(sp), "--stage", str(stage), "--steps", str(STEPS), "--bf16", str(bf16),
             "--save-at", str(save_at), "--ckpt", str(root / f"{name}.ckpt"), "--out", str(root / f"{name}.pt")]
 
 
@@ -62,7 +66,7 @@ def runs(root) -> dict[str, dict]:
     return {name: torch.load(root / f"{name}.pt") for name in LAYOUTS}
 
 
-@pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "tp1"])
+@pytest.mark.parametrize("name", [n for n in FP32 if n != "tp1"])
 def test_tp_training_gives_the_tp1_losses(runs, name):
     ref, run = runs["tp1"], runs[name]
     assert ref["losses"][-1] < ref["losses"][0] - 0.1  # it learns
@@ -71,6 +75,20 @@ def test_tp_training_gives_the_tp1_losses(runs, name):
     assert run["weights"].keys() == ref["weights"].keys()
     for key, value in ref["weights"].items():
         torch.testing.assert_close(run["weights"][key], value, rtol=0, atol=5e-6, msg=key)
+
+
+def test_bf16_tp_training_tracks_the_fp32_run(runs):
+    """The GPU precision under TP: bf16 weights and activations, fp32 gradient accumulation and
+    master weights (the shipped ZeRO-1 JSON), Newton-Schulz in bf16 as shipped; TP = 2 with
+    sequence parallelism. bf16 moves a run off the fp32 trajectory by itself (TP = 1 bf16, measured:
+    loss <= 0.96 %, grad norm <= 6.2 % over 20 updates); TP = 2 bf16 stays as close (measured 0.60 %,
+    4.4 %) and within 0.72 % of the TP = 1 bf16 losses."""
+    fp32, bf16_tp1, bf16_tp2 = runs["tp1"], runs["tp1_bf16"], runs["tp2_sp_zero1_bf16"]
+    assert all(w.dtype == torch.bfloat16 for w in bf16_tp2["weights"].values())
+    assert bf16_tp2["losses"][-1] < bf16_tp2["losses"][0] - 2  # it learns (5.5 -> 1.5)
+    assert bf16_tp2["losses"] == pytest.approx(fp32["losses"], rel=2e-2)
+    assert bf16_tp2["grad_norms"] == pytest.approx(fp32["grad_norms"], rel=1e-1)
+    assert bf16_tp2["losses"] == pytest.approx(bf16_tp1["losses"], rel=2e-2)
 
 
 def test_tp2_resume_is_bit_exact(runs):

@@ -66,7 +66,7 @@ def build(args, layout):
         config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     replicas = REPLICAS // layout.dp_size
     return build_engine(model, OptimizerSettings(lr=LR), micro_batch_size=fx.MICRO, grad_accum=ACCUM * replicas,
-                        total_steps=args.steps, bf16=False, ds_config=config)
+                        total_steps=args.steps, bf16=bool(args.bf16), ds_config=config)
 
 
 def train(parts, layout, steps: range) -> tuple[list[float], list[float]]:
@@ -111,8 +111,10 @@ def main() -> None:
     parser.add_argument("--save-at", type=int, default=0)
     parser.add_argument("--ckpt", default="")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--bf16", type=int, default=0)  # the GPU precision: bf16 weights, fp32 accumulation
     args = parser.parse_args()
-    muon.NS_DTYPE = torch.float32
+    if not args.bf16:  # fp32 runs compare to 1e-6: no bf16 rounding in Newton-Schulz (bf16 runs keep it, as shipped)
+        muon.NS_DTYPE = torch.float32
     init_distributed()
     layout = initialize_parallel(args.tp, bool(args.sp))
     parts = build(args, layout)
