@@ -103,9 +103,10 @@ def test_checkpointing_reference_micro_batch_and_recompute_cost(tmp_path):
 
 
 # Modes left to their own tests: a real run of each costs tens of seconds here (DeepSpeed's engine,
-# inductor, a corpus and tokenizer) or needs a trained export. loop-vs-nonloop and train run in this
-# file, exit-decode in test_depth_eval.py, compile and data in tools/gpu_report.sh on a GPU.
-SPIED_ONLY = ("loop-vs-nonloop", "train", "exit-decode", "compile", "data")
+# inductor, a corpus and tokenizer), needs a trained export or a launcher's world of two ranks.
+# loop-vs-nonloop, train and tp run in this file, exit-decode in test_depth_eval.py, compile and data
+# in tools/gpu_report.sh on a GPU.
+SPIED_ONLY = ("loop-vs-nonloop", "train", "exit-decode", "compile", "data", "tp")
 
 
 def test_every_mode_listed_by_help_dispatches_to_its_module(tmp_path, monkeypatch, capsys):
@@ -125,7 +126,7 @@ def test_every_mode_listed_by_help_dispatches_to_its_module(tmp_path, monkeypatc
         bench.main(["--help"])
     assert help_exit.value.code == 0
     listed = re.search(r"Modes: (.*?)\. Figures", capsys.readouterr().out).group(1).split(", ")
-    assert sorted(listed) == sorted(bench.MODES) and len(listed) == 13
+    assert sorted(listed) == sorted(bench.MODES) and len(listed) == 14
 
     calls = []
 
@@ -159,3 +160,21 @@ def test_every_mode_listed_by_help_dispatches_to_its_module(tmp_path, monkeypatc
         if mode not in SPIED_ONLY:
             assert all(r["case"] != "spied" for r in mine)
             assert any(v > 0 for r in mine for v in r["metrics"].values() if isinstance(v, float)), mode
+
+
+def test_tensor_parallel_mode_under_torchrun(tmp_path):
+    """--mode tp under torchrun with two CPU ranks (gloo), tiny config: one row per --tp size, each
+    rank's tokens/s, and the byte model's TP traffic, none at TP = 1."""
+    out_json = tmp_path / "bench_tp.json"
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          str(ROOT / "tools" / "bench.py"), "--device", "cpu", "--mode", "tp",
+                          "--config", "examples/tiny_2x3.yaml", "--tp", "1,2", "--seq", "16", "--micro-batch", "1",
+                          "--steps", "1", "--warmup", "0", "--json", str(out_json)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [(r["mode"], r["params"]["tp"], r["params"]["world"]) for r in rows] == [("tp", 1, 2), ("tp", 2, 2)]
+    assert all(r["metrics"]["tokens_per_s"] > 0 and r["metrics"]["tflops"] > 0 for r in rows)
+    assert rows[0]["metrics"]["tp_comm_bytes"] == 0 and rows[1]["metrics"]["tp_comm_bytes"] > 0
+    assert rows[0]["metrics"]["throughput_vs_first"] == 1.0
+    assert out.stdout.count("| tiny_2x3 tp 2 |") == 1  # one report (rank 0), not one per rank

@@ -3,6 +3,8 @@
 
     python tools/bench.py --device cpu --mode all --json bench_cpu.json
     python tools/bench.py --device cuda --mode loop-vs-nonloop --compile --json bench_gpu.json
+    torchrun --nproc_per_node 2 tools/bench.py --mode tp --config examples/qwen_4x7.yaml --tp 1,2 \\
+        --micro-batch 4 --json bench_tp.json
 
 A training step is forward + backward (+ optimizer step), timed after warm-up with the device
 synchronised at step boundaries only; the median over ``--steps`` is reported. Throughput is
@@ -30,6 +32,8 @@ Modes (each case of a mode runs in this one process, side by side):
   loss             LM head + cross-entropy alone: chunked torch reference vs Liger's fused kernel (CUDA)
   backprop         truncated backpropagation: backprop_loops 1, K/2, K vs full at K loops
   exit-decode      greedy decode tokens/s of an HF export: fixed r vs per-token adaptive exit
+  tp               tensor-parallel step time of --config's model at each --tp size, per GPU, with the TP
+                   bytes the byte model predicts (under a launcher: torchrun --nproc_per_node 2 ...)
 CPU mode shrinks the models (same block structure, small widths, short sequences); CUDA mode
 uses the paper's backbones at seq 2048 in bf16.
 """
@@ -48,6 +52,7 @@ for path in (TOOLS.parent, TOOLS):  # the repository (megatron_loop) and tools/ 
         sys.path.insert(0, str(path))
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 from megatron_loop.config import CHECKPOINTING  # noqa: E402
 
@@ -69,10 +74,11 @@ MODES = {
     "loss": "loss",
     "backprop": "backprop",
     "exit-decode": "exit_decode",
+    "tp": "tensor_parallel",
 }
 # "all": every side-by-side mode in this process (train starts its own engine: run it alone;
-# exit-decode needs a trained export, --hf-model)
-NOT_IN_ALL = ("train", "exit-decode")
+# exit-decode needs a trained export, --hf-model; tp needs a launcher's world of several ranks)
+NOT_IN_ALL = ("train", "exit-decode", "tp")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-input", default=None, help="documents for the data mode (default: generated corpus)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer for --data-input (default: one trained on it)")
     ap.add_argument("--workers", type=int, default=1, help="preprocessing workers for the data mode")
-    ap.add_argument("--config", default="examples/llama_4x5.yaml", help="shipped example for --mode train/profile")
+    ap.add_argument("--config", default="examples/llama_4x5.yaml", help="shipped example for --mode train/profile/tp")
     ap.add_argument("--data-prefix", default=None,
                     help="indexed dataset for --mode train (default: random tokens below the vocabulary)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -117,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--hf-model", default=None, help="exit-decode: an HF export (tools/convert_to_hf.py)")
     ap.add_argument("--valid-prefix", default=None, help="exit-decode: indexed prefix the prompts come from")
     ap.add_argument("--exits", default="kl:1e-2", help="exit-decode: comma list of criterion:threshold")
+    ap.add_argument("--tp", default="1,2", help="tp: tensor-parallel sizes to compare (comma list; each divides "
+                                                "the launcher's world)")
+    ap.add_argument("--sequence-parallel", action="store_true", help="tp: sequence parallelism at every TP size > 1")
     return ap
 
 
@@ -135,6 +144,7 @@ def resolve_lists(args: argparse.Namespace) -> None:
     args.families = args.families.split(",") if args.families else (["llama", "qwen"] if cuda else ["llama"])
     args.loops = [int(k) for k in (args.loops or ("5,10" if cuda else "2,4,8")).split(",")]
     args.eval_loops = [int(r) for r in args.eval_loops.split(",")]
+    args.tp = [int(t) for t in args.tp.split(",")]
 
 
 def check_mode_arguments(modes: tuple[str, ...], args: argparse.Namespace) -> None:
@@ -158,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         rows += importlib.import_module(f"benchmarks.{MODES[mode]}").run(setup, args)
         print(f"[bench] {mode}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-    report(setup, argv, rows, args.json)
+    if not dist.is_initialized() or dist.get_rank() == 0:  # under a launcher: one report, rank 0's figures
+        report(setup, argv, rows, args.json)
     return 0
 
 

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from megatron_loop.config import ModelConfig, build_model_config
+from megatron_loop.config import ModelConfig, ParallelConfig, build_model_config
 from megatron_loop.model import build_model
 from megatron_loop.model.apply import prepare_for_training
 from megatron_loop.optim import OptimizerSettings, build_engine, build_optimizer
@@ -42,11 +42,19 @@ def model_config(setup: Setup, family: str, core: int, loops: int, **overrides) 
     return build_model_config(values)
 
 
-def build(cfg: ModelConfig, setup: Setup) -> torch.nn.Module:
-    """The model of ``cfg`` on the setup's device and dtype, seeded so every case starts equal,
-    with its activation checkpointing and compilation applied as training applies them."""
+def cpu_overrides(setup: Setup) -> list[str]:
+    """``--set`` overrides that shrink a shipped config's model to ``CPU_WIDTHS`` on CPU (none on CUDA)."""
+    if setup.cuda:
+        return []
+    return [f"model.{k}={v}" for k, v in CPU_WIDTHS.items()] + ["model.rope_scaling=null"]
+
+
+def build(cfg: ModelConfig, setup: Setup, parallel: ParallelConfig | None = None) -> torch.nn.Module:
+    """The model of ``cfg`` (this rank's shards under ``parallel``) on the setup's device and dtype,
+    seeded so every case starts equal, with its activation checkpointing and compilation applied as
+    training applies them."""
     torch.manual_seed(0)
-    model = build_model(cfg).to(device=setup.device, dtype=setup.dtype).train()
+    model = build_model(cfg, parallel=parallel).to(device=setup.device, dtype=setup.dtype).train()
     prepare_for_training(model, zero_stage=0)
     return model
 

@@ -14,7 +14,7 @@ from megatron_loop.config import load_config
 from megatron_loop.training.loop import train
 
 from .harness import Row, Setup
-from .models import CPU_WIDTHS
+from .models import cpu_overrides
 from .synthetic import random_token_dataset
 
 
@@ -31,9 +31,8 @@ def bench_train(setup: Setup, config: str, data_prefix: str | None, micro_batch:
                 f"train.global_batch_size={micro * accumulation}", f"train.max_steps={setup.steps + setup.warmup}",
                 "train.train_tokens=null", f"train.output_dir={tmp}/run", "train.save_interval=1000000",
                 "train.eval_interval=0", "train.resume=false", "logging.wandb_project=null",
-                "logging.progress_bar=false", "data.valid_prefixes=[]", "data.tokenizer=null"]
-        if not setup.cuda:
-            sets += [f"model.{k}={v}" for k, v in CPU_WIDTHS.items()] + ["model.rope_scaling=null"]
+                "logging.progress_bar=false", "data.valid_prefixes=[]", "data.tokenizer=null",
+                *cpu_overrides(setup)]
         cfg = load_config(config, overrides=sets + list(overrides))
         prefix = data_prefix or random_token_dataset(Path(tmp), cfg.model.vocab_size,
                                                       (setup.steps + setup.warmup + 2) * micro * accumulation
