@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from megatron_loop import build_model
 from megatron_loop.config import build_model_config
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.model.loss import (LIGER_MAX_BLOCK, chunked_linear_cross_entropy, resolve_loss_implementation,
+from megatron_loop.model.loss import (chunked_linear_cross_entropy, resolve_loss_implementation,
                                       triton_interpreter)
 
 
@@ -104,7 +104,7 @@ def test_fused_kernel_on_cpu_through_the_triton_interpreter():
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "fused == chunked == Liger's FLCE" in out.stdout and "ZeRO-3, tied embeddings" in out.stdout
-    assert f"fused == chunked at V = {2 * LIGER_MAX_BLOCK + 300}" in out.stdout  # several kernel blocks
+    assert "V = 812 in 256-column blocks" in out.stdout  # several kernel blocks
 
 
 def test_loss_implementation_dispatch():
