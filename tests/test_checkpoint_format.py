@@ -19,6 +19,8 @@ from megatron_loop.checkpoint.selection import select_automatic, select_checkpoi
 from megatron_loop.errors import LoopDataError
 from train_fixtures import copy_run, reference_run
 
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
+
 
 def _garble(path):
     data = bytearray(path.read_bytes())

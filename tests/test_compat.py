@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -12,6 +13,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_
 from megatron_loop.config import LLAMA3_ROPE_SCALING
 from megatron_loop.model.compat import (SDPACoreAttention, ensure_parallel_state, rope_freqs, rope_inv_freq,
                                         transformer_config)
+
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
 
 
 def test_sdpa_core_attention_equals_explicit_causal_gqa_softmax():

@@ -14,6 +14,8 @@ from megatron_loop.data.loaders import build_train_valid_loaders, parse_blend
 from megatron_loop.data.packed import PackedDataset
 from megatron_loop.errors import LoopConfigError, LoopDataError
 
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
+
 
 @pytest.mark.parametrize("weights", [(0.7, 0.3), (1, 1, 2), (0.98, 0.01, 0.01), (5, 1, 1, 1, 1, 1)])
 def test_blend_counts_track_weights_at_every_prefix(weights):

@@ -9,6 +9,8 @@ from data_fixtures import copy_prefix, data_assets
 from megatron_loop.data.indexed import check_token_ids, max_token_id, open_indexed
 from megatron_loop.errors import LoopDataError
 
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
+
 
 @pytest.fixture
 def prefix_copy(tmp_path) -> str:

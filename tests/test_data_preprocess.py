@@ -12,6 +12,8 @@ from megatron_loop.data.preprocess import PreprocessOptions, measure_preprocess_
 from megatron_loop.data.sources import iter_documents
 from megatron_loop.errors import LoopDataError
 
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
+
 DOCS = ["Hello world.", "Ünïcödé text — with “quotes” and emoji 🙂.", "  leading spaces\nand lines\n",
         "x", "The last document has a tab\there."]
 

@@ -19,7 +19,9 @@ import torch
 from hf_fixtures import MODELS, greedy_without_cache, hf_assets, left_padded_batch
 from megatron_loop import LoopConfigError, build_model
 from megatron_loop.config import build_model_config
-from megatron_loop.hf.modeling_looplm import exit_distance
+from megatron_loop.hf.modeling_looplm import CACHE_FIELD, exit_distance
+
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
 
 CRITERIA = ("kl", "cosine")
 HUGE = 1e9
@@ -131,7 +133,7 @@ def test_export_huge_threshold_runs_one_loop():
             out = hf(x, num_loops=6, exit_criterion=criterion, exit_threshold=HUGE, use_cache=True)
             assert bool((out.exit_loops == 1).all())
             assert torch.equal(out.logits, hf(x, num_loops=1).logits)
-            assert len(out.past_key_values.layers) == 6 * 2  # every skipped loop still has its cache slots
+            assert len(getattr(out, CACHE_FIELD).layers) == 6 * 2  # every skipped loop still has its cache slots
 
 
 @pytest.mark.parametrize("criterion", CRITERIA)
@@ -161,7 +163,7 @@ def test_cached_decoding_equals_cache_free_under_the_latest_policy(export, crite
         full_mask = torch.cat([mask, torch.ones(3, NEW_TOKENS - 1, dtype=torch.long)], dim=1)
         loops = torch.cat(seen, dim=1)
         assert loops.shape == full_mask.shape and len(loops[full_mask.bool()].unique()) >= 2, loops
-        cfg, cache = hf.config, out.past_key_values
+        cfg, cache = hf.config, getattr(out, CACHE_FIELD)
         for k in range(cfg.core_layers):
             keys = torch.stack([cache.layers[cfg.prelude_layers + t * cfg.core_layers + k].keys for t in range(r)])
             latest = keys[(loops - 1).clamp(min=0), torch.arange(3)[:, None], :, torch.arange(loops.shape[1])]

@@ -218,7 +218,9 @@ def test_quoted_script_answers_help(script):
 def test_makefile_and_ci_entry_points():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^test:", makefile, flags=re.M) and re.search(r"^demo:", makefile, flags=re.M)
-    assert 'pip install "torch==2.13.0"' in makefile
+    # every install is held to the lock (torch 2.13.0 included: tests/test_install_lock.py) and checked against it
+    assert "PIP_CONSTRAINT=$(CURDIR)/$(LOCK)" in makefile and "LOCK   := requirements-lock.txt" in makefile
+    assert "$(PY) tools/deps.py check" in makefile
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 

@@ -22,6 +22,8 @@ from data_fixtures import REPO, data_assets
 from eval_fixtures import CLUTRR_LENGTHS, PER_DEPTH, PROOFWRITER_DEPTHS, write_local_tasks
 from hf_fixtures import MODELS, hf_assets, offline_env
 
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
+
 MODEL = "core_qwen_scalar_lg"  # 1+1x3+1, K = 3
 LOOPS = (1, 3, 6)
 SEQ = 32

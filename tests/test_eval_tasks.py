@@ -15,6 +15,8 @@ from megatron_loop.eval import harness
 from megatron_loop.eval import tasks as tasks_module
 from megatron_loop.eval.tasks import BBH_SUBTASKS, PAPER_TASKS, TASKS_DIR, aggregate, resolve_tasks
 
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
+
 # Table 6, in the paper's order.
 TABLE_6 = ["disambiguation_qa", "salient_translation_error_detection", "reasoning_about_colored_objects",
             "causal_judgement", "date_understanding", "hyperbaton", "logical_deduction_three_objects",

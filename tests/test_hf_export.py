@@ -16,6 +16,8 @@ import torch
 from data_fixtures import REPO, CodePayload
 from hf_fixtures import CLI_EXPORTED, MODELS, eval_loops, hf_assets, offline_env
 
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
+
 TOLERANCE = 1e-5
 PREFIX_GRID_MODEL = "base_qwen_dense"  # AdaLN, K = 3
 

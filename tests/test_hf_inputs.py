@@ -14,6 +14,8 @@ import pytest
 from data_fixtures import REPO
 from hf_fixtures import CLI_EXPORTED, hf_assets, offline_env
 
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
+
 LG_MODEL = "core_qwen_scalar_lg"  # loop gating, K = 3: the prefix grid applies
 NUM_LOOPS_ERROR = (r"LoopLMConfig\.num_loops={}: expected an integer >= 1 \(the inference loop count r\), "
                    r"or None for the training loop count K")
@@ -121,3 +123,30 @@ def test_run_config_tokenizer_missing_names_the_config(tmp_path):
                                 "no such folder; expected a tokenizer folder saved with save_pretrained (or a hub "
                                 "name such as meta-llama/Llama-3.1-8B)")
     assert not (tmp_path / "hf").exists()
+
+
+def test_export_records_its_transformers_and_another_major_version_warns_once(monkeypatch):
+    """config.json names the transformers version that wrote the export; loading it under a major
+    version the modeling file is not tested with warns once, naming both versions; the tested major
+    loads silently."""
+    import types
+    import warnings
+
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    folder = hf_assets().exports[LG_MODEL]
+    written = json.loads((folder / "config.json").read_text())["transformers_version"]
+    assert written == transformers.__version__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+        # the export's own modeling module (loaded from the folder), running under a pretend 6.1.0
+        monkeypatch.setattr(sys.modules[type(model).__module__], "transformers",
+                            types.SimpleNamespace(__version__="6.1.0"))
+        for _ in range(2):
+            AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    ours = [str(w.message) for w in caught if "LoopLM export written with" in str(w.message)]
+    assert ours == [f"LoopLM export written with transformers {written}, loaded under transformers 6.1.0: its "
+                    "modeling file is tested with transformers 5.x only; check cached generation against "
+                    "cache-free decoding before trusting its outputs"]

@@ -14,6 +14,8 @@ import torch
 from megatron_loop import LoopConfigError, build_model, load_config
 from megatron_loop.config import build_model_config, config_from_dict
 
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -19,6 +19,8 @@ from megatron_loop.errors import LoopConfigError
 from megatron_loop.model.loss import (chunked_linear_cross_entropy, resolve_loss_implementation,
                                       triton_interpreter)
 
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
+
 
 def _reference(hidden, weight, targets):
     return F.cross_entropy(F.linear(hidden, weight).float(), targets, ignore_index=-100)

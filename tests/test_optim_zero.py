@@ -24,6 +24,8 @@ import optim_toy as toy
 from megatron_loop.model import roles
 from megatron_loop.optim import wsd_scheduler
 
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
+
 SCRIPT = Path(__file__).parent / "dist_scripts" / "optim_zero.py"
 
 STAGES = (0, 1, 2, 3)  # 0: no ZeRO, the optimizer sees whole weights and clips itself

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
+
 SCRIPT = Path(__file__).parent / "perf_scripts" / "zero_engine.py"
 
 

@@ -37,6 +37,8 @@ from megatron_loop.optim.ds_config import resolve_ds_config
 from megatron_loop.optim.engine import CONFIG_DIR, build_optimizer, load_ds_config
 from megatron_loop.model.loss import chunked_linear_cross_entropy
 
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
+
 SCRIPT = Path(__file__).parent / "dist_scripts" / "precision_bf16.py"
 STAGES = (1, 2, 3)
 WORLD = 2

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from megatron_loop.config import config_from_dict
 from megatron_loop.training.metrics import MetricsLogger, read_records, truncate_after
+
+pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
 
 
 def _cfg(tmp_path, **logging):

@@ -53,14 +53,25 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import transformers
 from torch import nn
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+# The transformers major version this file is tested with (the project's CI runs it at the locked
+# version, its drift check at the oldest and the newest release that pyproject allows). An export is
+# read by versions its writer never ran: loading under another major version warns once.
+TESTED_TRANSFORMERS_MAJOR = 5
+# The name of the KV cache argument and output field: ``past_key_values`` up to transformers 5.23,
+# ``cache`` from 5.24 on (``generate`` passes ``cache=`` and reads ``outputs["cache"]``). The forward
+# takes both names; outputs are built with the one the running version declares.
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 INITIAL_INJECTIONS = ("none", "scalar", "channel", "residual_channel", "dense")
 HISTORY_INJECTIONS = ("none", "scalar", "channel", "dense")
@@ -108,7 +119,7 @@ class LoopLMConfig(PretrainedConfig):
     """
 
     model_type = "looplm"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
 
     def __init__(
         self,
@@ -226,6 +237,37 @@ class LoopLMConfig(PretrainedConfig):
 def _check_exit_threshold(threshold) -> None:
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
         raise ValueError(f"exit_threshold={threshold!r}: expected a number >= 0 (0: never exit)")
+
+
+_warned_versions: set[tuple[str, str]] = set()
+
+
+def _warn_if_untested_transformers(config: PretrainedConfig) -> None:
+    """Warn once per (written, running) pair when the running transformers is not the major version
+    this file is tested with. ``config.transformers_version`` is the version that wrote the export."""
+    running = transformers.__version__
+    written = str(getattr(config, "transformers_version", None) or "unknown")
+    if running.split(".")[0] == str(TESTED_TRANSFORMERS_MAJOR) or (written, running) in _warned_versions:
+        return
+    _warned_versions.add((written, running))
+    warnings.warn(f"LoopLM export written with transformers {written}, loaded under transformers {running}: "
+                  f"its modeling file is tested with transformers {TESTED_TRANSFORMERS_MAJOR}.x only; check "
+                  "cached generation against cache-free decoding before trusting its outputs", stacklevel=3)
+
+
+def _take_cache(past_key_values: Cache | None, kwargs: dict) -> Cache | None:
+    """The KV cache, under whichever name the caller used (``past_key_values`` or ``cache``).
+
+    A cache passed under a name this file does not know would otherwise land in ``**kwargs`` and be
+    ignored, and every decoding step would silently run without its context: refuse it instead."""
+    cache = kwargs.pop("cache", None)
+    if cache is not None and past_key_values is not None and cache is not past_key_values:
+        raise ValueError("LoopLM forward got two different KV caches (`cache` and `past_key_values`); pass one")
+    unknown = [k for k, v in kwargs.items() if isinstance(v, Cache)]
+    if unknown:
+        raise TypeError(f"LoopLM forward got a KV cache as {unknown[0]!r}, an argument it does not read; "
+                        "pass it as `cache` (transformers >= 5.24) or `past_key_values`")
+    return past_key_values if past_key_values is not None else cache
 
 
 # ======================================================================================
@@ -613,6 +655,10 @@ class LoopLMPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_cache_class = True
 
+    def __init__(self, config: LoopLMConfig, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        _warn_if_untested_transformers(config)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """N(0, initializer_range) linears/embeddings, unit norms, identity conditioning.
@@ -728,6 +774,7 @@ class LoopLMModel(LoopLMPreTrainedModel):
         if criterion == "kl" and exit_readout is None:
             raise ValueError("exit_criterion='kl' reads the next-token distribution out of each loop's state: "
                              "call LoopLMForCausalLM (it passes its LM head), or use 'cosine'")
+        past_key_values = _take_cache(past_key_values, kwargs)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         b, s, _ = inputs_embeds.shape
@@ -778,7 +825,7 @@ class LoopLMModel(LoopLMPreTrainedModel):
         h = self.norm(h)
         # ``hidden_states`` is the recurrent trajectory (h^0, ..., h^r), not per-block outputs (with
         # adaptive exit: up to the last loop any token ran).
-        return LoopLMModelOutput(last_hidden_state=h, past_key_values=cache,
+        return LoopLMModelOutput(last_hidden_state=h, **{CACHE_FIELD: cache},
                                  hidden_states=tuple(trajectory) if trajectory is not None else None,
                                  exit_loops=None if token_exit is None else token_exit.loops)
 
@@ -818,7 +865,7 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
         ``exit_threshold`` override the config per call; ``exit_loops`` [b, s] holds the loops each
         token ran under adaptive exit."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                         past_key_values=_take_cache(past_key_values, kwargs), inputs_embeds=inputs_embeds, use_cache=use_cache,
                          num_loops=num_loops, timestep_grid=timestep_grid,
                          output_hidden_states=output_hidden_states, exit_criterion=exit_criterion,
                          exit_threshold=exit_threshold, exit_readout=self.lm_head)
@@ -831,7 +878,7 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
             shift = full[:, :-1].float()
             loss = F.cross_entropy(shift.reshape(-1, shift.shape[-1]), labels[:, 1:].reshape(-1).to(shift.device),
                                    ignore_index=-100)
-        return LoopLMCausalLMOutput(loss=loss, logits=logits, past_key_values=out.past_key_values,
+        return LoopLMCausalLMOutput(loss=loss, logits=logits, **{CACHE_FIELD: getattr(out, CACHE_FIELD)},
                                     hidden_states=out.hidden_states, exit_loops=out.exit_loops)
 
 
