@@ -167,8 +167,9 @@ def record(entry: dict) -> None:
 def cmd_drift(args: argparse.Namespace) -> None:
     venv = ROOT / ".venv-drift"
     started = time.time()
-    extra = [] if not args.pin else list(args.pin)
-    py = make_env(venv, args.python, ["--upgrade", "--upgrade-strategy", "eager", *extra], constraint=None)
+    # torch stays at its pin (the drift concerns everything else; an upgraded torch is a CUDA build of GBs)
+    py = make_env(venv, args.python, ["--upgrade", "--upgrade-strategy", "eager", TORCH, *args.pin],
+                  constraint=None)
     pins = freeze(py)
     lock = read_pins(LOCK)
     moved = [f"{n} {lock.get(n, '-')} -> {pins.get(n, '-')}" for n in sorted(set(lock) | set(pins))
