@@ -71,7 +71,6 @@ NOT_IN_ERRORS_MD = {
     "expected micro-batch x accumulation steps x data-parallel size = global batch":
         "sampler API; the documented batch check runs first",
     "expected 0 <= rank <": "sampler API: rank from torch.distributed",
-    "expected 'rescaled' or 'prefix": "conditioning: model.timestep_grid is checked at load",
     "expected loop counts >= 1": "preflight: train.eval_loops is checked at load with the documented message",
     "missing; expected by the architecture": "hf/convert.py: a tensor the exporter expects (internal)",
     "has no place in the export of": "hf/convert.py: a training tensor the exporter does not map (internal)",

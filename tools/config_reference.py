@@ -79,6 +79,7 @@ DESCRIPTIONS: dict[str, str] = {
     "train.deepspeed_config": "DeepSpeed JSON (`deepspeed_configs/zero1.json`, `zero2.json`, `zero3.json`): ZeRO stage and DeepSpeed's own settings; batch sizes and clipping `\"auto\"` or equal to the YAML's, no optimizer/scheduler block (checked by `--dry-run`). The shipped ones set `data_types.grad_accum_dtype: fp32` (micro-batch gradients summed in fp32: DeepSpeed's BF16_Optimizer at ZeRO 1, which with `bf16.immediate_grad_update: true` frees each bf16 gradient once added to its fp32 buffer, an fp32 gradient partition at ZeRO 2/3; DeepSpeed's default would sum them in bf16) and `communication_data_type: fp32` (the data-parallel sum in fp32, as Megatron-LM's bf16 runs). A bf16 run needs `grad_accum_dtype` set: `fp32`, or `bf16` to accept bf16 sums (then an unset `communication_data_type` is bf16 too).",
     "train.output_dir": "Run folder: metrics.jsonl, checkpoints/, resolved config.",
     "train.save_interval": "Checkpoint every N updates (and at the end).",
+    "train.save_final": "Write a checkpoint at the end of the run (`false`: only the interval saves and the save at a stop signal; for benchmark runs, tools/gpu_first.sh).",
     "train.keep_last": "Keep the newest N checkpoints.",
     "train.log_interval": "Log every N updates (a metrics.jsonl record and a console line).",
     "train.eval_interval": "Validation every N updates (0: never).",

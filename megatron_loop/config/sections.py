@@ -144,6 +144,9 @@ class TrainConfig(OptimizerSettings):
     output_dir: str = "runs/default"
     save_interval: int = 1000
     keep_last: int = 3
+    # false: no checkpoint at the end of the run (interval saves and the save at a stop signal stay):
+    # benchmark runs, whose final save would cost more than their steps (tools/gpu_first.sh)
+    save_final: bool = True
     log_interval: int = 1
     eval_interval: int = 0
     eval_loops: list[int] | None = None

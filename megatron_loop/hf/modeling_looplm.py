@@ -262,11 +262,11 @@ def _take_cache(past_key_values: Cache | None, kwargs: dict) -> Cache | None:
     ignored, and every decoding step would silently run without its context: refuse it instead."""
     cache = kwargs.pop("cache", None)
     if cache is not None and past_key_values is not None and cache is not past_key_values:
-        raise ValueError("LoopLM forward got two different KV caches (`cache` and `past_key_values`); pass one")
+        raise ValueError("LoopLM forward got two different KV caches, as cache and as past_key_values; pass one")
     unknown = [k for k, v in kwargs.items() if isinstance(v, Cache)]
     if unknown:
         raise TypeError(f"LoopLM forward got a KV cache as {unknown[0]!r}, an argument it does not read; "
-                        "pass it as `cache` (transformers >= 5.24) or `past_key_values`")
+                        "pass it as cache (transformers >= 5.24) or past_key_values")
     return past_key_values if past_key_values is not None else cache
 
 
@@ -413,14 +413,18 @@ def timestep_features(num_loops: int, train_loops: int, grid: str, device=None,
     """psi(t_l, dt) for l = 0..r-1, shape [r, 8], Eq. (timestep_features):
 
         psi(t, dt) = (t, dt, t^2, dt^2, t dt, sin(pi t), cos(pi t) - 1, sin(2 pi t)),
-        t_l = l / T, dt = 1 / T;  training T = K; ``rescaled`` T = r; ``prefix`` T = K, r <= K.
+        t_l = l / T, dt = 1 / T;  training T = K; ``rescaled`` T = r; ``prefix`` T = K, r <= K
+        (App. C.1). The training model uses this function too (``megatron_loop/model/conditioning.py``).
     """
+    if num_loops < 1:
+        raise ValueError(f"num_loops={num_loops}: expected an integer >= 1")
     if grid == "rescaled":
         horizon = num_loops
     elif grid == "prefix":
         if num_loops > train_loops:
-            raise ValueError(f"timestep_grid='prefix' needs num_loops <= train_loops={train_loops}, got "
-                             f"{num_loops}; use timestep_grid='rescaled' to extrapolate")
+            raise ValueError(f"timestep_grid='prefix' with num_loops={num_loops}: the prefix grid keeps T = "
+                             f"train_loops = {train_loops} and needs num_loops <= {train_loops}; use "
+                             "timestep_grid='rescaled' to extrapolate")
         horizon = train_loops
     else:
         raise ValueError(f"timestep_grid={grid!r}: expected one of {TIMESTEP_GRIDS}")
@@ -429,6 +433,13 @@ def timestep_features(num_loops: int, train_loops: int, grid: str, device=None,
     psi = torch.stack([t, dt, t * t, dt * dt, t * dt, torch.sin(math.pi * t),
                        torch.cos(math.pi * t) - 1, torch.sin(2 * math.pi * t)], dim=-1)
     return psi.to(device=device, dtype=dtype)
+
+
+def history_window(completed: list[torch.Tensor], window: int) -> list[torch.Tensor]:
+    """The states h_{l-1}, ..., h_{l-m_l} the history injection reads for the transition h_l -> h_{l+1},
+    m_l = min(w, max(l - 1, 0)), Eq. (history_state_injection). ``completed`` is [h_1, ..., h_l] (every
+    recurrent state so far, h0 excluded); its last element, the current state, is not in the window."""
+    return completed[:-1][::-1][:window]
 
 
 class InitialStateInjection(nn.Module):
@@ -592,6 +603,22 @@ class TokenExit:
 # ======================================================================================
 
 
+def modulated_residual(u: torch.Tensor, norm, branch, modulation, psi) -> torch.Tensor:
+    """One residual branch with its timestep modulation, Eq. (branch_timestep_modulation):
+
+        u+ = u + g * Branch((1 + s) * Norm(u)),
+
+    (g, s) from ``modulation(psi)`` (BranchGating: s = 0, AdaLN); g = 1, s = 0 without modulation.
+    The training model's block applies the same function."""
+    x = norm(u)
+    if modulation is None:
+        return u + branch(x)
+    gate, scale = modulation(psi)
+    if scale is not None:
+        x = x * (1 + scale.to(x.dtype))
+    return u + gate.to(u.dtype) * branch(x)
+
+
 class LoopLMBlock(nn.Module):
     """Pre-norm decoder layer. Core blocks may modulate each residual branch with the
     timestep (Eq. branch_timestep_modulation): u+ = u + g * Branch((1 + s) * Norm(u))."""
@@ -616,21 +643,12 @@ class LoopLMBlock(nn.Module):
             return getattr(self, f"{which}_adaln")
         return None
 
-    @staticmethod
-    def _residual(u: torch.Tensor, norm: nn.Module, branch, modulation, psi) -> torch.Tensor:
-        x = norm(u)
-        if modulation is None:
-            return u + branch(x)
-        gate, scale = modulation(psi)
-        if scale is not None:
-            x = x * (1 + scale.to(x.dtype))
-        return u + gate.to(u.dtype) * branch(x)
-
     def forward(self, h: torch.Tensor, rope, mask, cache: Cache | None, slot: int,
                 psi: torch.Tensor | None = None, kv_merge=None) -> torch.Tensor:
-        h = self._residual(h, self.input_layernorm, lambda x: self.self_attn(x, rope, mask, cache, slot, kv_merge),
-                           self._branch_modulation("attn"), psi)
-        return self._residual(h, self.post_attention_layernorm, self.mlp, self._branch_modulation("mlp"), psi)
+        h = modulated_residual(h, self.input_layernorm,
+                               lambda x: self.self_attn(x, rope, mask, cache, slot, kv_merge),
+                               self._branch_modulation("attn"), psi)
+        return modulated_residual(h, self.post_attention_layernorm, self.mlp, self._branch_modulation("mlp"), psi)
 
 
 @dataclass
@@ -807,7 +825,7 @@ class LoopLMModel(LoopLMPreTrainedModel):
         token_exit = (None if criterion == "none" else
                       TokenExit(criterion, threshold, h0, lambda x: exit_readout(self.norm(x))))
         for step in range(r):
-            past_states = completed[:-1][::-1][:w] if w else []  # h_{l-1}, ..., h_{l-m_l}
+            past_states = history_window(completed, w) if w else []  # h_{l-1}, ..., h_{l-m_l}
             psi = psi_all[step] if psi_all is not None else None
             h_next = self._loop_iteration(h, h0, past_states, psi, step, rope, mask, cache, token_exit)
             h = h_next if token_exit is None else token_exit.step(h, h_next)
@@ -886,4 +904,5 @@ LoopLMConfig.register_for_auto_class()
 LoopLMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
 __all__ = ["LoopLMConfig", "LoopLMModel", "LoopLMForCausalLM", "LoopLMPreTrainedModel", "timestep_features",
+           "history_window", "modulated_residual", "InitialStateInjection", "HistoryStateInjection", "LoopGating", "BranchGating", "AdaLN",
            "TokenExit", "exit_distance"]

@@ -422,7 +422,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
                     f"after step {state.step}; stopped without saving (a save would recreate the folder elsewhere)")
             if reason is None and t.exit_interval and state.step % t.exit_interval == 0:
                 reason = f"train.exit_interval={t.exit_interval}"
-            if last or reason or state.step % t.save_interval == 0:
+            if (last and t.save_final) or reason or state.step % t.save_interval == 0:
                 _save(run, state, logger)
                 saved_at = state.step
             if reason:
@@ -430,7 +430,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
                 logger.message(f"stopping after step {state.step} ({reason}); checkpoint saved in {run.root}")
                 logger.summary(state.step, state.consumed_samples, time.monotonic() - start, reason)
                 return 0
-        if saved_at != state.step:
+        if saved_at != state.step and t.save_final:
             _save(run, state, logger)
         logger.summary(state.step, state.consumed_samples, time.monotonic() - start)
         return 0

@@ -1,5 +1,6 @@
 """``--mode loss``: the LM head + cross-entropy alone, the chunked torch reference against Liger's
-fused kernel (CUDA)."""
+fused kernel (CUDA): speed, host syncs, and the two compared in value (loss and both gradients; the
+check against an fp32 reference is ``megatron_loop/measure/loss_check.py``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 
 import torch
 
+from megatron_loop.measure.loss_check import compare
 from megatron_loop.model.loss import DEFAULT_CHUNK_TOKENS, chunked_linear_cross_entropy
 
 from .harness import Case, ModelFlops, Row, Setup, measure, speed_ratios
@@ -42,8 +44,16 @@ def bench_loss(setup: Setup, families: list[str]) -> list[Row]:
         for impl, m in measured.items():
             rows.append(Row("loss", f"{family} head+CE {impl}", {"tokens": n, "vocab": cfg.vocab_size}, m))
         if len(impls) == 2:
+            values = {}
+            for impl in impls:  # one more step each, its results kept: fused vs chunked in value
+                loss = chunked_linear_cross_entropy(hidden, weight, targets, DEFAULT_CHUNK_TOKENS, implementation=impl)
+                loss.backward()
+                values[impl] = (loss.detach(), hidden.grad, weight.grad)
+                hidden.grad = weight.grad = None
+            differences = compare(values["fused"], values["chunked"])
             rows.append(Row("loss", f"ratio {family} fused / chunked", {},
-                            speed_ratios(measured["fused"], measured["chunked"])))
+                            {**speed_ratios(measured["fused"], measured["chunked"]),
+                             **{f"{k}_fused_vs_chunked": v for k, v in differences.items()}}))
     return rows
 
 
