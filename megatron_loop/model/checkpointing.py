@@ -31,14 +31,16 @@ Memory model (per token; exact on CPU against ``measure.memory.peak_memory_delta
 transients, in fp32 and bf16: tests/test_perf_checkpointing.py). For one block with width d, MLP
 width f, H query heads and G key/value heads of size e, batch b, activation itemsize i:
 
-    none      i (2d + 5f + (H+2G)e + 2He + Ge + 4e/b) + 4 (H + 2 + 3d)     in fp32 (i = 4)
-              i (2d + 5f + (H+2G)e + 2He + Ge + 4e/b) + 4 (H + 2 + 4d)     in bf16 (i = 2)
-              (+ 4 (H + G + 2He + Ge) with QK-norm, 4 (H + G + 2He + 2Ge) in bf16)
+    none      i (3d + 4f + (H+2G)e + 2He + Ge) + 4 (H + 2 + 3d)     in fp32 (i = 4)
+              i (2d + 4f + (H+2G)e + 2He + Ge) + 4 (H + 2 + 4d)     in bf16 (i = 2)
+              (+ 4 (H + G + He + Ge) with QK-norm, 4 (H + G + 2He + 2Ge) in bf16)
     selective i (2f + (H+2G)e + He) + 4H                  (QKV, gate/up and attention outputs)
 
 The fp32 terms are the norms' reciprocal RMS, attention's log-sum-exp and the RMSNorms' fp32
 work: in bf16 each norm keeps an fp32 copy of its input and its fp32 normalised tensor.
-plus the block's output i d in both (the embedding, prelude, coda, final norm and the loss's
+the block's output included in fp32 (in bf16 the next block's norm keeps its fp32 copy instead,
+counted in 4d), for the block's fast path (``fast_path.py``: no copy of the SwiGLU up half, no
+per-layer rotary tables, no query copy under QK-norm); the embedding, prelude, coda, final norm and the loss's
 chunk buffers are a fixed term; the parameter gradients bound the end of backward). A loop of s blocks keeps ``s x`` that in ``none`` and
 ``selective``, and only its output d when checkpointed (its input is the previous loop's output).
 Compiled blocks keep less than ``none`` (fused elementwise chains), so the model is conservative
@@ -140,10 +142,11 @@ def block_bytes_per_token(cfg, batch: int, itemsize: int) -> tuple[float, float]
     d, f, h, g, e = (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                      cfg.head_dim)
     low = itemsize < 4
-    act = 3 * d + 5 * f + (h + 2 * g) * e + 2 * h * e + g * e + 4 * e / batch  # norm outputs, output, ...
+    # norm outputs and (fp32) the block output, fused gate/up, silu(gate), its product, QKV, q, k, attention
+    act = (2 if low else 3) * d + 4 * f + (h + 2 * g) * e + 2 * h * e + g * e
     fp32 = h + 2 + (4 * d if low else 3 * d)
-    if cfg.qk_norm:
-        fp32 += h + g + 2 * h * e + (2 if low else 1) * g * e
+    if cfg.qk_norm:  # the query is normalised as a view of the QKV output (kept anyway) in fp32
+        fp32 += h + g + (2 * h * e + 2 * g * e if low else h * e + g * e)
     selective = itemsize * (2 * f + (h + 2 * g) * e + h * e + d) + 4 * h
     return itemsize * act + 4 * fp32, selective
 

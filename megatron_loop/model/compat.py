@@ -10,7 +10,9 @@ RNG tracker call CUDA. We avoid those paths, and keep the replacements here:
   kernels on GPU; never the unfused path that materialises the score matrix).
 * :func:`rope_inv_freq` / :func:`rope_freqs` -- rotary frequencies computed on the input's
   device (Llama 3 scaling rule included), in megatron-core's ``[s, 1, 1, head_dim]``
-  rotate-half layout, consumed by megatron-core's own ``apply_rotary_pos_emb``.
+  rotate-half layout, consumed by megatron-core's own ``apply_rotary_pos_emb``;
+  :func:`rope_tables` -- the same angles with their cos and (signed) sin, computed once per
+  sequence length, for the block's fast path (``fast_path.RopeSelfAttention``).
 * :func:`transformer_config` -- a megatron-core ``TransformerConfig`` with CPU
   initialisation and every CUDA-only fusion off.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -146,6 +149,29 @@ def rope_freqs(inv_freq: torch.Tensor, seq_len: int, device: torch.device) -> to
     pos = torch.arange(seq_len, device=device, dtype=torch.float32)
     freqs = torch.outer(pos, inv_freq.to(device=device, dtype=torch.float32))
     return torch.cat([freqs, freqs], dim=-1)[:, None, None, :]
+
+
+class RotaryTables(NamedTuple):
+    """What the blocks' attention rotates q and k with: the angles and their cos and sin, made once per
+    sequence length (and device and dtype) instead of for q and for k in every layer.
+
+    ``freqs``: fp32 angles ``[s, 1, 1, head_dim]`` (:func:`rope_freqs`; megatron-core's own attention
+    takes these). ``cos``: ``cos(freqs)``; ``sin_signed``: ``sin(freqs)`` with its first half negated,
+    so that ``t cos + [t2, t1] sin_signed`` is megatron-core's ``t cos + [-t2, t1] sin`` bit for bit
+    (negation is exact); both cast to the activation dtype as megatron-core casts them.
+    """
+
+    freqs: torch.Tensor
+    cos: torch.Tensor
+    sin_signed: torch.Tensor
+
+
+def rope_tables(freqs: torch.Tensor, dtype: torch.dtype = torch.float32) -> RotaryTables:
+    """:class:`RotaryTables` of :func:`rope_freqs`'s angles, cos and sin in ``dtype`` (computed in fp32)."""
+    cos = torch.cos(freqs).to(dtype)
+    sin = torch.sin(freqs).to(dtype)
+    half = sin.shape[-1] // 2
+    return RotaryTables(freqs, cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1))
 
 
 class _CompileSafeWarnings:

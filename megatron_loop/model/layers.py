@@ -4,7 +4,11 @@ One block class serves Prelude, Core and Coda (App. C.1 "Backbone architectures"
 before attention and before the MLP, causal GQA self-attention with RoPE (and per-head QK
 RMSNorm for Qwen3), SwiGLU MLP, no biases, no dropout. It is assembled from a megatron-core
 ``ModuleSpec`` (:func:`loop_block_spec`) so the attention/MLP implementations can be swapped
-(e.g. for Transformer Engine modules on GPU) without touching the model.
+(e.g. for Transformer Engine modules on GPU) without touching the model. The spec names
+megatron-core's modules with the fast path of ``fast_path.py`` (plain ``F.linear`` linears at TP = 1,
+one SwiGLU Function, RoPE from tables made once per sequence length); ``fast_path=False`` gives
+megatron-core's own modules throughout, the reference the fast path is tested against (same
+parameters, names and layouts; the same loss, gradients up to summation order).
 
 Core blocks may carry a timestep modulation per residual branch (BranchGating or AdaLN,
 ``conditioning.py``); the block then applies Eq. (branch_timestep_modulation):
@@ -20,7 +24,8 @@ import torch
 from torch import nn
 
 from megatron_loop.model import roles
-from megatron_loop.model.compat import SDPACoreAttention
+from megatron_loop.model.compat import RotaryTables, SDPACoreAttention
+from megatron_loop.model.fast_path import ColumnLinear, RMSNorm, RopeSelfAttention, RowLinear, SwiGLUMLP
 from megatron_loop.parallel.norm import TorchRMSNorm
 
 with warnings.catch_warnings():
@@ -42,26 +47,37 @@ class LoopBlockSubmodules:
     mlp: ModuleSpec | type = IdentityOp
 
 
-def loop_block_spec(qk_norm: bool) -> ModuleSpec:
-    """megatron-core local spec of one block: fused QKV, SDPA core attention, fused SwiGLU fc1."""
+def loop_block_spec(qk_norm: bool, fast_path: bool = True) -> ModuleSpec:
+    """megatron-core local spec of one block: fused QKV, SDPA core attention, fused SwiGLU fc1.
+
+    With ``fast_path`` (the default, ``fast_path.py``) the linears follow the TP size of the config
+    the block is built with: ``F.linear`` subclasses of megatron-core's linears at TP = 1,
+    megatron-core's Column/RowParallelLinear at TP > 1; at every TP size the attention rotates q and
+    k with the model's precomputed rotary tables, the MLP runs one SwiGLU Function on the fused fc1
+    output and the norms are :class:`fast_path.RMSNorm`. ``fast_path=False``: megatron-core's modules
+    only (the reference path; the same parameters, names, layouts and initial values).
+    """
+    column = ColumnLinear if fast_path else ColumnParallelLinear
+    row = RowLinear if fast_path else RowParallelLinear
+    norm = RMSNorm if fast_path else TorchRMSNorm
     return ModuleSpec(
         module=LoopBlock,
         submodules=LoopBlockSubmodules(
-            input_layernorm=TorchRMSNorm,
+            input_layernorm=norm,
             self_attention=ModuleSpec(
-                module=SelfAttention,
+                module=RopeSelfAttention if fast_path else SelfAttention,
                 params={"attn_mask_type": AttnMaskType.causal},
                 submodules=SelfAttentionSubmodules(
-                    linear_qkv=ColumnParallelLinear,
+                    linear_qkv=column,
                     core_attention=SDPACoreAttention,
-                    linear_proj=RowParallelLinear,
-                    q_layernorm=TorchRMSNorm if qk_norm else IdentityOp,
-                    k_layernorm=TorchRMSNorm if qk_norm else IdentityOp,
+                    linear_proj=row,
+                    q_layernorm=norm if qk_norm else IdentityOp,
+                    k_layernorm=norm if qk_norm else IdentityOp,
                 ),
             ),
-            pre_mlp_layernorm=TorchRMSNorm,
-            mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear,
-                                                                linear_fc2=RowParallelLinear)),
+            pre_mlp_layernorm=norm,
+            mlp=ModuleSpec(module=SwiGLUMLP if fast_path else MLP,
+                           submodules=MLPSubmodules(linear_fc1=column, linear_fc2=row)),
         ),
     )
 
@@ -77,6 +93,8 @@ class LoopBlock(nn.Module):
         self.self_attention = build_module(submodules.self_attention, config=config, layer_number=layer_number)
         self.pre_mlp_layernorm = build_module(submodules.pre_mlp_layernorm, config=config, hidden_size=d, eps=eps)
         self.mlp = build_module(submodules.mlp, config=config)
+        # megatron-core's own attention takes the rotary angles; ours the precomputed tables
+        self._rope_tables = isinstance(self.self_attention, RopeSelfAttention)
         # Timestep modulation of the two residual branches (set by the model for core blocks).
         self.attn_gate = self.mlp_gate = None  # BranchGating
         self.attn_adaln = self.mlp_adaln = None  # AdaLN
@@ -117,9 +135,13 @@ class LoopBlock(nn.Module):
         out, _ = branch(x, **branch_kwargs)
         return u + gate.to(out.dtype) * out
 
-    def forward(self, hidden: torch.Tensor, rotary_pos_emb: torch.Tensor,
+    def forward(self, hidden: torch.Tensor, rotary_pos_emb: RotaryTables | torch.Tensor,
                 psi: torch.Tensor | None = None) -> torch.Tensor:
-        """``hidden`` is ``[s, b, d]`` (megatron-core layout); ``psi`` the timestep features of this loop."""
+        """``hidden`` is ``[s, b, d]`` (megatron-core layout); ``rotary_pos_emb`` the model's
+        :class:`RotaryTables` (or megatron-core's ``[s, 1, 1, head_dim]`` angles); ``psi`` the timestep
+        features of this loop."""
+        if isinstance(rotary_pos_emb, RotaryTables) and not self._rope_tables:
+            rotary_pos_emb = rotary_pos_emb.freqs
         hidden = self._modulated(self.self_attention, self.input_layernorm, hidden,
                                  self.attn_gate or self.attn_adaln, psi,
                                  attention_mask=None, rotary_pos_emb=rotary_pos_emb)

@@ -42,7 +42,8 @@ from megatron_loop.config import ModelConfig
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
 from megatron_loop.model.adaptive_exit import TokenExit, check_exit
-from megatron_loop.model.compat import ensure_parallel_state, rope_freqs, rope_inv_freq, transformer_config
+from megatron_loop.model.compat import (RotaryTables, ensure_parallel_state, rope_freqs, rope_inv_freq, rope_tables,
+                                        transformer_config)
 from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStateInjection, LoopGating,
                                               branch_modulation, history_window, timestep_features)
 from megatron_loop.model.layers import loop_block_spec
@@ -74,10 +75,11 @@ class LoopLM(nn.Module):
 
     Tensor parallelism (``megatron_loop/parallel``): the TP size is that of megatron-core's groups
     (``parallel.initialize_parallel``; TP = 1 when none were built); ``parallel`` adds sequence
-    parallelism and is checked against them.
+    parallelism and is checked against them. ``fast_path=False`` builds the blocks from megatron-core's
+    modules only (the reference the default fast path is tested against: ``layers.loop_block_spec``).
     """
 
-    def __init__(self, config: ModelConfig, parallel: ParallelConfig | None = None):
+    def __init__(self, config: ModelConfig, parallel: ParallelConfig | None = None, fast_path: bool = True):
         super().__init__()
         config.validate()
         self.config = config
@@ -91,7 +93,8 @@ class LoopLM(nn.Module):
             head_dim=config.head_dim, rms_norm_eps=config.rms_norm_eps, qk_norm=config.qk_norm,
             initializer_range=config.initializer_range, tensor_model_parallel_size=layout.tp_size,
             sequence_parallel=layout.sequence_parallel)
-        spec = loop_block_spec(config.qk_norm)
+        # fast_path=False: megatron-core's modules throughout (the reference of layers.loop_block_spec)
+        spec = loop_block_spec(config.qk_norm, fast_path)
         numbers = iter(range(1, config.physical_depth + 1))
 
         def blocks(n: int) -> nn.ModuleList:
@@ -170,14 +173,16 @@ class LoopLM(nn.Module):
         device = self.embed_tokens.weight.device
         return self._constant(("inv_freq", device), lambda: self._inv_freq_fp32.to(device))
 
-    def _rope(self, seq_len: int, device: torch.device) -> torch.Tensor:
-        return self._constant(("rope", seq_len, device), lambda: rope_freqs(self.rope_inv_freq, seq_len, device))
+    def _rope(self, seq_len: int, device: torch.device, dtype: torch.dtype = torch.float32) -> RotaryTables:
+        """Rotary angles with their cos and sin in the activations' ``dtype``: once per length, device, dtype."""
+        return self._constant(("rope", seq_len, device, dtype),
+                              lambda: rope_tables(rope_freqs(self.rope_inv_freq, seq_len, device), dtype))
 
     def _timestep_features(self, r: int, grid: str, device: torch.device) -> torch.Tensor:
         return self._constant(("psi", r, grid, device),
                               lambda: timestep_features(r, self.config.train_loops, grid, device=device))
 
-    def loop_iteration(self, h: torch.Tensor, h0: torch.Tensor, rope: torch.Tensor, psi: torch.Tensor | None,
+    def loop_iteration(self, h: torch.Tensor, h0: torch.Tensor, rope: RotaryTables, psi: torch.Tensor | None,
                        *past: torch.Tensor) -> torch.Tensor:
         """One complete loop h_l -> h_{l+1}: injection, the shared core, loop-level gating.
 
@@ -230,7 +235,7 @@ class LoopLM(nn.Module):
         psi_all = self._timestep_features(r, grid, input_ids.device) if self.uses_timestep else None
 
         h = self.tensor_parallel.embed(self.embed_tokens, input_ids)  # [s, b, d] ([s/N, b, d] sequence parallel)
-        rope = self._rope(input_ids.shape[1], input_ids.device)
+        rope = self._rope(input_ids.shape[1], input_ids.device, h.dtype)
         for block in self.prelude:
             h = block(h, rope)
 
@@ -293,9 +298,10 @@ class LoopLM(nn.Module):
 
 
 def build_model(config: ModelConfig, device: torch.device | str | None = None,
-                parallel: ParallelConfig | None = None) -> LoopLM:
-    """Build a LoopLM (CPU unless ``device`` is given; ``"meta"`` for shape-only dry runs)."""
+                parallel: ParallelConfig | None = None, fast_path: bool = True) -> LoopLM:
+    """Build a LoopLM (CPU unless ``device`` is given; ``"meta"`` for shape-only dry runs).
+    ``fast_path=False``: blocks of megatron-core's modules only (``layers.loop_block_spec``)."""
     if device is None:
-        return LoopLM(config, parallel)
+        return LoopLM(config, parallel, fast_path)
     with torch.device(device):
-        return LoopLM(config, parallel)
+        return LoopLM(config, parallel, fast_path)
