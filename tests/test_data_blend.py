@@ -10,7 +10,8 @@ import torch
 
 from data_fixtures import data_assets
 from megatron_loop.data.blend import BlendedDataset, blend_index, max_blend_samples
-from megatron_loop.data.loaders import build_train_valid_loaders, parse_blend
+from megatron_loop.config import DataConfig, config_from_dict
+from megatron_loop.data.loaders import build_train_valid_loaders
 from megatron_loop.data.packed import PackedDataset
 from megatron_loop.errors import LoopConfigError, LoopDataError
 
@@ -64,8 +65,8 @@ def test_loaders_one_pass_blend(tmp_path):
     for name in ("a", "b"):
         for suffix in (".bin", ".idx"):
             shutil.copy(src + suffix, tmp_path / f"{name}{suffix}")
-    loaders = build_train_valid_loaders({"train": [str(tmp_path / "a"), str(tmp_path / "b")]},
-                                        seq_length=64, global_batch_size=8, micro_batch_size=4, seed=5)
+    data = DataConfig(train_prefixes=[str(tmp_path / "a"), str(tmp_path / "b")], num_workers=0, order="shuffled")
+    loaders = build_train_valid_loaders(data, seq_length=64, global_batch_size=8, micro_batch_size=4, seed=5)
     ds = loaders.train_dataset
     assert len(ds) == max_blend_samples([len(d) for d in ds.datasets], [1, 1]) >= 2 * len(ds.datasets[0]) - 2
     assert all(d.num_epochs == 1 for d in ds.datasets)
@@ -76,7 +77,8 @@ def test_loaders_blend_two_prefixes(tmp_path):
     for name in ("a", "b"):
         for suffix in (".bin", ".idx"):
             shutil.copy(src + suffix, tmp_path / f"{name}{suffix}")
-    cfg = {"train": [{"prefix": str(tmp_path / "a"), "weight": 3}, {"prefix": str(tmp_path / "b"), "weight": 1}]}
+    cfg = DataConfig(train_prefixes=[str(tmp_path / "a"), str(tmp_path / "b")], train_weights=[3, 1],
+                     num_workers=0, order="shuffled")
     one_pass = len(PackedDataset(src, 64, seed=5))
     samples = 2 * one_pass  # component a (weight 3/4) needs 1.5 passes
     loaders = build_train_valid_loaders(cfg, seq_length=64, global_batch_size=8, micro_batch_size=4,
@@ -94,13 +96,25 @@ def test_loaders_blend_two_prefixes(tmp_path):
     assert torch.equal(first[0], ds.datasets[k][j]["tokens"])
 
 
-def test_parse_blend_forms():
-    assert parse_blend("p", "x") == [("p", 1.0)]
-    assert parse_blend(["p", "q"], "x") == [("p", 1.0), ("q", 1.0)]
-    assert parse_blend(["0.3", "p", "0.7", "q"], "x") == [("p", 0.3), ("q", 0.7)]
-    assert parse_blend([0.3, "p", 0.7, "q"], "x") == [("p", 0.3), ("q", 0.7)]
-    assert parse_blend([{"prefix": "p", "weight": 2}], "x") == [("p", 2.0)]
-    with pytest.raises(LoopConfigError, match="data.train: expected a prefix"):
-        parse_blend([], "data.train")
-    with pytest.raises(LoopConfigError, match="needs a 'prefix' key"):
-        parse_blend([{"weight": 1}], "data.train")
+def test_blend_config_forms():
+    """What YAML can write for the blend (data.train_prefixes, data.train_weights) is read and checked
+    by the config layer; the loader takes DataConfig.train_blend()."""
+    def data(**keys):
+        return config_from_dict({"data": keys}).data
+
+    assert data(train_prefixes=["p"]).train_blend() == [("p", 1.0)]
+    assert data(train_prefixes=["p", "q"]).train_blend() == [("p", 1.0), ("q", 1.0)]
+    assert data(train_prefixes=["p", "q"], train_weights=[0.3, 0.7]).train_blend() == [("p", 0.3), ("q", 0.7)]
+    assert data(train_prefixes=["p"], train_weights=[2]).train_blend() == [("p", 2.0)]
+    assert config_from_dict({"data": {"train_prefixes": ["p"]}}, overrides=[
+        "data.train_prefixes=[p, q]", "data.train_weights=[1, 3]"]).data.train_blend() == [("p", 1.0), ("q", 3.0)]
+    with pytest.raises(LoopConfigError, match=r"data\.train_prefixes: empty; expected at least one indexed dataset "
+                                              r"prefix \(P for P\.bin/P\.idx, written by tools/preprocess_data\.py\)"):
+        data().train_blend()
+    with pytest.raises(LoopConfigError,
+                       match=r"data\.train_weights: expected one weight per train prefix \(2\), got 1"):
+        data(train_prefixes=["p", "q"], train_weights=[1.0])
+    with pytest.raises(LoopConfigError, match=r"data\.train_weights=\[1\.0, -1\.0\]: expected positive weights"):
+        data(train_prefixes=["p", "q"], train_weights=[1.0, -1.0])
+    with pytest.raises(LoopConfigError, match=r"data\.train_prefixes='p': expected a list of str"):
+        data(train_prefixes="p")

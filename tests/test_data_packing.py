@@ -140,10 +140,9 @@ def test_stream_order_packs_the_preprocessing_stream(tmp_path, monkeypatch):
     # the config key reaches the training loader
     from megatron_loop.config import config_from_dict
     from megatron_loop.data.loaders import build_train_valid_loaders
-    from megatron_loop.training.preflight import data_spec
 
     cfg = config_from_dict({"data": {"train_prefixes": [prefix], "order": "stream"}})
-    loaders = build_train_valid_loaders(data_spec(cfg), seq_length=SEQ, global_batch_size=2, micro_batch_size=2)
+    loaders = build_train_valid_loaders(cfg.data, seq_length=SEQ, global_batch_size=2, micro_batch_size=2)
     np.testing.assert_array_equal(next(iter(loaders.train))["tokens"][0].numpy(), expected[:SEQ])
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from data_fixtures import data_assets
+from megatron_loop.config import DataConfig
 from megatron_loop.data.loaders import build_train_valid_loaders, measure_loader_throughput
 from megatron_loop.data.sampler import GlobalBatchSampler
 from megatron_loop.errors import LoopConfigError, LoopDataError
@@ -74,8 +76,13 @@ def test_sampler_rejects_inconsistent_sizes(kwargs, message):
         GlobalBatchSampler(100, **kwargs)
 
 
-def _loader_batches(prefix, dp_rank, dp_size, consumed=0, train_samples=None, **cfg):
-    loaders = build_train_valid_loaders({"train": prefix, **cfg}, seq_length=SEQ,
+def _data(prefix: str, **keys) -> DataConfig:
+    """The typed ``data:`` section over ``prefix``: in-process loading, a shuffled document order."""
+    return DataConfig(**{"train_prefixes": [prefix], "num_workers": 0, "order": "shuffled", **keys})
+
+
+def _loader_batches(prefix, dp_rank, dp_size, consumed=0, train_samples=None):
+    loaders = build_train_valid_loaders(_data(prefix), seq_length=SEQ,
                                         global_batch_size=GLOBAL, micro_batch_size=MICRO,
                                         dp_rank=dp_rank, dp_size=dp_size, seed=11,
                                         consumed_samples=consumed, vocab_size=600,
@@ -111,7 +118,7 @@ def test_loader_resume_matches_uninterrupted(prefix):
 
 
 def test_loader_batch_fields_and_validation(prefix):
-    loaders = build_train_valid_loaders({"train": prefix}, seq_length=SEQ, global_batch_size=GLOBAL,
+    loaders = build_train_valid_loaders(_data(prefix), seq_length=SEQ, global_batch_size=GLOBAL,
                                         micro_batch_size=MICRO, seed=0)
     batch = next(iter(loaders.train))
     assert set(batch) == {"tokens"}  # the model shifts the labels itself
@@ -122,6 +129,55 @@ def test_loader_batch_fields_and_validation(prefix):
     assert sum(len(v) for v in valid) == len(loaders.valid_dataset) // MICRO * MICRO
 
 
+def test_loader_takes_the_typed_data_section_and_honours_each_key(prefix, tmp_path):
+    """``build_train_valid_loaders`` reads the ``DataConfig`` itself: train_prefixes and
+    train_weights (the blend), valid_prefixes (null: the sibling; []: none; else these), num_workers,
+    order; ``validation=False`` opens no validation data at all (train.eval_interval 0)."""
+    from megatron_loop.data.blend import BlendedDataset
+    from probe_fixtures import write_prefix
+
+    def build(data: DataConfig, validation: bool = True, train_samples: int | None = None):
+        return build_train_valid_loaders(data, seq_length=SEQ, global_batch_size=GLOBAL, micro_batch_size=MICRO,
+                                         validation=validation, seed=3, train_samples=train_samples)
+
+    other = str(tmp_path / "q")
+    for suffix in (".bin", ".idx"):
+        shutil.copy(prefix + suffix, other + suffix)
+    # train_prefixes + train_weights: a blend in those proportions, seeds 3 and 4 (shuffled order)
+    blend = build(_data(prefix, train_prefixes=[prefix, other], train_weights=[1.0, 3.0]), train_samples=400)
+    ds = blend.train_dataset
+    assert isinstance(ds, BlendedDataset) and [d.prefix for d in ds.datasets] == [prefix, other]
+    np.testing.assert_allclose(np.bincount(ds.dataset_index) / 400, [0.25, 0.75], atol=1e-2)
+    assert [d.seed for d in ds.datasets] == [3, 4] and {d.order for d in ds.datasets} == {"shuffled"}
+    assert [u["weight"] for u in blend.train_usage] == [1.0, 3.0]
+    # train_weights null: equal weights
+    equal = build(_data(prefix, train_prefixes=[prefix, other]), train_samples=400).train_dataset
+    np.testing.assert_allclose(np.bincount(equal.dataset_index) / 400, [0.5, 0.5], atol=1e-2)
+    # order: stream keeps the documents in the order preprocessing wrote them
+    stream = build(_data(prefix, order="stream")).train_dataset
+    assert stream.order == "stream"
+    assert stream.index.doc_order.tolist() == list(range(len(stream.index.doc_order)))
+    # num_workers reaches both loaders
+    workers = build(_data(prefix, num_workers=2))
+    assert workers.train.num_workers == workers.valid.num_workers == 2
+    # valid_prefixes: null is the sibling P_valid, explicit prefixes are read as given, [] is none
+    sibling = build(_data(prefix))
+    assert sibling.valid_prefixes == [prefix + "_valid"] and sibling.valid_dataset.prefix == prefix + "_valid"
+    explicit = build(_data(prefix, valid_prefixes=[other]))
+    assert explicit.valid_prefixes == [other] and explicit.valid_dataset.prefix == other
+    none = build(_data(prefix, valid_prefixes=[]))
+    assert none.valid is None and none.valid_dataset is None and none.valid_prefixes == []
+    # validation=False: not even a validation set smaller than a micro-batch is opened
+    tiny = write_prefix(tmp_path, num_docs=2, vocab=600)
+    off = build(_data(prefix, valid_prefixes=[tiny]), validation=False)
+    assert off.valid is None and off.valid_prefixes == []
+    assert build(_data(prefix), validation=False).valid is None  # the sibling is not opened either
+    with pytest.raises(LoopDataError, match=rf"data\.valid_prefixes \['{re.escape(tiny)}'\]: \d+ sequences of "
+                                            rf"seq_length {SEQ}; expected at least micro_batch_size x data-parallel "
+                                            rf"size = {MICRO} for validation \(or train without it"):
+        build(_data(prefix, valid_prefixes=[tiny]))
+
+
 def test_train_samples_beyond_one_epoch(prefix):
     loaders, batches = _loader_batches(prefix, 0, 1, train_samples=3000)
     assert loaders.train_dataset.num_epochs > 1
@@ -130,13 +186,16 @@ def test_train_samples_beyond_one_epoch(prefix):
 
 def test_loader_checks_vocab_and_size(prefix):
     with pytest.raises(LoopDataError, match=rf"{prefix}.bin: token id \d+ is not below the model's vocab_size 10"):
-        build_train_valid_loaders({"train": prefix}, seq_length=SEQ, global_batch_size=GLOBAL,
+        build_train_valid_loaders(_data(prefix), seq_length=SEQ, global_batch_size=GLOBAL,
                                   micro_batch_size=MICRO, vocab_size=10)
     with pytest.raises(LoopDataError, match="expected at least one global batch"):
-        build_train_valid_loaders({"train": prefix}, seq_length=SEQ, global_batch_size=4096,
+        build_train_valid_loaders(_data(prefix), seq_length=SEQ, global_batch_size=4096,
                                   micro_batch_size=MICRO)
-    with pytest.raises(LoopConfigError, match="data.train: missing"):
-        build_train_valid_loaders({}, seq_length=SEQ, global_batch_size=GLOBAL, micro_batch_size=MICRO)
+    with pytest.raises(LoopConfigError, match=r"data\.train_prefixes: empty; expected at least one indexed"):
+        build_train_valid_loaders(DataConfig(), seq_length=SEQ, global_batch_size=GLOBAL, micro_batch_size=MICRO)
+    with pytest.raises(TypeError, match="expected the config's DataConfig"):  # the untyped dict of old
+        build_train_valid_loaders({"train": prefix}, seq_length=SEQ, global_batch_size=GLOBAL,
+                                  micro_batch_size=MICRO)
 
 
 def test_measure_loader_throughput(prefix):

@@ -98,12 +98,13 @@ def test_muon_step_copies_nothing_to_the_device():
 
 def test_loaders_pin_batches_when_cuda_is_there(monkeypatch):
     from data_fixtures import data_assets
+    from megatron_loop.config import DataConfig
     from megatron_loop.data.loaders import build_train_valid_loaders
 
-    prefix = data_assets().prefix
+    data = DataConfig(train_prefixes=[data_assets().prefix], num_workers=0, order="shuffled")
 
     def loaders():
-        return build_train_valid_loaders({"train": prefix}, seq_length=32, global_batch_size=4, micro_batch_size=2)
+        return build_train_valid_loaders(data, seq_length=32, global_batch_size=4, micro_batch_size=2)
 
     cpu = loaders()
     assert not cpu.train.pin_memory and not cpu.valid.pin_memory

@@ -57,12 +57,6 @@ NOT_IN_ERRORS_MD = {
     "blend weights; expected one weight per prefix": "blend API; data.train_weights is checked at load",
     "expected at least 2 (one prediction)": "PackedDataset API; train.seq_length is checked at load",
     "expected at least 1": "PackedDataset / probe sampling API arguments",
-    "expected a prefix, a list of prefixes, a list of {prefix, weight} or [w1, P1, w2, P2, ...]; got":
-        "loaders API spec; the config's data section is typed at load",
-    "each entry needs a 'prefix' key": "loaders API spec",
-    "as a prefix blend": "loaders API spec",
-    "data.train: missing; expected the indexed prefix(es) to train on": "loaders API spec; data.train_prefixes "
-                                                                        "is checked first",
     "expected distinct loop counts >= 1 in increasing order": "SweepSettings API; --loops is parsed first",
     "); expected tasksource/proofwriter, whose split holds": "inside lm-eval's document processing of the "
                                                             "shipped task (a dataset of another schema)",

@@ -93,13 +93,13 @@ def test_partial_gradients_are_summed_over_tp(tp_runs, references, name, sequenc
 def _loader_batches(dp_rank: int, dp_size: int) -> list:
     """The first micro-batches of data-parallel rank ``dp_rank`` of ``dp_size`` (no tensor parallelism)."""
     from megatron_loop.data.loaders import build_train_valid_loaders
-    from megatron_loop.training import preflight
 
     cfg = fx.data_config(data_assets().prefix)
     t = cfg.train
     return fx.first_micro_batches(build_train_valid_loaders(
-        preflight.data_spec(cfg), seq_length=t.seq_length, global_batch_size=t.global_batch_size,
-        micro_batch_size=t.micro_batch_size, dp_rank=dp_rank, dp_size=dp_size, seed=t.seed,
+        cfg.data, seq_length=t.seq_length, global_batch_size=t.global_batch_size,
+        micro_batch_size=t.micro_batch_size, validation=bool(t.eval_interval), dp_rank=dp_rank, dp_size=dp_size,
+        seed=t.seed,
         vocab_size=cfg.model.vocab_size, train_samples=2 * t.global_batch_size).train)
 
 

@@ -67,14 +67,16 @@ def test_validation_line_data_reuse_and_summary(tmp_path, capsys):
 
 
 def test_data_reuse_is_samples_times_seq_length_over_prefix_tokens():
+    from megatron_loop.config import DataConfig
     from megatron_loop.data.indexed import count_tokens
     from megatron_loop.data.loaders import build_train_valid_loaders
 
     prefix = data_assets().prefix
     tokens = count_tokens(prefix)
     samples = 5 * (tokens // 32) // 2  # 2.5 epochs of 32-token sequences
-    loaders = build_train_valid_loaders({"train": prefix, "valid": []}, seq_length=32, global_batch_size=8,
-                                        micro_batch_size=2, train_samples=samples)
+    data = DataConfig(train_prefixes=[prefix], valid_prefixes=[], num_workers=0, order="shuffled")
+    loaders = build_train_valid_loaders(data, seq_length=32, global_batch_size=8, micro_batch_size=2,
+                                        train_samples=samples)
     (usage,) = loaders.train_usage
     assert usage["samples"] == samples and usage["tokens"] == tokens
     assert usage["epochs"] == samples * 32 / tokens and 2.4 < usage["epochs"] < 2.6
@@ -82,22 +84,29 @@ def test_data_reuse_is_samples_times_seq_length_over_prefix_tokens():
 
 
 def test_empty_valid_prefixes_disable_validation_despite_a_sibling():
+    from megatron_loop.config import resolve_paths
     from megatron_loop.data.loaders import build_train_valid_loaders
-    from megatron_loop.training.preflight import data_spec
+    from megatron_loop.training.preflight import check_input_files
 
     prefix = data_assets().prefix  # has a _valid sibling
     base = {"train": {"eval_interval": 5, "seq_length": 32}, "data": {"train_prefixes": [prefix]}}
 
-    def valid_of(**data):
-        cfg = config_from_dict({**base, "data": {**base["data"], **data}})
-        spec = data_spec(cfg)
-        loaders = build_train_valid_loaders(spec, seq_length=32, global_batch_size=8, micro_batch_size=2)
-        return spec["valid"], loaders.valid
+    def valid_of(eval_interval=5, **data):
+        cfg = config_from_dict({"train": {**base["train"], "eval_interval": eval_interval},
+                                "data": {**base["data"], **data}})
+        checked = check_input_files(resolve_paths(cfg))["valid_prefixes"]  # what --dry-run reports (load_config
+        # resolves the paths: the repository's deepspeed_configs/ from any working directory)
+        loaders = build_train_valid_loaders(cfg.data, seq_length=32, global_batch_size=8, micro_batch_size=2,
+                                            validation=bool(cfg.train.eval_interval))
+        assert loaders.valid_prefixes == checked
+        return checked, loaders.valid
 
     spec, loader = valid_of(valid_prefixes=[])
     assert spec == [] and loader is None
     spec, loader = valid_of()
     assert spec == [prefix + "_valid"] and loader is not None
+    spec, loader = valid_of(eval_interval=0)  # no periodic validation: the sibling is not opened
+    assert spec == [] and loader is None
 
 
 @pytest.fixture(scope="module")

@@ -84,9 +84,8 @@ def test_checkpoint_loads_for_export_and_matches_the_logged_validation():
     model, cfg = load_model_from_checkpoint(run / "checkpoints")
     assert cfg.model.train_loops == 2 and cfg.train.max_steps == 10
     from megatron_loop.data.loaders import build_train_valid_loaders
-    from megatron_loop.training.preflight import data_spec
 
-    loaders = build_train_valid_loaders(data_spec(cfg), seq_length=32, global_batch_size=8, micro_batch_size=2,
+    loaders = build_train_valid_loaders(cfg.data, seq_length=32, global_batch_size=8, micro_batch_size=2,
                                         seed=cfg.train.seed, vocab_size=cfg.model.vocab_size)
     batches = [b["tokens"] for _, b in zip(range(2), loaders.valid)]
     with torch.no_grad():

@@ -16,6 +16,7 @@ from megatron_loop.config.parallel import ParallelConfig
 from megatron_loop.config.paths import sibling_valid_prefix
 from megatron_loop.config.validation import (validate_config, validate_data, validate_logging, validate_model,
                                              validate_train)
+from megatron_loop.errors import LoopConfigError
 
 
 @dataclass
@@ -193,8 +194,20 @@ class DataConfig:
     # shuffles once, at streaming time. ``shuffled``: a further seed-determined permutation per epoch.
     order: str = "stream"
 
+    def train_blend(self) -> list[tuple[str, float]]:
+        """``(prefix, weight)`` per train prefix, the blend the run trains on (weight 1 for each when
+        ``train_weights`` is null; their count and sign are checked at load, ``validate_data``).
+        An empty ``train_prefixes`` is an error here, not at load: a config read only for its model
+        (the exporter, the tools) needs no data."""
+        if not self.train_prefixes:
+            raise LoopConfigError("data.train_prefixes: empty; expected at least one indexed dataset prefix "
+                                  "(P for P.bin/P.idx, written by tools/preprocess_data.py)")
+        weights = self.train_weights if self.train_weights is not None else [1.0] * len(self.train_prefixes)
+        return [(prefix, float(weight)) for prefix, weight in zip(self.train_prefixes, weights)]
+
     def validation_prefixes(self) -> list[str]:
-        """The prefixes validation reads: ``valid_prefixes``, or by default the train prefix's sibling."""
+        """The prefixes validation reads: ``valid_prefixes``, or by default the train prefix's sibling
+        (the one place that falls back to it)."""
         if self.valid_prefixes is not None:
             return list(self.valid_prefixes)
         sibling = sibling_valid_prefix(self.train_prefixes[0]) if self.train_prefixes else None

@@ -5,10 +5,10 @@ below are resolved lazily (``preprocess`` is the submodule; its function is
 ``megatron_loop.data.preprocess.preprocess``)::
 
     from megatron_loop.data import build_train_valid_loaders
-    loaders = build_train_valid_loaders(cfg.data, seq_length=2048, global_batch_size=512,
-                                        micro_batch_size=8, dp_rank=rank, dp_size=world,
-                                        seed=1234, consumed_samples=0, vocab_size=128256,
-                                        train_samples=steps * 512)
+    loaders = build_train_valid_loaders(cfg.data, seq_length=2048, global_batch_size=512,  # the typed DataConfig
+                                        micro_batch_size=8, validation=cfg.train.eval_interval > 0,
+                                        dp_rank=rank, dp_size=world, seed=1234, consumed_samples=0,
+                                        vocab_size=128256, train_samples=steps * 512)
 """
 
 from __future__ import annotations

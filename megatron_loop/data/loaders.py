@@ -1,18 +1,17 @@
-"""Train/validation DataLoaders from the ``data:`` config section (App. C.1, SPEC "Data semantics").
+"""Train/validation DataLoaders from the typed ``data:`` section (App. C.1, SPEC "Data semantics").
 
-``data:`` keys (a mapping or an object with these attributes):
+:func:`build_train_valid_loaders` takes the :class:`~megatron_loop.config.DataConfig` itself and
+reads these of its keys (the config layer has read and checked them):
 
-``train``      one prefix, a list of prefixes (equal weights), a list of ``{prefix, weight}``
-               mappings, or Megatron's flat ``[w1, P1, w2, P2, ...]``.
-``valid``      the same forms; optional. When absent, ``<first train prefix>_valid`` is used if
-               its files exist (what ``tools/preprocess_data.py --validation-documents`` writes);
-               an empty list turns validation off.
-``cache_dir``  where packing indexes are cached (default: next to each prefix).
-``num_workers`` DataLoader worker processes (default 0).
-``valid_samples`` cap on validation sequences per evaluation (default: all).
+``train_prefixes`` / ``train_weights``  the train blend (:meth:`DataConfig.train_blend`: weight 1
+               each when the weights are null); component ``k`` is shuffled with seed ``seed + k``.
+``valid_prefixes`` what validation reads (:meth:`DataConfig.validation_prefixes`: null is
+               ``<first train prefix>_valid`` when its files exist, what ``tools/preprocess_data.py
+               --validation-documents`` writes; ``[]`` is no validation), equal weights; opened only
+               with ``validation=True`` (the training loop passes ``train.eval_interval > 0``).
+``num_workers`` DataLoader worker processes.
 ``order``      ``stream`` (documents in the order preprocessing wrote them, as the paper trains,
-               App. C.1; the default of ``DataConfig``) or ``shuffled`` (a seeded permutation per
-               epoch; what a plain dict without the key gets); see ``packed.py``.
+               App. C.1) or ``shuffled`` (a seeded permutation per epoch); see ``packed.py``.
 
 Batches are ``{"tokens": LongTensor[B, S]}``: the model takes ``tokens`` as its input and as its
 labels and shifts them itself (HF ``labels=``), so the loss averages the ``S - 1`` next-token
@@ -21,56 +20,24 @@ predictions of each sequence (SPEC "Data semantics").
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import time
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils.data import DataLoader
 
+from megatron_loop.config import DataConfig
 from megatron_loop.data.blend import BlendedDataset, max_blend_samples, samples_needed
 from megatron_loop.data.indexed import check_token_ids, count_tokens, open_indexed
 from megatron_loop.data.packed import PackedDataset, epochs_for
 from megatron_loop.data.sampler import GlobalBatchSampler
-from megatron_loop.config import sibling_valid_prefix
-from megatron_loop.errors import LoopConfigError, LoopDataError
-
-
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    if isinstance(cfg, Mapping):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
-
-
-def parse_blend(spec: Any, where: str) -> list[tuple[str, float]]:
-    """``[(prefix, weight), ...]`` from any of the accepted ``data.train``/``data.valid`` forms."""
-    if isinstance(spec, (str, os.PathLike)):
-        return [(str(spec), 1.0)]
-    if not isinstance(spec, Sequence) or not spec:
-        raise LoopConfigError(f"{where}: expected a prefix, a list of prefixes, a list of "
-                              f"{{prefix, weight}} or [w1, P1, w2, P2, ...]; got {spec!r}")
-    if all(isinstance(x, Mapping) or hasattr(x, "prefix") for x in spec):
-        if any(_get(x, "prefix") is None for x in spec):
-            raise LoopConfigError(f"{where}: each entry needs a 'prefix' key")
-        return [(str(_get(x, "prefix")), float(_get(x, "weight", 1.0) or 1.0)) for x in spec]
-    if all(isinstance(x, (str, os.PathLike)) for x in spec):
-        if len(spec) % 2 == 0:
-            try:  # Megatron's flat form: weights are numbers written as strings on the CLI
-                return [(str(spec[i + 1]), float(spec[i])) for i in range(0, len(spec), 2)]
-            except ValueError:
-                pass
-        return [(str(x), 1.0) for x in spec]
-    if len(spec) % 2 == 0 and all(isinstance(spec[i], (int, float)) for i in range(0, len(spec), 2)):
-        return [(str(spec[i + 1]), float(spec[i])) for i in range(0, len(spec), 2)]
-    raise LoopConfigError(f"{where}: cannot read {spec!r} as a prefix blend")
+from megatron_loop.errors import LoopDataError
 
 
 def _packed(prefixes: list[tuple[str, float]], seq_length: int, seed: int, num_samples: int | None,
-            cache_dir: str | None, vocab_size: int | None, order: str = "shuffled",
-            usage: list[dict] | None = None) -> torch.utils.data.Dataset:
+            vocab_size: int | None, order: str, usage: list[dict] | None = None) -> torch.utils.data.Dataset:
     """One PackedDataset per prefix (enough epochs for ``num_samples``), blended if several.
 
     Component ``k`` gets seed ``seed + k`` so two prefixes never share a document order.
@@ -84,7 +51,7 @@ def _packed(prefixes: list[tuple[str, float]], seq_length: int, seed: int, num_s
     weights = [w for _, w in prefixes]
     if num_samples is None:
         # One pass: as many samples as the blend can take without exhausting any component.
-        one_pass = [PackedDataset(p, seq_length, seed + k, 1, cache_dir, order)
+        one_pass = [PackedDataset(p, seq_length, seed + k, 1, None, order)
                     for k, (p, _) in enumerate(prefixes)]
         if len(one_pass) == 1:
             return one_pass[0]
@@ -94,7 +61,7 @@ def _packed(prefixes: list[tuple[str, float]], seq_length: int, seed: int, num_s
     for k, ((prefix, weight), need) in enumerate(zip(prefixes, needs)):
         tokens = count_tokens(prefix)
         datasets.append(PackedDataset(prefix, seq_length, seed + k,
-                                      epochs_for(tokens, seq_length, max(need, 1)), cache_dir, order))
+                                      epochs_for(tokens, seq_length, max(need, 1)), None, order))
         if usage is not None:
             usage.append({"prefix": prefix, "weight": weight, "tokens": tokens, "samples": need,
                           "epochs": need * seq_length / max(tokens, 1)})
@@ -120,6 +87,8 @@ class TrainValidLoaders:
     # per train prefix: samples this run reads from it and the epochs of its tokens that makes
     # (filled when ``train_samples`` is given; see ``_packed``)
     train_usage: list[dict] | None = None
+    # the prefixes the validation loader reads ([] without validation)
+    valid_prefixes: list[str] = field(default_factory=list)
 
 
 def _loader(dataset, sampler: GlobalBatchSampler, num_workers: int, pin_memory: bool = False) -> DataLoader:
@@ -127,14 +96,17 @@ def _loader(dataset, sampler: GlobalBatchSampler, num_workers: int, pin_memory: 
                       collate_fn=collate_packed, persistent_workers=False, pin_memory=pin_memory)
 
 
-def build_train_valid_loaders(data_cfg: Any, *, seq_length: int, global_batch_size: int,
-                              micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1,
-                              seed: int = 1234, consumed_samples: int = 0,
+def build_train_valid_loaders(data: DataConfig, *, seq_length: int, global_batch_size: int,
+                              micro_batch_size: int, validation: bool = True, dp_rank: int = 0,
+                              dp_size: int = 1, seed: int = 1234, consumed_samples: int = 0,
                               vocab_size: int | None = None,
                               train_samples: int | None = None,
                               pin_memory: bool | None = None) -> TrainValidLoaders:
-    """DataLoaders for one data-parallel rank.
+    """DataLoaders for one data-parallel rank, from the typed ``data:`` section (module docstring).
 
+    ``validation``: whether to open the validation prefixes at all (False: ``valid`` is None and
+    a validation set smaller than a micro-batch cannot stop the run; the training loop passes
+    ``train.eval_interval > 0``).
     ``train_samples``: total sequences the run will consume (``train_steps * global_batch_size``);
     datasets get enough epochs for it. ``None`` means one pass over the data. The train loader
     starts after ``consumed_samples`` (resume) and yields this rank's micro-batches of every
@@ -144,17 +116,13 @@ def build_train_valid_loaders(data_cfg: Any, *, seq_length: int, global_batch_si
     ``pin_memory`` (None: when CUDA is available): batches come in page-locked memory, so that the
     training step's ``.to(device, non_blocking=True)`` is queued without the host waiting.
     """
+    if not isinstance(data, DataConfig):
+        raise TypeError(f"build_train_valid_loaders: expected the config's DataConfig (cfg.data), "
+                        f"got {type(data).__name__}")
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-    train_spec = next((_get(data_cfg, k) for k in ("train", "prefixes", "prefix")
-                       if _get(data_cfg, k) is not None), None)
-    if train_spec is None:
-        raise LoopConfigError("data.train: missing; expected the indexed prefix(es) to train on")
-    train_prefixes = parse_blend(train_spec, "data.train")
-    cache_dir = _get(data_cfg, "cache_dir")
-    num_workers = int(_get(data_cfg, "num_workers", 0) or 0)
-    order = _get(data_cfg, "order", "shuffled") or "shuffled"
+    train_prefixes = data.train_blend()
     usage: list[dict] = []
-    train_ds = _packed(train_prefixes, seq_length, seed, train_samples, cache_dir, vocab_size, order, usage)
+    train_ds = _packed(train_prefixes, seq_length, seed, train_samples, vocab_size, data.order, usage)
     total = len(train_ds) if train_samples is None else train_samples
     if len(train_ds) < global_batch_size:
         raise LoopDataError(f"data.train {[p for p, _ in train_prefixes]}: {len(train_ds)} sequences "
@@ -163,29 +131,20 @@ def build_train_valid_loaders(data_cfg: Any, *, seq_length: int, global_batch_si
     sampler = GlobalBatchSampler(total, global_batch_size, micro_batch_size, dp_rank, dp_size,
                                  consumed_samples)
 
-    valid_spec = _get(data_cfg, "valid")
-    if valid_spec is None:
-        valid_spec = sibling_valid_prefix(train_prefixes[0][0])
+    valid_prefixes = data.validation_prefixes() if validation else []
     valid_ds = valid = None
-    if valid_spec is not None and not _is_empty_list(valid_spec):
-        valid_prefixes = parse_blend(valid_spec, "data.valid")
-        valid_ds = _packed(valid_prefixes, seq_length, seed, None, cache_dir, vocab_size, order)
-        cap = _get(data_cfg, "valid_samples")
-        n_valid = len(valid_ds) if cap is None else min(len(valid_ds), int(cap))
+    if valid_prefixes:
+        valid_ds = _packed([(p, 1.0) for p in valid_prefixes], seq_length, seed, None, vocab_size, data.order)
         step = micro_batch_size * dp_size
-        if n_valid < step:
-            raise LoopDataError(f"data.valid_prefixes {[p for p, _ in valid_prefixes]}: {len(valid_ds)} sequences "
+        if len(valid_ds) < step:
+            raise LoopDataError(f"data.valid_prefixes {valid_prefixes}: {len(valid_ds)} sequences "
                                 f"of seq_length {seq_length}; expected at least micro_batch_size x data-parallel "
                                 f"size = {step} for validation (or train without it: train.eval_interval=0 or "
                                 "data.valid_prefixes=[])")
-        valid = _loader(valid_ds, GlobalBatchSampler(n_valid, step, micro_batch_size, dp_rank,
-                                                     dp_size), num_workers, pin)
-    return TrainValidLoaders(_loader(train_ds, sampler, num_workers, pin), valid, train_ds, valid_ds, sampler,
-                             usage if train_samples is not None else None)
-
-
-def _is_empty_list(spec: Any) -> bool:
-    return isinstance(spec, Sequence) and not isinstance(spec, (str, bytes)) and len(spec) == 0
+        valid = _loader(valid_ds, GlobalBatchSampler(len(valid_ds), step, micro_batch_size, dp_rank,
+                                                     dp_size), data.num_workers, pin)
+    return TrainValidLoaders(_loader(train_ds, sampler, data.num_workers, pin), valid, train_ds, valid_ds, sampler,
+                             usage if train_samples is not None else None, valid_prefixes)
 
 
 def measure_loader_throughput(prefix: str, seq_length: int = 2048, micro_batch_size: int = 8,

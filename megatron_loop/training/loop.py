@@ -199,10 +199,13 @@ def data_loaders(cfg: Config, total_steps: int):
     """This rank's training and validation loaders, sharded by its data-parallel rank: the
     tensor-parallel ranks of one data-parallel group read the same micro-batches."""
     t, layout = cfg.train, current_layout()
+    # No periodic validation (eval_interval 0): the validation set is not even opened, so one
+    # smaller than a micro-batch cannot stop the run.
     return build_train_valid_loaders(
-        preflight.data_spec(cfg), seq_length=t.seq_length, global_batch_size=t.global_batch_size,
-        micro_batch_size=t.micro_batch_size, dp_rank=layout.dp_rank, dp_size=layout.dp_size, seed=t.seed,
-        vocab_size=cfg.model.vocab_size, train_samples=total_steps * t.global_batch_size)
+        cfg.data, seq_length=t.seq_length, global_batch_size=t.global_batch_size,
+        micro_batch_size=t.micro_batch_size, validation=bool(t.eval_interval), dp_rank=layout.dp_rank,
+        dp_size=layout.dp_size, seed=t.seed, vocab_size=cfg.model.vocab_size,
+        train_samples=total_steps * t.global_batch_size)
 
 
 def build_run(cfg: Config, resume: str | None,
@@ -287,7 +290,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     logger_msgs.append(engine.module.compile_note)  # compiled blocks, or why not (ZeRO-3)
     for msg in logger_msgs:
         logger.message(msg)
-    logger.data_usage(loaders.train_usage or [], preflight.data_spec(cfg)["valid"] if valid_batches else [],
+    logger.data_usage(loaders.train_usage or [], loaders.valid_prefixes if valid_batches else [],
                       len(valid_batches))
     if point is not None:
         logger.log({"event": "resume", "step": state.step, "checkpoint": str(point.path),

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from megatron_loop.config import Config, resolve_paths
+from megatron_loop.config import Config
 from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
 from megatron_loop.optim.ds_config import precision_choice, resolve_ds_config
 from megatron_loop.plan import accumulation_steps
@@ -36,21 +36,6 @@ def check_eval_loops(cfg: Config) -> list[int]:
             f"train.eval_loops={loops}: model.timestep_grid='prefix' keeps the training grid of "
             f"K=model.train_loops={k} steps, so every r must be <= {k} (use timestep_grid: rescaled to extrapolate)")
     return loops
-
-
-def data_spec(cfg: Config) -> dict[str, Any]:
-    """The ``data:`` section in the form :func:`megatron_loop.data.loaders.build_train_valid_loaders` reads."""
-    d = cfg.data
-    if not d.train_prefixes:
-        raise LoopConfigError("data.train_prefixes: empty; expected at least one indexed dataset prefix "
-                              "(P for P.bin/P.idx, written by tools/preprocess_data.py)")
-    weights = d.train_weights or [1.0] * len(d.train_prefixes)
-    spec: dict[str, Any] = {"train": [{"prefix": p, "weight": w} for p, w in zip(d.train_prefixes, weights)],
-                            "num_workers": d.num_workers, "order": d.order}
-    # No periodic validation (eval_interval 0): the validation set is not even opened, so one
-    # smaller than a micro-batch cannot stop the run.
-    spec["valid"] = d.validation_prefixes() if cfg.train.eval_interval else []
-    return spec
 
 
 def check_deepspeed_config(cfg: Config, data_parallel_size: int) -> dict[str, Any]:
@@ -82,13 +67,14 @@ def check_deepspeed_config(cfg: Config, data_parallel_size: int) -> dict[str, An
 
 def check_input_files(cfg: Config, data_parallel_size: int = 1) -> dict[str, Any]:
     """The files a run opens exist: DeepSpeed JSON (checked against the YAML,
-    :func:`check_deepspeed_config`), data prefixes (P.bin and P.idx), a local tokenizer. Relative
-    paths are resolved first (:func:`megatron_loop.config.resolve_paths`). Returns them as
-    ``--dry-run`` prints them; the validation prefixes are those the run uses."""
-    resolve_paths(cfg)
+    :func:`check_deepspeed_config`), data prefixes (P.bin and P.idx), a local tokenizer. Reads
+    ``cfg`` only: its relative paths were made absolute once, where it was loaded
+    (:func:`megatron_loop.config.load_config`); one still relative names a file that did not
+    exist there, and the message gives the working directory. Returns them as ``--dry-run``
+    prints them; the validation prefixes are those the run uses."""
     cwd = os.getcwd()
     deepspeed = check_deepspeed_config(cfg, data_parallel_size)
-    data_spec(cfg)  # an empty train list is its own error
+    cfg.data.train_blend()  # an empty train list is its own error
     valid = cfg.data.validation_prefixes() if cfg.train.eval_interval else []  # only what the run opens
     for key, prefixes in (("train_prefixes", cfg.data.train_prefixes), ("valid_prefixes", valid)):
         for i, prefix in enumerate(prefixes):
