@@ -111,3 +111,20 @@ def test_loaders_pin_batches_when_cuda_is_there(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cuda = loaders()  # not iterated: pinning needs the device
     assert cuda.train.pin_memory and cuda.valid.pin_memory
+
+
+def test_cuda_sync_warnings_leave_out_torchs_notice_on_the_mode():
+    """On an H200 the first case measured reported one sync: torch's notice that the debug mode is a
+    prototype, not a synchronisation. Only the warnings that report a synchronising call count."""
+    import warnings
+
+    from megatron_loop.measure.host_sync import sync_warnings
+
+    def warning(text):
+        return warnings.WarningMessage(UserWarning(text), UserWarning, "f.py", 1)
+
+    caught = [warning("Synchronization debug mode is a prototype feature and does not yet detect all "
+                      "synchronizing operations (Triggered internally at Module.cpp:1003.)"),
+              warning("called a synchronizing CUDA operation (Triggered internally at CUDAFunctions.cpp:151.)"),
+              warning("an unrelated warning")]
+    assert [str(w.message) for w in sync_warnings(caught)] == [str(caught[1].message)]
