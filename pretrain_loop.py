@@ -18,9 +18,9 @@ import json
 import os
 import sys
 
+from megatron_loop.cli import run_cli
 from megatron_loop.config import load_config
 from megatron_loop.dryrun import dry_run_report
-from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.registry import list_configs
 from megatron_loop.training import main as train_main
 
@@ -60,7 +60,7 @@ def print_to_pipe(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list_configs:
         print_to_pipe(list_configs())
@@ -68,18 +68,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.config is None:
         print("error: --config FILE is required (or --list-configs)", file=sys.stderr)
         return 2
-    try:
-        cfg = load_config(args.config, args.overrides)
-        if args.print_config:
-            print_to_pipe(cfg.dumps())
-            return 0
-        if args.dry_run:
-            print(json.dumps(dry_run_report(cfg, args.data_parallel_size)))
-            return 0
-        return train_main(cfg, args)
-    except (LoopConfigError, LoopDataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, args.overrides)
+    if args.print_config:
+        print_to_pipe(cfg.dumps())
+        return 0
+    if args.dry_run:
+        print(json.dumps(dry_run_report(cfg, args.data_parallel_size)))
+        return 0
+    return train_main(cfg, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The project's CLI convention (``megatron_loop.cli.run_cli``): a config or data error is one
+    ``error: ...`` line and exit code 2."""
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":

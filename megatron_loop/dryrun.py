@@ -39,7 +39,7 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
 
     Raises :class:`~megatron_loop.errors.LoopConfigError` / ``LoopDataError`` (one ``error:``
     line, exit 2) for a batch that does not divide, a missing DeepSpeed JSON or one that contradicts
-    the YAML (:func:`megatron_loop.training.preflight.check_deepspeed_config`), a missing data
+    the YAML (:func:`megatron_loop.config.deepspeed.check_deepspeed_config`), a missing data
     prefix or tokenizer, a tokenizer larger than the model's vocabulary, or a budget below one
     step. Prints a ``warning:`` line on stderr per train prefix read more than
     :data:`DATA_REUSE_WARN_EPOCHS` times; ``data_epochs`` and ``eval_loops`` are in the JSON.
@@ -52,7 +52,7 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
         raise LoopConfigError(f"--data-parallel-size={dp}: expected a positive number of data-parallel ranks")
     accumulation = accumulation_steps(cfg, dp)
     preflight.check_eval_loops(cfg)
-    files = preflight.check_input_files(cfg, dp)
+    files = preflight.check_input_files(cfg, accumulation, dp)
     preflight.check_vocabulary(cfg)
     plan = training_plan(cfg)
     check_train_steps(cfg, plan["train_steps"])

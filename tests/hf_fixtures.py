@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_fixtures import REPO, data_assets
-from megatron_loop.optim.engine import free_port
+from megatron_loop.parallel.bootstrap import free_port
 
 VOCAB = 640  # >= the 600-token test tokenizer
 LLAMA = {"backbone": "tiny-llama", "vocab_size": VOCAB}

@@ -139,7 +139,7 @@ def launch_stages(script: Path, stages, root: Path, world: int = 2, timeout: flo
     test with its log. Shared by the ZeRO and bf16 precision tests."""
     import pytest
 
-    from megatron_loop.optim.engine import free_port
+    from megatron_loop.parallel.bootstrap import free_port
 
     launches = {}
     for stage in stages:

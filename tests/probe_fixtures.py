@@ -10,13 +10,13 @@ import torch
 
 from megatron_loop.config import build_model_config
 from megatron_loop.model import build_model
-from megatron_loop.model.apply import apply_compile
+from megatron_loop.parallel.parallelize import apply_compile
 
 
 def tiny_model(prelude: int = 0, coda: int = 0, seed: int = 0, train_loops: int = 3, compile: bool = False):
     """tiny-llama ``prelude + 2 x train_loops + coda`` with scalar injection and loop gating whose
     parameters are moved off their identity initialisation (so z != x and x^{t+1} != y);
-    ``compile``: blocks compiled in place as training compiles them (``model.apply.apply_compile``)."""
+    ``compile``: blocks compiled in place as training compiles them (``parallel.parallelize.apply_compile``)."""
     torch.manual_seed(seed)
     cfg = build_model_config(dict(backbone="tiny-llama", core_layers=2, train_loops=train_loops,
                                   prelude_layers=prelude, coda_layers=coda,

@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from megatron_loop.checkpoint.layout import LATEST, PARTIAL, read_latest
+from megatron_loop.checkpoint.folders import LATEST, PARTIAL, read_latest
 from megatron_loop.checkpoint.manifest import verify_checkpoint
 from megatron_loop.checkpoint.publish import publish, remove_partials
 from megatron_loop.checkpoint.selection import select_automatic, select_checkpoint, select_explicit

@@ -11,7 +11,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply_rope
 
 from megatron_loop.config import LLAMA3_ROPE_SCALING
-from megatron_loop.model.compat import (SDPACoreAttention, ensure_parallel_state, rope_freqs, rope_inv_freq,
+from megatron_loop.parallel.bootstrap import ensure_groups
+from megatron_loop.model.compat import (SDPACoreAttention, rope_freqs, rope_inv_freq,
                                         transformer_config)
 
 pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
@@ -52,7 +53,7 @@ def test_rotate_half_layout_matches_transformers_apply():
     """megatron-core's apply_rotary_pos_emb on our [s,1,1,d] angles == HF's rotate-half RoPE."""
     from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 
-    ensure_parallel_state()  # megatron-core's RoPE reads the context-parallel group
+    ensure_groups()  # megatron-core's RoPE reads the context-parallel group
     cfg = transformer_config(num_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, qk_norm=False,
                              initializer_range=0.02)
@@ -66,11 +67,13 @@ def test_rotate_half_layout_matches_transformers_apply():
     assert torch.allclose(ours, ref.permute(2, 0, 1, 3), atol=1e-6)
 
 
-def test_parallel_state_is_idempotent():
+def test_ensure_groups_builds_once_and_keeps_the_groups():
+    """A second call keeps the very same groups (a rebuilt world or TP group would be a new object)."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    ensure_parallel_state()
-    ensure_parallel_state()
-    assert dist.is_initialized() and parallel_state.model_parallel_is_initialized()
+    ensure_groups()
+    world, tp = dist.group.WORLD, parallel_state.get_tensor_model_parallel_group()
+    ensure_groups()
+    assert dist.group.WORLD is world and parallel_state.get_tensor_model_parallel_group() is tp
     assert parallel_state.get_tensor_model_parallel_world_size() == 1

@@ -224,7 +224,7 @@ def test_large_vocabulary_uses_int32(tmp_path, monkeypatch):
 def test_cli_tokenizer_path_missing(tmp_path, capsys, monkeypatch, name, message):
     import huggingface_hub
 
-    from megatron_loop.data.cli import run_cli
+    from megatron_loop.cli import run_cli
     from megatron_loop.data.preprocess import main
 
     monkeypatch.chdir(tmp_path)  # "runs/tokenizer" is looked up relative to here

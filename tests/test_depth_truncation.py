@@ -11,7 +11,7 @@ import torch
 from megatron_loop import LoopConfigError, build_model
 from megatron_loop.config import build_model_config
 from megatron_loop.flops import block_forward_flops_per_token, hardware_flops_per_token, train_flops_per_token
-from megatron_loop.model.apply import CheckpointingPlan, apply_activation_checkpointing
+from megatron_loop.model.recompute import CheckpointingSettings, apply_activation_checkpointing
 from megatron_loop.model.conditioning import history_window
 
 CONDITIONED = dict(backbone="tiny-llama", prelude_layers=1, core_layers=2, coda_layers=1, train_loops=3,
@@ -61,7 +61,7 @@ def test_gradients_equal_a_hand_detached_reference(r, n):
     for mode in ("none", "per_loop", "selective", "auto", "per_block"):  # and checkpointing changes nothing
         model.zero_grad(set_to_none=True)
         # auto: the budget fits nothing, so the smallest-peak plan
-        apply_activation_checkpointing(model, CheckpointingPlan(mode, 1e-6 if mode == "auto" else None))
+        apply_activation_checkpointing(model, CheckpointingSettings(mode, 1e-6 if mode == "auto" else None))
         model(x, num_loops=r, labels=x, backprop_loops=n).loss.backward()
         got = _grads(model)
         assert got.keys() == reference.keys(), mode

@@ -21,20 +21,25 @@ LONG_MODULES_ALLOWED = {"megatron_loop/hf/modeling_looplm.py"}  # self-contained
 FLOORS: dict[str, tuple[int, str]] = {
     "megatron_loop.errors": (0, "error types and OS-error wording, used everywhere"),
     "megatron_loop.atomic": (0, "temp-file + rename writes, used by every writer"),
-    "megatron_loop.config": (1, "YAML -> validated dataclasses; reads nothing but the base"),
+    "megatron_loop.cli": (0, "the command-line convention (one error line, exit 2) and the tools' shared argument checks"),
+    "megatron_loop.config": (1, "YAML -> validated dataclasses (and the DeepSpeed JSON); reads nothing but the base"),
     "megatron_loop.flops": (2, "FLOP counts from a ModelConfig alone (no torch)"),
     "megatron_loop.optim.schedule": (2, "WSD arithmetic (torch imported only where a scheduler is built)"),
     "megatron_loop.plan": (2, "steps, WSD split, accumulation and token budget of a run, from the config"),
     "megatron_loop.plotting": (2, "matplotlib styling shared by every figure"),
     "megatron_loop.data": (3, "indexed datasets, packing, loaders, preprocessing: read the config"),
     "megatron_loop.measure": (2, "timers, peak memory, peak FLOP/s and host-sync probes (torch only)"),
+    "megatron_loop.measure.loss_check": (5, "the GPU session's kernel check: model.loss's implementations against "
+                                            "an fp32 reference"),
     "megatron_loop.model": (4, "the LoopLM and its conditioning, built from a ModelConfig"),
     "megatron_loop.hf.modeling_looplm": (4, "self-contained HF modeling code (torch + transformers only); the "
                                             "model's adaptive exit reuses its exit rule"),
-    "megatron_loop.parallel": (4, "tensor parallelism the model is built with: TP groups, vocab-parallel edges, "
-                                  "sequence-parallel norms, shards; the TP plan of --dry-run"),
+    "megatron_loop.parallel": (4, "tensor parallelism the model is built with: the process groups (bootstrap), "
+                                  "vocab-parallel edges, sequence-parallel norms, shards, the TP gradient sum; "
+                                  "the TP plan of --dry-run"),
+    "megatron_loop.parallel.parallelize": (5, "prepares a built model for training: TP gradient sum, activation "
+                                              "recomputation, compile, ZeRO-3 registration (model's floor + 1)"),
     "megatron_loop.parallel.mpu": (5, "DeepSpeed's model-parallel unit: ZeRO over the data-parallel group"),
-    "megatron_loop.parallel.zero": (5, "TP sum of partial gradients inside backward, before ZeRO takes them"),
     "megatron_loop.parallel.muon": (5, "Muon on TP-sharded matrices (gathered over the TP group)"),
     "megatron_loop.optim": (5, "Muon + AdamW, the DeepSpeed engine around a built model"),
     "megatron_loop.checkpoint": (6, "the on-disk checkpoint format: layout, manifest, selection, weights, publish"),
@@ -165,3 +170,55 @@ def test_no_module_over_500_lines():
             if p.relative_to(REPO).as_posix() not in LONG_MODULES_ALLOWED
             and (n := len(p.read_text().splitlines())) > MAX_LINES]
     assert not long, f"modules over {MAX_LINES} lines:\n" + "\n".join(long)
+
+
+# the calls that create process groups, and the one module allowed to make them
+GROUP_CREATION = ("init_process_group", "new_group", "initialize_model_parallel", "init_distributed")
+GROUP_OWNER = "megatron_loop/parallel/bootstrap.py"
+
+
+def _calls(path: Path) -> set[str]:
+    """The names of every function or method ``path`` calls (``a.b.f(...)`` counts as ``f`` and ``b.f``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name):
+                names.add(func.id)
+            elif isinstance(func, ast.Attribute):
+                names.add(func.attr)
+                if isinstance(func.value, ast.Name):
+                    names.add(f"{func.value.id}.{func.attr}")
+    return names
+
+
+def test_only_the_bootstrap_module_creates_process_groups():
+    """No model constructor, engine or training module creates a process group or picks a port:
+    ``parallel/bootstrap.py`` does, for everyone (the model builder asks it)."""
+    package = sorted((REPO / PACKAGE).rglob("*.py"))
+    makers = sorted(p.relative_to(REPO).as_posix() for p in package if _calls(p) & set(GROUP_CREATION))
+    assert makers == [GROUP_OWNER]
+    ports = sorted(p.relative_to(REPO).as_posix() for p in package if "socket.socket" in p.read_text())
+    assert ports == [GROUP_OWNER]
+
+
+def test_one_module_calls_deepspeed_initialize():
+    callers = sorted(p.relative_to(REPO).as_posix() for p in sorted((REPO / PACKAGE).rglob("*.py"))
+                     if "deepspeed.initialize" in _calls(p))
+    assert callers == ["megatron_loop/optim/engine.py"]
+
+
+def test_one_module_reads_the_deepspeed_json():
+    """The DeepSpeed JSON has one owner: config/deepspeed.py knows where the shipped files are and is the
+    one module that parses a DeepSpeed config (a JSON with a ``zero_optimization`` section)."""
+    package = sorted((REPO / PACKAGE).rglob("*.py"))
+    where = sorted(p.relative_to(REPO).as_posix() for p in package if '"deepspeed_configs"' in p.read_text())
+    parsers = sorted(p.relative_to(REPO).as_posix() for p in package
+                     if "json.load" in (text := p.read_text()) and "zero_optimization" in text)
+    assert where == parsers == ["megatron_loop/config/deepspeed.py"]
+
+
+def test_the_checks_above_see_a_violation(tmp_path):
+    bad = tmp_path / "m.py"
+    bad.write_text("import torch.distributed as dist\n\ndef f():\n    dist.new_group([0])\n    deepspeed.initialize(x)\n")
+    assert {"new_group", "dist.new_group", "deepspeed.initialize"} <= _calls(bad)

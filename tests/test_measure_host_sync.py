@@ -14,7 +14,7 @@ from megatron_loop.config import build_model_config
 from megatron_loop.optim import MuonAdamW, role_param_groups
 from megatron_loop.measure import host_sync
 from megatron_loop.measure.host_sync import find_host_syncs
-from megatron_loop.model.apply import CheckpointingPlan, apply_activation_checkpointing
+from megatron_loop.model.recompute import CheckpointingSettings, apply_activation_checkpointing
 
 PAGEABLE = "host-to-device copy from pageable memory"
 HOST_BUILT = "host-to-device copy of a tensor built on the host"
@@ -77,7 +77,7 @@ def test_training_step_reads_nothing_back_to_the_host(mode):
                                   history_injection="scalar", history_window=2, activation_checkpointing=mode,
                                   activation_checkpointing_budget_gib=1e-3 if mode == "auto" else None))
     model = build_model(cfg)
-    apply_activation_checkpointing(model, CheckpointingPlan.from_config(cfg))
+    apply_activation_checkpointing(model, CheckpointingSettings.from_config(cfg))
     x = torch.randint(0, cfg.vocab_size, (2, 8))
     model(x, labels=x, compute_logits=False)  # the first call builds the cached constants and plans
     assert find_host_syncs(lambda: model(x, labels=x, compute_logits=False).loss.backward()) == []

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from megatron_loop.config import build_model_config
 from megatron_loop.model import build_model
 from megatron_loop.model import fast_path
-from megatron_loop.model.compat import (RotaryTables, ensure_parallel_state, rope_freqs, rope_inv_freq, rope_tables,
+from megatron_loop.parallel.bootstrap import ensure_groups
+from megatron_loop.model.compat import (RotaryTables, rope_freqs, rope_inv_freq, rope_tables,
                                         transformer_config)
 from megatron_loop.model.layers import loop_block_spec
 
@@ -78,7 +79,7 @@ def test_fast_path_matches_megatron_core_modules(model, dtype):
 def test_spec_linears_follow_the_tp_size():
     """One spec: F.linear linears at TP = 1, megatron-core's Column/RowParallelLinear at TP > 1 (the
     class is picked from the config the block is built with); fast_path=False: megatron-core's."""
-    ensure_parallel_state()
+    ensure_groups()
     spec = loop_block_spec(qk_norm=True)
     attention, mlp = spec.submodules.self_attention, spec.submodules.mlp
     assert attention.module is fast_path.RopeSelfAttention and mlp.module is fast_path.SwiGLUMLP
@@ -108,7 +109,7 @@ def test_spec_linears_follow_the_tp_size():
 def test_rope_tables_equal_megatron_core_rope(dtype, batch_major):
     """apply_rope with the model's tables == megatron-core's apply_rotary_pos_emb bit for bit, forward
     and backward, in both memory orders of ``[s, b, heads, head_dim]``."""
-    ensure_parallel_state()
+    ensure_groups()
     s, b, h, d = 12, 3, 4, 16
     config = transformer_config(num_layers=1, hidden_size=h * d, intermediate_size=8, num_attention_heads=h,
                                 num_key_value_heads=h, head_dim=d, rms_norm_eps=1e-6, qk_norm=False,

@@ -1,5 +1,5 @@
 """``--dry-run`` reads the DeepSpeed JSON and checks it against the YAML with the function the
-engine uses at launch (megatron_loop/optim/ds_config.py): every contradiction is one ``error:``
+engine uses at launch (megatron_loop/config/deepspeed.py): every contradiction is one ``error:``
 line naming the file, the key and which side decides, exit 2, nothing written; the report gives
 the precision and who chose it, the data epochs (with a warning for heavy reuse) and eval_loops."""
 
@@ -16,7 +16,7 @@ import pytest
 from data_fixtures import data_assets
 from megatron_loop.plan import prefix_tokens
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.optim import ds_config as D
+from megatron_loop.config import deepspeed as D
 from train_fixtures import env, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -34,8 +34,8 @@ NOT_IN_ERRORS_MD = {
     # guards of internal APIs: the config / CLI checks before them reject the same input with a documented line
     "unsupported annotation": "config/loading.py: a dataclass field type the loader cannot read (a programming error)",
     "micro_batch_size, grad_accum and data-parallel size must be >= 1": "the batch keys are checked at load",
-    "give zero_stage or ds_config": "load_ds_config() called without either (code, not input)",
-    "DeepSpeed config has ZeRO stage": "load_ds_config(stage, file) in tests: the file is not that stage",
+    "give zero_stage or ds_config": "read_ds_config() called without either (code, not input)",
+    "DeepSpeed config has ZeRO stage": "read_ds_config(file, stage) in tests: the file is not that stage",
     "expected scalar, channel or dense": "conditioning modules: model.history_injection is checked at load",
     "expected scalar, channel, residual_channel or dense": "conditioning: initial_injection is checked at load",
     "model.injection_init_noise: expected 0 for dense initial injection (the App. E.1 ablation covers scalar, "

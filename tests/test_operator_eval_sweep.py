@@ -53,7 +53,7 @@ def _trained_length(export: Path) -> int:
 
 
 def test_export_records_the_training_length_and_the_sweep_defaults_to_it(export, tmp_path):
-    from megatron_loop.checkpoint.layout import load_run_config
+    from megatron_loop.checkpoint.folders import load_run_config
 
     trained = _trained_length(export)
     assert trained == load_run_config(hf_assets().checkpoints[MODEL]).train.seq_length

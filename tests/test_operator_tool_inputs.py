@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from data_fixtures import REPO, data_assets
-from megatron_loop.data.cli import run_cli
+from megatron_loop.cli import run_cli
 from train_fixtures import env
 
 BAD = "caf\xe9".encode("latin-1")  # 0xe9 alone is not UTF-8

@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.optim import load_ds_config, resolve_ds_config
+from megatron_loop.config.deepspeed import read_ds_config
+from megatron_loop.config.deepspeed import resolve_ds_config
 
 RUN = dict(micro_batch_size=38, grad_accum=6, data_parallel_size=8, bf16=True, grad_clip=1.0)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_shipped_configs_resolve(stage):
-    config = resolve_ds_config(load_ds_config(stage), **RUN)
+    config = resolve_ds_config(read_ds_config(zero_stage=stage), **RUN)
     assert config["zero_optimization"]["stage"] == stage
     # App. C.2: 38 x 6 micro-batches on 8 GPUs = 1,824 sequences
     assert config["train_batch_size"] == 1824
@@ -24,29 +25,29 @@ def test_shipped_configs_resolve(stage):
 
 
 def test_cpu_fp32_override_and_stage0():
-    config = resolve_ds_config(load_ds_config(1), **{**RUN, "bf16": False})
+    config = resolve_ds_config(read_ds_config(zero_stage=1), **{**RUN, "bf16": False})
     assert config["bf16"]["enabled"] is False
-    stage0 = resolve_ds_config(load_ds_config(0), **{**RUN, "bf16": False})
+    stage0 = resolve_ds_config(read_ds_config(zero_stage=0), **{**RUN, "bf16": False})
     assert stage0["gradient_clipping"] == 0.0  # the optimizer clips (and reports) at stage 0
     with pytest.raises(LoopConfigError, match="bf16 needs ZeRO"):
-        resolve_ds_config(load_ds_config(0), **RUN)
+        resolve_ds_config(read_ds_config(zero_stage=0), **RUN)
 
 
 def test_batch_arithmetic_is_checked_not_duplicated():
-    config = {**load_ds_config(2), "train_batch_size": 1000}
+    config = {**read_ds_config(zero_stage=2), "train_batch_size": 1000}
     with pytest.raises(LoopConfigError, match="disagrees"):
         resolve_ds_config(config, **RUN)
-    config = {**load_ds_config(2), "train_batch_size": 1824, "gradient_accumulation_steps": 6}
+    config = {**read_ds_config(zero_stage=2), "train_batch_size": 1824, "gradient_accumulation_steps": 6}
     assert resolve_ds_config(config, **RUN)["train_batch_size"] == 1824
     with pytest.raises(LoopConfigError, match="gradient_clipping"):
-        resolve_ds_config({**load_ds_config(2), "gradient_clipping": 0.5}, **RUN)
+        resolve_ds_config({**read_ds_config(zero_stage=2), "gradient_clipping": 0.5}, **RUN)
 
 
 def test_config_may_not_name_an_optimizer_or_scheduler():
     with pytest.raises(LoopConfigError, match="optimizer"):
-        resolve_ds_config({**load_ds_config(1), "optimizer": {"type": "Muon"}}, **RUN)
+        resolve_ds_config({**read_ds_config(zero_stage=1), "optimizer": {"type": "Muon"}}, **RUN)
     with pytest.raises(LoopConfigError, match="ZeRO stage 3, expected 2"):
-        load_ds_config(2, load_ds_config(3))
+        read_ds_config(read_ds_config(zero_stage=3), zero_stage=2)
 
 
 def test_optimizer_reads_every_optimizer_key_of_the_train_section():

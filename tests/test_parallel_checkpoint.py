@@ -18,7 +18,7 @@ from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.checkpoint.selection import SelectedCheckpoint
 from megatron_loop.checkpoint.weights import read_weights
 from megatron_loop.checkpoint.tensor_parallel import check_resume
-from megatron_loop.training.resume import plan_resume
+from megatron_loop.training.resume import decide_resume
 
 
 def manifest(tp: int, dp: int) -> dict:
@@ -30,7 +30,7 @@ def test_resume_at_another_tp_size_is_refused_with_one_line(tmp_path):
     point = SelectedCheckpoint(tmp_path, "global_step10", manifest(2, 1))
     cfg = config_from_dict({"model": {"backbone": "tiny-llama"}})  # TP = 1 (no parallel groups here)
     with pytest.raises(LoopConfigError) as err:
-        plan_resume(point, cfg, world_size=2, zero_stage=1)
+        decide_resume(point, cfg, world_size=2, zero_stage=1)
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith(f"{tmp_path / 'global_step10' / 'manifest.json'}: written with "

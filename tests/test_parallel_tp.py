@@ -23,7 +23,7 @@ import torch
 
 import tp_fixtures as fx
 from data_fixtures import data_assets
-from megatron_loop.optim.engine import free_port
+from megatron_loop.parallel.bootstrap import free_port
 from train_fixtures import env
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "tp_equivalence.py"
@@ -78,7 +78,8 @@ def test_tensor_parallel_equals_tp1(tp_runs, references, name, sequence_parallel
 @pytest.mark.parametrize("name", list(fx.MODELS))
 def test_partial_gradients_are_summed_over_tp(tp_runs, references, name, sequence_parallel):
     """Exactly the replicated parameters that see a sequence shard (sequence parallelism) or a head
-    shard (QK norms) have partial gradients before ``parallel.grads.allreduce_partial_grads``."""
+    shard (QK norms) have partial gradients before the TP sum inside backward (``parallel.grads``), seen through
+    the engine of the training path (``parallelize`` + ``build_engine`` at ZeRO stage 0)."""
     case = tp_runs[4]["cases"][(name, sequence_parallel)]
     ref = references[(name, 2)]
     wrong = sorted(key for key, grad in ref["grads"].items()

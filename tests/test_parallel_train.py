@@ -115,7 +115,7 @@ def test_hf_export_of_tp2_checkpoint_equals_export_of_the_tp1_state(runs, root, 
     from transformers import AutoModelForCausalLM
 
     from megatron_loop.hf.convert import export_state_dict, read_hf_state_dict
-    from megatron_loop.checkpoint.layout import load_run_config
+    from megatron_loop.checkpoint.folders import load_run_config
     from megatron_loop.checkpoint.weights import load_model_from_checkpoint
 
     ckpt = root / "tp2_zero1_resume.ckpt"

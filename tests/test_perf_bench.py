@@ -116,8 +116,6 @@ def test_every_mode_listed_by_help_dispatches_to_its_module(tmp_path, monkeypatc
 
     import torch
 
-    import megatron_loop.optim
-
     monkeypatch.setattr(sys, "path", list(sys.path))  # bench.py adds tools/ to it
     spec = importlib.util.spec_from_file_location("bench_tool", ROOT / "tools" / "bench.py")
     bench = importlib.util.module_from_spec(spec)
@@ -141,7 +139,9 @@ def test_every_mode_listed_by_help_dispatches_to_its_module(tmp_path, monkeypatc
     for mode in listed:
         module = importlib.import_module(f"benchmarks.{bench.MODES[mode]}")
         monkeypatch.setattr(module, "run", spy(mode, module.run))
-    monkeypatch.setattr(megatron_loop.optim, "init_distributed", lambda: calls.append("init_distributed"))
+    import megatron_loop.parallel.bootstrap as bootstrap
+
+    monkeypatch.setattr(bootstrap, "init_world", lambda: calls.append("init_world"))
     out_json = tmp_path / "bench.json"
     threads = torch.get_num_threads()
     try:
@@ -152,7 +152,7 @@ def test_every_mode_listed_by_help_dispatches_to_its_module(tmp_path, monkeypatc
     finally:
         torch.set_num_threads(threads)
     assert code == 0
-    assert calls == ["init_distributed", *listed]  # train asks for DeepSpeed's process group before any model
+    assert calls == ["init_world", *listed]  # train asks for DeepSpeed's process group before any model
     rows = json.loads(out_json.read_text())["rows"]
     for mode in listed:
         mine = [r for r in rows if r["mode"] == mode]

@@ -1,4 +1,4 @@
-"""Activation checkpointing modes, applied from outside the model (``model/apply.py``): identical
+"""Activation checkpointing modes, applied from outside the model (``model/recompute.py``): identical
 gradients in every mode, the auto planner, and the memory model against measured CPU peaks
 (``measure.memory.peak_memory_delta``)."""
 
@@ -12,11 +12,11 @@ from megatron_loop.config import build_model_config
 from megatron_loop.errors import LoopConfigError
 from torch.utils.checkpoint import CheckpointPolicy
 
-from megatron_loop.model import checkpointing
-from megatron_loop.model.checkpointing import (FULL, NONE, SELECTIVE, LoopMemory, loop_memory, plan_loops,
+from megatron_loop.model import recompute
+from megatron_loop.model.recompute import (FULL, NONE, SELECTIVE, LoopMemory, loop_memory, schedule_loops,
                                                predicted_peak)
 from megatron_loop.measure.memory import peak_memory_delta
-from megatron_loop.model.apply import CheckpointingPlan, apply_activation_checkpointing
+from megatron_loop.model.recompute import CheckpointingSettings, apply_activation_checkpointing
 
 MODES = ("none", "per_loop", "selective", "auto", "per_block")
 CPU = torch.device("cpu")
@@ -28,13 +28,13 @@ def _model(backbone="tiny-llama", **kw):
     base.update(kw)
     torch.manual_seed(0)
     model = build_model(build_model_config(base))
-    apply_activation_checkpointing(model, CheckpointingPlan.from_config(model.config))
+    apply_activation_checkpointing(model, CheckpointingSettings.from_config(model.config))
     return model
 
 
 def _checkpoint(model, mode, budget_gib=None, selective_cost=None):
     """Re-apply checkpointing to ``model`` (replacing the last plan); returns what was applied."""
-    return apply_activation_checkpointing(model, CheckpointingPlan(mode, budget_gib, selective_cost))
+    return apply_activation_checkpointing(model, CheckpointingSettings(mode, budget_gib, selective_cost))
 
 
 def _step(model, x):
@@ -58,8 +58,8 @@ def test_every_mode_gives_bitwise_identical_gradients(timestep):
         _step(model, x)()
         grads[mode] = [p.grad.clone() for p in model.parameters()]
         if mode == "auto":
-            assert applied.plans, "auto planned nothing"
-            assert len(set(next(iter(applied.plans.values())).kinds)) > 1  # a real mix of kinds
+            assert applied.schedules, "auto planned nothing"
+            assert len(set(next(iter(applied.schedules.values())).kinds)) > 1  # a real mix of kinds
     for mode in MODES[1:]:
         assert all(torch.equal(a, b) for a, b in zip(grads[mode], grads["none"])), mode
 
@@ -69,32 +69,32 @@ def test_selective_policy_keeps_every_other_matmul_and_attention(monkeypatch):
     attention kernel are kept; the output and down projections and all elementwise work are
     recomputed (torch asks the policy in the forward; the recomputation replays its decisions)."""
     decisions = []  # (is_recompute, op, output width of a matmul, decision)
-    make = checkpointing.selective_policy
+    make = recompute.selective_policy
 
     def recording():
         policy = make()
 
         def record(ctx, op, *args, **kwargs):
             decision = policy(ctx, op, *args, **kwargs)
-            width = args[1].shape[-1] if op in checkpointing.MATMUL_OPS else None
+            width = args[1].shape[-1] if op in recompute.MATMUL_OPS else None
             decisions.append((ctx.is_recompute, op, width, decision))
             return decision
         return record
 
-    monkeypatch.setattr(checkpointing, "selective_policy", recording)
+    monkeypatch.setattr(recompute, "selective_policy", recording)
     model = _model("tiny-qwen", prelude_layers=0, core_layers=1, coda_layers=0, train_loops=2,
                    activation_checkpointing="selective", timestep="adaln")  # AdaLN adds mv ops (not matmuls)
     cfg = model.config
     x = torch.randint(0, 2048, (2, 16))
     _step(model, x)()
-    save, recompute = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+    save, again = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
     seen = [d for d in decisions if not d[0]]  # one selective loop of one block
     matmuls = [(width, decision) for _, op, width, decision in seen if width is not None]
-    assert matmuls == [(qkv, save), (cfg.hidden_size, recompute), (2 * cfg.intermediate_size, save),
-                       (cfg.hidden_size, recompute)], matmuls
+    assert matmuls == [(qkv, save), (cfg.hidden_size, again), (2 * cfg.intermediate_size, save),
+                       (cfg.hidden_size, again)], matmuls
     kept = {op for _, op, width, decision in seen if decision == save and width is None}
-    assert kept and kept <= checkpointing.ATTENTION_OPS, kept
+    assert kept and kept <= recompute.ATTENTION_OPS, kept
     assert sum(d == save for *_, d in seen) == 3  # nothing else is kept: norms, RoPE, SwiGLU, AdaLN recomputed
 
 
@@ -111,26 +111,26 @@ def test_selective_cost_is_the_config_key_or_the_flop_share(cost):
     budget = predicted_peak((SELECTIVE,) * 3 + (NONE,), mem)  # three selective loops fit exactly
     applied = _checkpoint(model, "auto", budget / 2**30, cost)
     _step(model, x)()
-    plan = next(iter(applied.plans.values()))
+    plan = next(iter(applied.schedules.values()))
     d, f, q = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads * cfg.head_dim
     share = 2 * (q * d + f * d) / block_forward_flops_per_token(cfg, seq)
     assert plan.selective_cost == pytest.approx(share if cost is None else cost)
     assert plan.kinds == ((SELECTIVE,) * 3 + (NONE,) if cost is None else (FULL, FULL, NONE, NONE))
-    assert plan.fits and f"selective loop {plan.selective_cost:.2f}" in applied.new_plans()[0]
+    assert plan.fits and f"selective loop {plan.selective_cost:.2f}" in applied.new_schedules()[0]
 
 
 def test_planner_picks_the_cheapest_plan_that_fits():
     mem = LoopMemory(none=100, selective=40, full=5, fixed=50)
-    assert plan_loops(4, mem, None, 0.25).kinds == (NONE,) * 4  # no limit: recompute nothing
-    assert plan_loops(4, mem, 450, 0.25).kinds == (NONE,) * 4  # 50 + 400
+    assert schedule_loops(4, mem, None, 0.25).kinds == (NONE,) * 4  # no limit: recompute nothing
+    assert schedule_loops(4, mem, 450, 0.25).kinds == (NONE,) * 4  # 50 + 400
     # 50 + 40 + 3 x 100 = 390 fits 400 at the cost of one selective loop (0.25)
-    assert plan_loops(4, mem, 400, 0.25).kinds == (SELECTIVE, NONE, NONE, NONE)
+    assert schedule_loops(4, mem, 400, 0.25).kinds == (SELECTIVE, NONE, NONE, NONE)
     # 250: one recomputed loop + two selective + one stored = 50 + 5 + 80 + 100 = 235 (cost 1.5),
     # cheaper than three selective loops, which would need 50 + 120 + 100 = 270
-    plan = plan_loops(4, mem, 250, 0.25)
+    plan = schedule_loops(4, mem, 250, 0.25)
     assert plan.kinds == (FULL, SELECTIVE, SELECTIVE, NONE) and plan.fits and plan.peak_bytes == 235
     # below the per_loop floor (50 + 3 x 5 + 100): per_loop, reported as not fitting
-    tight = plan_loops(4, mem, 100, 0.25)
+    tight = schedule_loops(4, mem, 100, 0.25)
     assert tight.kinds == (FULL, FULL, FULL, NONE) and not tight.fits
     # backward recomputes a checkpointed loop in full while the loops before it are alive
     assert predicted_peak((NONE, FULL, NONE), mem) == max(50 + 205, 50 + 100 + 100)
@@ -159,7 +159,7 @@ def test_memory_model_follows_measured_peak(backbone, dtype):
     applied = _checkpoint(model, "auto", budget / 2**30)
     step = _step(model, x)
     step()
-    plan = next(iter(applied.plans.values()))
+    plan = next(iter(applied.schedules.values()))
     assert plan.fits and NONE in plan.kinds and plan.kinds != kinds["none"]
     measured = peak_memory_delta(step, CPU)
     assert measured <= budget and measured == pytest.approx(plan.peak_bytes, rel=0.02)
@@ -179,20 +179,20 @@ def test_device_budget_counts_what_the_first_step_allocates(monkeypatch):
     muon = sum(p.numel() for p in model.parameters() if roles.uses_muon(p))
     state = 4 * (muon + 2 * (model.num_parameters() - muon))  # fp32 momentum; two fp32 moments
     buckets = 2**16
-    model.checkpointing.pending_memory = lambda: checkpointing.PendingMemory(unallocated_optimizer_state(optimizer), buckets)
+    model.checkpointing.pending_memory = lambda: recompute.PendingMemory(unallocated_optimizer_state(optimizer), buckets)
     batch, seq = 2, 64
     x = torch.randint(0, 2048, (batch, seq))
     mem = loop_memory(model.config, batch, seq, 4, model.loss_chunk_tokens, 4 * model.num_parameters())
     allocated = 10 * 2**20
     # room for the stored plan plus half the optimizer state: enough only if the state is ignored
     total = (predicted_peak((NONE,) * 4, mem) + state / 2 + allocated) / 0.9
-    monkeypatch.setattr(checkpointing, "device_memory", lambda device: (int(total), allocated))
+    monkeypatch.setattr(recompute, "device_memory", lambda device: (int(total), allocated))
     _step(model, x)()
-    plan = next(iter(model.checkpointing.plans.values()))
-    assert plan.budget.pending == checkpointing.PendingMemory(state, buckets)
+    plan = next(iter(model.checkpointing.schedules.values()))
+    assert plan.budget.pending == recompute.PendingMemory(state, buckets)
     assert plan.budget.bytes == pytest.approx(0.9 * int(total) - allocated - state - buckets)
     assert plan.fits and plan.kinds != (NONE,) * 4 and plan.peak_bytes <= plan.budget.bytes
-    line = model.checkpointing.new_plans()[0]
+    line = model.checkpointing.new_schedules()[0]
     assert "optimizer state not yet allocated" in line and "DeepSpeed buckets" in line
     optimizer.step()
     assert unallocated_optimizer_state(optimizer) == 0  # once created it is in the allocated figure

@@ -12,8 +12,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from megatron_loop import build_model, load_config
 from megatron_loop.config import build_model_config
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.model.apply import (CheckpointingPlan, apply_activation_checkpointing, apply_compile,
-                                       prepare_for_training)
+from megatron_loop.model.recompute import CheckpointingSettings, apply_activation_checkpointing
+from megatron_loop.parallel.parallelize import apply_compile, parallelize
 
 
 def _config(**kw):
@@ -61,7 +61,7 @@ def test_compiled_training_step_matches_eager_gradients(mode):
     region (the selective policy included) and the gradients stay those of eager."""
     eager, compiled = _pair(_config(timestep="none"))
     for model in (eager, compiled):
-        apply_activation_checkpointing(model, CheckpointingPlan(mode))
+        apply_activation_checkpointing(model, CheckpointingSettings(mode))
     counter = _compiled_graphs()
     apply_compile(compiled, backend=counter)
     x = torch.randint(0, 2048, (2, 16))
@@ -84,10 +84,10 @@ def test_compile_config_key():
     assert cfg.model.compile is True
     model = build_model(cfg.model, device="meta")
     assert all(block._compiled_call_impl is None for block in model.blocks())  # as built: eager
-    assert "each block compiled once" in prepare_for_training(model, zero_stage=0)
+    assert "each block compiled once" in parallelize(model, zero_stage=0)
     assert all(block._compiled_call_impl is not None for block in model.blocks())
     off = build_model(build_model_config(dict(backbone="tiny-llama", compile=False)), device="meta")
-    assert prepare_for_training(off, zero_stage=0) == "model.compile=False: off"
+    assert parallelize(off, zero_stage=0) == "model.compile=False: off"
     assert all(block._compiled_call_impl is None for block in off.blocks())
     with pytest.raises(LoopConfigError, match="model.compile"):
         build_model_config(dict(backbone="tiny-llama", compile="yes"))
@@ -116,7 +116,7 @@ def test_when_training_compiles(monkeypatch, compile_key, cuda):
     cfg = _config(compile=compile_key)
     for stage in (0, 1, 2, 3):
         model = build_model(cfg, device="meta")
-        note = prepare_for_training(model, stage)
+        note = parallelize(model, stage)
         compiled = [block._compiled_call_impl is not None for block in model.blocks()]
         if compile_key == "auto" and not cuda:
             assert not any(compiled) and note == "model.compile=auto: off"

@@ -33,8 +33,9 @@ import train_fixtures as T
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.checkpoint.weights import safe_load
 from megatron_loop.optim import OptimizerSettings
-from megatron_loop.optim.ds_config import resolve_ds_config
-from megatron_loop.optim.engine import CONFIG_DIR, build_optimizer, load_ds_config
+from megatron_loop.config.deepspeed import resolve_ds_config
+from megatron_loop.config.deepspeed import CONFIG_DIR, read_ds_config
+from megatron_loop.optim.engine import build_optimizer
 from megatron_loop.model.loss import chunked_linear_cross_entropy
 
 pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
@@ -130,13 +131,13 @@ def _resolve(config: dict, bf16: bool) -> dict:
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_shipped_configs_accumulate_and_reduce_in_fp32(stage):
-    resolved = _resolve(load_ds_config(stage), bf16=True)
+    resolved = _resolve(read_ds_config(zero_stage=stage), bf16=True)
     assert resolved["data_types"]["grad_accum_dtype"] == "fp32"
     assert resolved["communication_data_type"] == "fp32"
 
 
 def test_bf16_accumulation_is_refused_unless_asked():
-    config = load_ds_config(1)
+    config = read_ds_config(zero_stage=1)
     del config["data_types"], config["communication_data_type"]
     with pytest.raises(LoopConfigError, match=r"sets no data_types\.grad_accum_dtype: a bf16 run would sum"):
         _resolve(config, bf16=True)

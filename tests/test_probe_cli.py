@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from probe_fixtures import tiny_model, write_prefix
 
-from megatron_loop.data.cli import run_cli
+from megatron_loop.cli import run_cli
 from megatron_loop.probes import cli
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from megatron_loop.probes import metrics
-from megatron_loop.probes.layout import EffectiveLayout
+from megatron_loop.probes.positions import EffectivePositions
 from megatron_loop.probes.summaries import compare_reports, lag_set_summaries, parse_lag_sets
 
 
@@ -75,7 +75,7 @@ def test_relative_response_and_floor():
 @pytest.mark.parametrize("prelude,coda", [(0, 0), (2, 1)])
 @pytest.mark.parametrize("loops", [14, 21])
 def test_pair_counts_match_appendix_for_4x7(loops, prelude, coda):
-    layout = EffectiveLayout(prelude, 4, coda, loops)
+    layout = EffectivePositions(prelude, 4, coda, loops)
     if prelude == 0:  # r(j) = 1 + floor((j - 1) / 4)
         assert layout.loops_of() == [1 + (j - 1) // 4 for j in range(1, 4 * loops + 1)]
     pairs = metrics.lag_pairs(layout.loops_of(), train_loops=7)

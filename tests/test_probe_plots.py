@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import pytest
 from probe_fixtures import tiny_model, write_prefix
 
-from megatron_loop.data.cli import run_cli
+from megatron_loop.cli import run_cli
 from megatron_loop.probes import cli, plots
 from megatron_loop.probes.report import probe_geometry
 from megatron_loop.probes.runner import ProbeSettings

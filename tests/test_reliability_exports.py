@@ -18,7 +18,7 @@ import torch
 
 from megatron_loop.errors import LoopDataError
 from megatron_loop.hf.convert import convert_checkpoint, read_hf_state_dict, to_hf_state_dict
-from megatron_loop.checkpoint.layout import load_run_config
+from megatron_loop.checkpoint.folders import load_run_config
 from megatron_loop.checkpoint.weights import consolidated_state_dict, load_model_from_checkpoint
 from train_fixtures import FAULTS, copy_run, reference_run, run_cli
 

@@ -26,7 +26,7 @@ from megatron_loop.config import load_config
 from megatron_loop.errors import LoopConfigError, write_failure
 from megatron_loop.training.checkpoint import set_aside_newer
 from megatron_loop.training.lock import RunLock
-from megatron_loop.training.resume import plan_resume
+from megatron_loop.training.resume import decide_resume
 from train_fixtures import REPO, copy_run, reference_run
 
 
@@ -111,7 +111,7 @@ def _plan(**changes):
     overrides = [f"{k}={v}" for k, v in changes.items() if "." in k]
     cfg = load_config(str(ref.config), [f"train.output_dir={ref.run_dir}", *overrides])
     stage = 1 if "zero" not in changes else changes["zero"]
-    return plan_resume(point, cfg, world_size=changes.get("world", 1), zero_stage=stage)
+    return decide_resume(point, cfg, world_size=changes.get("world", 1), zero_stage=stage)
 
 
 def test_resume_applies_schedule_and_optimizer_changes_and_refuses_the_rest():
@@ -139,7 +139,7 @@ def test_resume_on_another_data_parallel_size_or_zero_stage():
     cfg = load_config(str(reference_run().config))
     with pytest.raises(LoopConfigError, match=r"written by 2 data-parallel ranks, resumed with 1; a ZeRO 3 "
                                               r"checkpoint resumes only on 2 ranks"):
-        plan_resume(zero3, cfg, world_size=1, zero_stage=3)
+        decide_resume(zero3, cfg, world_size=1, zero_stage=3)
 
 
 # ----------------------------------------------------------------------------- disk errors

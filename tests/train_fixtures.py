@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from data_fixtures import data_assets
-from megatron_loop.optim.engine import free_port
+from megatron_loop.parallel.bootstrap import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 TOOLS = Path(__file__).resolve().parent
-for path in (TOOLS.parent, TOOLS):  # the repository (megatron_loop) and tools/ (benchmarks, bench_report)
+for path in (TOOLS.parent, TOOLS):  # the repository (megatron_loop) and tools/ (the benchmarks package)
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 

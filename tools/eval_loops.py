@@ -36,7 +36,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_loop.data.cli import parse_loop_counts, run_cli  # noqa: E402
+from megatron_loop.cli import parse_loop_counts, run_cli  # noqa: E402
 from megatron_loop.errors import LoopConfigError  # noqa: E402
 
 

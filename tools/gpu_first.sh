@@ -140,7 +140,7 @@ fi
 eval "$(bash tools/gpu_env.sh exports)"
 run_step preamble 45 bash tools/gpu_env.sh check "${CHECK[@]}" || abort preamble
 if [ $SMOKE = 1 ]; then
-  "$PY" -c "import sys; sys.path.insert(0, 'tools'); from bench_report import cpu_name; print(cpu_name())" \
+  "$PY" -c "import sys; sys.path.insert(0, 'tools'); from benchmarks.tables import cpu_name; print(cpu_name())" \
       > "$STEP_LOGS/device.txt" 2>/dev/null || echo CPU > "$STEP_LOGS/device.txt"
 else
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1 > "$STEP_LOGS/device.txt"

@@ -125,7 +125,7 @@ if ! run_step preamble 45 bash tools/gpu_env.sh check "${CHECK[@]}"; then  # the
   exit 2
 fi
 if [ $SMOKE = 1 ]; then
-  "$PY" -c "import sys; sys.path.insert(0, 'tools'); from bench_report import cpu_name; print(cpu_name())" \
+  "$PY" -c "import sys; sys.path.insert(0, 'tools'); from benchmarks.tables import cpu_name; print(cpu_name())" \
       > "$STEP_LOGS/device.txt" 2>/dev/null || echo CPU > "$STEP_LOGS/device.txt"
 else
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1 > "$STEP_LOGS/device.txt"

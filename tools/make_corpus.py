@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Sequence
 
-from megatron_loop.data.cli import check_output_folder, run_cli
+from megatron_loop.cli import check_output_folder, run_cli
 from megatron_loop.data.corpus import GENERATORS, KNOWLEDGE_EVAL, CorpusSpec, generate_corpus
 
 

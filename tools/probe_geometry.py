@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from megatron_loop.data.cli import run_cli
+from megatron_loop.cli import run_cli
 from megatron_loop.probes.cli import main
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from megatron_loop.data.cli import check_output_folder, run_cli
+from megatron_loop.cli import check_output_folder, run_cli
 from megatron_loop.data.sources import ENCODING_ERRORS, iter_local_documents, resolve_local_inputs
 from megatron_loop.data.tokenizer import train_bpe_tokenizer
 from megatron_loop.errors import LoopDataError

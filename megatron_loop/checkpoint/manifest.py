@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_loop.atomic import fsync_path, write_atomic
-from megatron_loop.checkpoint.layout import MANIFEST
+from megatron_loop.checkpoint.folders import MANIFEST
 from megatron_loop.config import Config
 from megatron_loop.errors import LoopDataError
 

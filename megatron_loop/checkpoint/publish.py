@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from megatron_loop.atomic import fsync_path, swap_folder, write_atomic
-from megatron_loop.checkpoint.layout import LATEST, PARTIAL, complete_tags
+from megatron_loop.checkpoint.folders import LATEST, PARTIAL, complete_tags
 
 
 def remove_partials(root: Path) -> None:

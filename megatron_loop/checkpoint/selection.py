@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_loop.checkpoint.layout import LATEST, MANIFEST, PARTIAL, complete_tags, read_latest, step_of
+from megatron_loop.checkpoint.folders import LATEST, MANIFEST, PARTIAL, complete_tags, read_latest, step_of
 from megatron_loop.checkpoint.manifest import verify_checkpoint
 from megatron_loop.errors import LoopDataError
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from megatron_loop.errors import LoopConfigError, LoopDataError
-from megatron_loop.checkpoint.layout import MANIFEST
+from megatron_loop.checkpoint.folders import MANIFEST
 from megatron_loop.parallel.mpu import data_parallel_size, tensor_parallel_size
 from megatron_loop.parallel.grads import is_tensor_parallel
 from megatron_loop.parallel.shards import whole_of

@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from megatron_loop.checkpoint.layout import CONFIG_NAME, load_run_config
+from megatron_loop.checkpoint.folders import CONFIG_NAME, load_run_config
 from megatron_loop.checkpoint.selection import SelectedCheckpoint, report_selection, select_checkpoint
 from megatron_loop.errors import LoopDataError
 from megatron_loop.optim.schedule import WSDMultiplier

@@ -2,7 +2,9 @@
 
 Modules: ``presets`` (the App. C.1 backbones), ``sections`` (the dataclasses: keys, types,
 defaults), ``validation`` (the checks, one ``error:`` line naming the key), ``loading`` (YAML,
-overrides, typed construction), ``paths`` (dataset prefixes, relative paths made absolute).
+overrides, typed construction), ``paths`` (dataset prefixes, relative paths made absolute),
+``deepspeed`` (the DeepSpeed JSON: where it is, read, checked against the YAML), ``parallel`` (the
+``parallel:`` section).
 Everything a caller needs is importable from here::
 
     from megatron_loop.config import load_config
@@ -10,7 +12,7 @@ Everything a caller needs is importable from here::
 """
 
 from megatron_loop.config.loading import build_model_config, config_from_dict, load_config
-from megatron_loop.config.paths import REPOSITORY, VALID_SUFFIX, prefix_exists, resolve_paths, sibling_valid_prefix
+from megatron_loop.config.paths import VALID_SUFFIX, prefix_exists, resolve_paths, sibling_valid_prefix
 from megatron_loop.config.presets import BACKBONES, LLAMA3_ROPE_SCALING
 from megatron_loop.config.parallel import ParallelConfig
 from megatron_loop.config.sections import (SECTIONS, Config, DataConfig, LoggingConfig, ModelConfig, OptimizerSettings,
@@ -23,7 +25,7 @@ from megatron_loop.config.validation import (CHECKPOINTING, DATA_ORDERS, HISTORY
 __all__ = [
     "BACKBONES", "CHECKPOINTING", "DATA_ORDERS", "HISTORY_INJECTIONS", "INITIAL_INJECTIONS", "LLAMA3_ROPE_SCALING",
     "LOOP_GATING_REFERENCES", "LOOP_SAMPLINGS", "LOSS_IMPLEMENTATIONS", "NOISY_INITIAL_INJECTIONS", "OPTIMIZERS",
-    "REPOSITORY", "SECTIONS", "TIMESTEPS", "TIMESTEP_GRIDS", "VALID_SUFFIX", "Config", "DataConfig",
+    "SECTIONS", "TIMESTEPS", "TIMESTEP_GRIDS", "VALID_SUFFIX", "Config", "DataConfig",
     "LoggingConfig", "ModelConfig", "OptimizerSettings", "ParallelConfig", "TrainConfig", "build_model_config", "check_loop_sampling",
     "config_from_dict", "load_config", "loop_range", "prefix_exists", "resolve_paths", "sibling_valid_prefix",
 ]

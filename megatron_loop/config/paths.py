@@ -7,10 +7,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from megatron_loop.config.deepspeed import locate
+
 if TYPE_CHECKING:
     from megatron_loop.config.sections import Config
 
-REPOSITORY = Path(__file__).resolve().parents[2]  # holds the shipped deepspeed_configs/
 # The validation split tools/preprocess_data.py --validation-documents writes next to train prefix P.
 VALID_SUFFIX = "_valid"
 
@@ -33,7 +34,8 @@ def resolve_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
     The run config is saved next to every checkpoint and read back by the tools
     (``tools/convert_to_hf.py`` takes ``data.tokenizer`` from it), which may run from another
     directory. Relative paths are taken from ``base`` (default: the working directory);
-    ``train.deepspeed_config`` falls back to the repository's ``deepspeed_configs/``. A path that
+    ``train.deepspeed_config`` is found by :func:`megatron_loop.config.deepspeed.locate` (the working
+    directory, then the repository's shipped ``deepspeed_configs/``). A path that
     does not exist stays as written, so the check that reports it names what the user wrote; a
     tokenizer that is not a local path is a hub name and stays too.
     """
@@ -52,8 +54,5 @@ def resolve_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
         d.valid_prefixes = [absolute(p, prefix_exists) for p in d.valid_prefixes]
     if d.tokenizer:
         d.tokenizer = absolute(d.tokenizer, os.path.exists)
-    ds = absolute(t.deepspeed_config, os.path.isfile)
-    if not os.path.isabs(ds) and (REPOSITORY / ds).is_file():
-        ds = str(REPOSITORY / ds)
-    t.deepspeed_config = ds
+    t.deepspeed_config = locate(t.deepspeed_config, base)
     return cfg

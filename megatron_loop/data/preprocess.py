@@ -31,7 +31,7 @@ import numpy as np
 
 from megatron_loop.atomic import write_atomic
 from megatron_loop.config import VALID_SUFFIX
-from megatron_loop.data.cli import check_output_folder
+from megatron_loop.cli import check_output_folder
 from megatron_loop.data.sources import ENCODING_ERRORS, HFSource, iter_documents
 from megatron_loop.data.tokenizer import check_tokenizer_location, load_tokenizer
 from megatron_loop.errors import LoopDataError

@@ -34,7 +34,7 @@ import os
 from pathlib import Path
 
 from megatron_loop.atomic import write_atomic
-from megatron_loop.data.cli import check_output_folder, read_tool_json
+from megatron_loop.cli import check_output_folder, read_tool_json
 from megatron_loop.errors import LoopConfigError, LoopDataError
 
 RESULTS_NAME = "results.json"

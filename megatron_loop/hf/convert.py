@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from megatron_loop.atomic import clean_leftovers, publish_folder, staging_folder
-from megatron_loop.checkpoint.layout import CONFIG_NAME, MANIFEST, load_run_config
+from megatron_loop.checkpoint.folders import CONFIG_NAME, MANIFEST, load_run_config
 from megatron_loop.checkpoint.selection import report_selection, select_checkpoint
 from megatron_loop.checkpoint.weights import read_weights
 from megatron_loop.config import ModelConfig, build_model_config

@@ -31,7 +31,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 

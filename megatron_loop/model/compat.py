@@ -3,8 +3,6 @@
 megatron-core's local attention path, its RoPE module, its default causal mask and its CUDA
 RNG tracker call CUDA. We avoid those paths, and keep the replacements here:
 
-* :func:`ensure_parallel_state` -- megatron-core layers need model-parallel process groups;
-  outside a launcher we create a one-process gloo group (tensor/pipeline parallel size 1).
 * :class:`SDPACoreAttention` -- a megatron-core ``core_attention`` submodule backed by
   ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention / memory-efficient
   kernels on GPU; never the unfused path that materialises the score matrix).
@@ -24,27 +22,12 @@ import warnings
 from typing import NamedTuple
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 with warnings.catch_warnings():  # megatron-core warns loudly when Apex/TE are absent
     warnings.simplefilter("ignore")
-    from megatron.core import parallel_state
     from megatron.core.transformer.transformer_config import TransformerConfig
-
-
-def ensure_parallel_state() -> None:
-    """Initialise megatron-core's model-parallel groups (TP = PP = 1) if nobody has.
-
-    Under ``deepspeed``/``torchrun`` the default process group already exists and every rank
-    calls this while building the model. In a plain process (tests, export, probes) we create
-    a one-process gloo group over an in-memory store.
-    """
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
 
 
 def transformer_config(*, num_layers: int, hidden_size: int, intermediate_size: int, num_attention_heads: int,

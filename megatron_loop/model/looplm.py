@@ -23,8 +23,8 @@ inference (``adaptive_exit.py``). The training loop draws r per step (``training
 
 The loss (``loss.py``) is a chunked linear + cross-entropy that never materialises the
 full-vocabulary logits of the batch. How the model executes for training -- activation
-checkpointing (``checkpointing.py``; gradients equal in every mode) and compiled blocks -- is
-applied from outside after the model is built (``apply.py``); the loop itself stays in Python, so
+checkpointing (``recompute.py``; gradients equal in every mode) and compiled blocks -- is
+applied from outside after the model is built (``parallel/parallelize.py``); the loop itself stays in Python, so
 any r reuses the compiled blocks. The step never reads a value back to the host.
 """
 
@@ -42,14 +42,14 @@ from megatron_loop.config import ModelConfig
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
 from megatron_loop.model.adaptive_exit import TokenExit, check_exit
-from megatron_loop.model.compat import (RotaryTables, ensure_parallel_state, rope_freqs, rope_inv_freq, rope_tables,
+from megatron_loop.model.compat import (RotaryTables, rope_freqs, rope_inv_freq, rope_tables,
                                         transformer_config)
 from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStateInjection, LoopGating,
                                               branch_modulation, history_window, timestep_features)
 from megatron_loop.model.layers import loop_block_spec
 from megatron_loop.model.loss import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked_linear_cross_entropy
 from megatron_loop.config.parallel import ParallelConfig
-from megatron_loop.parallel.grads import mark_sequence_parallel
+from megatron_loop.parallel.bootstrap import ensure_groups, groups_ready
 from megatron_loop.parallel.vocab import TensorParallelEdges, lm_head, token_embedding
 
 with __import__("warnings").catch_warnings():
@@ -74,7 +74,8 @@ class LoopLM(nn.Module):
     """A looped decoder ``p+s×K+c`` built from megatron-core blocks.
 
     Tensor parallelism (``megatron_loop/parallel``): the TP size is that of megatron-core's groups
-    (``parallel.initialize_parallel``; TP = 1 when none were built); ``parallel`` adds sequence
+    (``parallel.bootstrap``, which :func:`build_model` calls; the constructor creates no process group);
+    ``parallel`` adds sequence
     parallelism and is checked against them. ``fast_path=False`` builds the blocks from megatron-core's
     modules only (the reference the default fast path is tested against: ``layers.loop_block_spec``).
     """
@@ -83,7 +84,9 @@ class LoopLM(nn.Module):
         super().__init__()
         config.validate()
         self.config = config
-        ensure_parallel_state()
+        if not groups_ready():
+            raise LoopConfigError("LoopLM needs megatron-core's process groups: build it with build_model(), which "
+                                  "sets them up outside a launcher (parallel.bootstrap.ensure_groups)")
         self.tensor_parallel = TensorParallelEdges.of(config, parallel)
         layout = self.tensor_parallel.layout
         d = config.hidden_size
@@ -126,7 +129,7 @@ class LoopLM(nn.Module):
         with torch.device("cpu"):
             self._inv_freq_fp32 = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         # What each loop keeps for backward: everything (None) unless activation checkpointing is
-        # applied from outside (apply.apply_activation_checkpointing sets an ActivationCheckpointing).
+        # applied from outside (recompute.apply_activation_checkpointing sets an ActivationCheckpointing).
         self.checkpointing = None
         self.loss_chunk_tokens = DEFAULT_CHUNK_TOKENS
         self.loss_implementation = config.loss_implementation
@@ -135,7 +138,6 @@ class LoopLM(nn.Module):
         self._device_constants: dict[tuple, torch.Tensor] = {}
         for name, p in self.named_parameters():
             roles.role_of(p)  # every parameter must carry a role (raises otherwise)
-        mark_sequence_parallel(self)  # replicated parameters whose gradients are partial over TP
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -300,7 +302,13 @@ class LoopLM(nn.Module):
 def build_model(config: ModelConfig, device: torch.device | str | None = None,
                 parallel: ParallelConfig | None = None, fast_path: bool = True) -> LoopLM:
     """Build a LoopLM (CPU unless ``device`` is given; ``"meta"`` for shape-only dry runs).
-    ``fast_path=False``: blocks of megatron-core's modules only (``layers.loop_block_spec``)."""
+    ``fast_path=False``: blocks of megatron-core's modules only (``layers.loop_block_spec``).
+
+    megatron-core's layers are built inside its process groups: under a launcher the ones the
+    training setup made (``parallel.bootstrap.init_model_parallel``); elsewhere (tests, export,
+    probes) :func:`~megatron_loop.parallel.bootstrap.ensure_groups` makes a world of one at TP = 1.
+    The model itself is prepared for training separately (``parallel.parallelize``)."""
+    ensure_groups()
     if device is None:
         return LoopLM(config, parallel, fast_path)
     with torch.device(device):

@@ -1,5 +1,6 @@
 """Optimizer, WSD schedule and DeepSpeed engine (App. C.2 "Optimizer", "Learning-rate
-scheduler", "Gradient accumulation and clipping").
+scheduler", "Gradient accumulation and clipping"). The DeepSpeed JSON is
+:mod:`megatron_loop.config.deepspeed`'s; process groups are :mod:`megatron_loop.parallel.bootstrap`'s.
 
 Names are resolved lazily (as in ``megatron_loop.data``): ``megatron_loop.optim.schedule`` is
 imported by ``pretrain_loop.py --dry-run``, which must not pay for torch and DeepSpeed.
@@ -12,9 +13,7 @@ from typing import Any
 
 _EXPORTS = {
     "EngineParts": "engine", "OptimizerSettings": "engine", "attach_zero_layouts": "engine",
-    "build_engine": "engine", "build_optimizer": "engine", "init_distributed": "engine",
-    "load_ds_config": "engine", "resolve_ds_config": "ds_config", "check_precision": "ds_config",
-    "describe_precision": "engine",
+    "build_engine": "engine", "build_optimizer": "engine", "describe_precision": "engine",
     "muon_scale": "muon", "newton_schulz": "muon", "orthogonalized_update": "muon",
     "ADAMW_GROUP": "optimizer", "MUON_GROUP": "optimizer", "MuonAdamW": "optimizer",
     "role_param_groups": "optimizer",

@@ -5,7 +5,7 @@ plain torch optimizer handed to ``deepspeed.initialize`` (``zero_allow_untested_
 ZeRO 1/2/3 flatten and partition its two groups as for any optimizer, reduce and clip the RAW
 gradients with one global norm (which the engine reports), then call our ``step`` on the flat
 fp32 partitions. After ``initialize`` we read ZeRO's own bookkeeping (flat offsets, partition
-sizes, stage-3 sub-groups) into one :class:`~megatron_loop.optim.layout.PartitionLayout` per
+sizes, stage-3 sub-groups) into one :class:`~megatron_loop.optim.partitions.ZeroPartition` per
 partition, registered with the optimizer, so Muon can all-gather its Newton-Schulz input back to
 whole matrices. Momentum and AdamW moments stay sharded on the partitions.
 DeepSpeed's built-in Muon is not used at all, which sidesteps its traps: name-based tagging that
@@ -28,16 +28,13 @@ it and frees it, so no bf16 copy lives across micro-batches) and keeps ``DeepSpe
 (ZeRO 3) with an fp32 gradient partition that every micro-batch's reduced gradient is added to.
 ``communication_data_type`` sets the dtype of that reduction (DeepSpeed's bf16 default would
 sum the ranks' gradients in bf16). The shipped configs set both to fp32; a bf16 run whose JSON
-leaves the accumulation dtype unset is refused (:func:`~megatron_loop.optim.ds_config.check_precision`). Stage 0 stays fp32
+leaves the accumulation dtype unset is refused (:func:`~megatron_loop.config.deepspeed.check_precision`). Stage 0 stays fp32
 only: without ZeRO, DeepSpeed 0.19 raises NotImplementedError for bf16 weights with fp32
 accumulation (``_do_optimizer_sanity_check``) and would otherwise wrap bf16 in its own optimizer.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -45,17 +42,13 @@ import torch
 import torch.distributed as dist
 
 from megatron_loop.config import OptimizerSettings
+from megatron_loop.config.deepspeed import read_ds_config, resolve_ds_config
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.model.apply import prepare_for_training
-from megatron_loop.optim.ds_config import resolve_ds_config
-from megatron_loop.optim.layout import PartitionLayout
+from megatron_loop.optim.partitions import ZeroPartition
 from megatron_loop.optim.memory import pending_training_memory
 from megatron_loop.optim.optimizer import MuonAdamW, role_param_groups
 from megatron_loop.optim.schedule import wsd_scheduler
 from megatron_loop.parallel.mpu import data_parallel_size, model_parallel_unit
-from megatron_loop.parallel.zero import sum_partial_grads_in_backward
-
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "deepspeed_configs"
 
 
 class EngineParts(NamedTuple):
@@ -79,27 +72,6 @@ def build_optimizer(model: torch.nn.Module, settings: OptimizerSettings, *, clip
         muon_scale=settings.muon_scale,
         clip_grad=settings.grad_clip if clip_in_optimizer and settings.grad_clip > 0 else None,
     )
-
-
-def load_ds_config(zero_stage: int | None = None, ds_config: str | Path | dict | None = None) -> dict:
-    """A DeepSpeed config: ``ds_config`` (file or dict) or ``deepspeed_configs/zero{stage}.json``."""
-    if ds_config is None:
-        if zero_stage is None:
-            raise LoopConfigError("give zero_stage or ds_config")
-        if zero_stage == 0:
-            return {"zero_optimization": {"stage": 0}}
-        ds_config = CONFIG_DIR / f"zero{zero_stage}.json"
-    if isinstance(ds_config, dict):
-        config = json.loads(json.dumps(ds_config))  # deep copy
-    else:
-        path = Path(ds_config)
-        if not path.is_file():
-            raise LoopConfigError(f"DeepSpeed config {path} not found")
-        config = json.loads(path.read_text())
-    stage = config.get("zero_optimization", {}).get("stage", 0)
-    if zero_stage is not None and stage != zero_stage:
-        raise LoopConfigError(f"DeepSpeed config has ZeRO stage {stage}, expected {zero_stage}")
-    return config
 
 
 def accumulation_dtype(zero_optimizer: Any) -> torch.dtype:
@@ -126,26 +98,8 @@ def describe_precision(engine: Any) -> str:
             f"gradients accumulated in {accumulation}, reduced across ranks in {reduction} ({wrapper})")
 
 
-def init_distributed(timeout=None) -> None:
-    """Initialise torch.distributed through DeepSpeed (nccl on GPU, gloo on CPU).
-
-    A plain ``python`` launch (no ``RANK`` in the environment) becomes a world of one on a free
-    local port, so the same entry point runs on one process without a launcher. ``timeout``
-    (a ``datetime.timedelta``) bounds every collective; None keeps DeepSpeed's default.
-    """
-    if dist.is_initialized():
-        return
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-    import deepspeed
-
-    kwargs = {} if timeout is None else {"timeout": timeout}
-    deepspeed.init_distributed(dist_backend=None, auto_mpi_discovery=False, **kwargs)
-
-
 def attach_zero_layouts(zero_optimizer: Any, optimizer: MuonAdamW) -> int:
-    """Give ``optimizer`` a :class:`PartitionLayout` for every fp32 partition of ``zero_optimizer``
+    """Give ``optimizer`` a :class:`ZeroPartition` for every fp32 partition of ``zero_optimizer``
     (DeepSpeed's ZeRO 1/2/3 or BF16 wrapper around it).
 
     Reads DeepSpeed's own bookkeeping; returns the number of partitions tagged. Layouts are
@@ -155,13 +109,13 @@ def attach_zero_layouts(zero_optimizer: Any, optimizer: MuonAdamW) -> int:
         count = 0
         for index, flat in enumerate(zero_optimizer.fp32_partitioned_groups_flat):
             params = zero_optimizer.fp16_groups[index]
-            layout = PartitionLayout.striped(
+            layout = ZeroPartition.striped(
                 params,
                 [p.ds_shape for p in params],
                 [p.partition_numel() for p in params],
                 zero_optimizer.sub_group_process_groups[index],
             )
-            optimizer.set_partition_layout(flat, layout)
+            optimizer.set_partition(flat, layout)
             count += 1
         return count
     if hasattr(zero_optimizer, "fp32_groups_flat_partition"):  # BF16_Optimizer (bf16, ZeRO 1, fp32 accumulation)
@@ -171,33 +125,23 @@ def attach_zero_layouts(zero_optimizer: Any, optimizer: MuonAdamW) -> int:
             params = zero_optimizer.bf16_groups[index]
             offsets = [sum(p.numel() for p in params[:j]) for j in range(len(params))]
             partition = flat.numel()
-            layout = PartitionLayout.contiguous(
+            layout = ZeroPartition.contiguous(
                 params, [p.shape for p in params], offsets, partition, zero_optimizer.real_dp_process_group[index]
             )
-            optimizer.set_partition_layout(flat, layout)
+            optimizer.set_partition(flat, layout)
         return len(zero_optimizer.fp32_groups_flat_partition)
     if hasattr(zero_optimizer, "single_partition_of_fp32_groups"):  # stage 1/2
         for index, flat in enumerate(zero_optimizer.single_partition_of_fp32_groups):
-            layout = PartitionLayout.contiguous(
+            layout = ZeroPartition.contiguous(
                 zero_optimizer.round_robin_bit16_groups[index],
                 [meta.shape for meta in zero_optimizer.round_robin_bit16_meta[index]],
                 zero_optimizer.round_robin_bit16_offsets[index],
                 int(zero_optimizer.partition_size[index]),
                 zero_optimizer.real_dp_process_group[index],
             )
-            optimizer.set_partition_layout(flat, layout)
+            optimizer.set_partition(flat, layout)
         return len(zero_optimizer.single_partition_of_fp32_groups)
     raise TypeError(f"not a DeepSpeed ZeRO optimizer: {type(zero_optimizer).__name__}")
-
-
-def register_external_parameters(model: torch.nn.Module) -> None:
-    """ZeRO 3 gathers a partitioned weight only around its owning module's forward/backward;
-    weights the model applies elsewhere (``model.external_parameters()``, e.g. LoopLM's LM head
-    in the chunked loss) are registered with the root module so it gathers them too."""
-    from deepspeed.runtime.zero.partition_parameters import register_external_parameter
-
-    for param in getattr(model, "external_parameters", list)():
-        register_external_parameter(model, param)
 
 
 def build_engine(
@@ -210,7 +154,6 @@ def build_engine(
     bf16: bool | None = None,
     zero_stage: int | None = None,
     ds_config: str | Path | dict | None = None,
-    dist_init: bool = True,
 ) -> EngineParts:
     """The DeepSpeed engine, base optimizer and WSD scheduler for ``model``.
 
@@ -220,10 +163,15 @@ def build_engine(
     (``engine.is_gradient_accumulation_boundary()``), and ``engine.get_global_grad_norm()`` is the
     raw-gradient norm before clipping. ``engine.save_checkpoint`` / ``load_checkpoint`` carry the
     Muon momentum, AdamW moments and the scheduler.
+
+    ``model`` comes prepared for training (:func:`megatron_loop.parallel.parallelize.parallelize`, for
+    the same ZeRO stage), in a world that exists (:func:`megatron_loop.parallel.bootstrap.init_world`).
+    This is the one place ``deepspeed.initialize`` is called.
     """
-    if dist_init:
-        init_distributed()
-    config = load_ds_config(zero_stage, ds_config)
+    if not dist.is_initialized():
+        raise LoopConfigError("build_engine needs torch.distributed initialised first "
+                              "(megatron_loop.parallel.bootstrap.init_world)")
+    config = read_ds_config(ds_config, zero_stage)
     config = resolve_ds_config(
         config,
         micro_batch_size=micro_batch_size,
@@ -241,11 +189,6 @@ def build_engine(
                               settings.min_lr_ratio)
     import deepspeed
 
-    if stage == 3:
-        register_external_parameters(model)
-    sum_partial_grads_in_backward(model)  # TP: replicated weights' partial gradients, before ZeRO takes them
-    if hasattr(model, "blocks"):  # LoopLM: checkpointing and compiled blocks as model.* asks, for this stage
-        prepare_for_training(model, stage)
     engine, engine_optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, mpu=model_parallel_unit()
     )
@@ -254,10 +197,3 @@ def build_engine(
     if getattr(model, "checkpointing", None) is not None:  # auto checkpointing counts what the step still allocates
         model.checkpointing.pending_memory = lambda: pending_training_memory(engine, optimizer)
     return EngineParts(engine, optimizer, scheduler)
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface (rendezvous of single-node runs and tests)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from megatron_loop.model.checkpointing import PendingMemory
+from megatron_loop.model.recompute import PendingMemory
 from megatron_loop.optim.optimizer import MuonAdamW
 
 

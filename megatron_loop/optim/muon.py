@@ -1,7 +1,7 @@
 """Muon update math (App. C.2 "Optimizer"): momentum, Newton-Schulz, per-projection scaling.
 
 Pure tensor functions on FULL matrices; where the matrices come from (a plain parameter, or a
-ZeRO partition gathered back together) is :mod:`megatron_loop.optim.layout`'s job.
+ZeRO partition gathered back together) is :mod:`megatron_loop.optim.partitions`'s job.
 
 The maths follows ``torch.optim.Muon`` (torch 2.13) operation for operation so that it can be
 the test reference:

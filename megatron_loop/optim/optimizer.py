@@ -14,7 +14,7 @@ checkpoints. It works on three kinds of parameters:
   (DeepSpeed's own Muon silently runs SGD at stage 0, DeepSpeed#8441) and, when ``clip_grad`` is
   set, the optimizer clips the global norm of the raw gradients itself and records it in
   ``_global_grad_norm`` (which the DeepSpeed engine reports);
-* flat ZeRO 1/2/3 partitions carrying a :class:`~megatron_loop.optim.layout.PartitionLayout`: the
+* flat ZeRO 1/2/3 partitions carrying a :class:`~megatron_loop.optim.partitions.ZeroPartition`: the
   momentum is kept on the partition; the Newton-Schulz input is gathered to whole matrices,
   orthogonalised per projection, and the local slice of the update applied. ZeRO has already
   clipped the raw gradients with one global norm (so clipping happens before
@@ -36,7 +36,7 @@ from torch.optim.adamw import adamw as adamw_functional
 
 from megatron_loop.config import OPTIMIZERS
 from megatron_loop.model import roles
-from megatron_loop.optim.layout import PartitionLayout
+from megatron_loop.optim.partitions import ZeroPartition
 from megatron_loop.optim.muon import SCALE_RULES, ScaleRule, momentum_input_
 from megatron_loop.parallel import muon as tp_muon
 from megatron_loop.parallel.mpu import model_parallel_unit
@@ -108,7 +108,7 @@ class MuonAdamW(torch.optim.Optimizer):
         self._global_grad_norm: float | None = None
         # id(partition) -> (partition, layout). Kept here, not as a tensor attribute, because
         # ZeRO pickles its fp32 partitions into checkpoints (with their attributes).
-        self._layouts: dict[int, tuple[torch.Tensor, PartitionLayout]] = {}
+        self._layouts: dict[int, tuple[torch.Tensor, ZeroPartition]] = {}
 
     @staticmethod
     def state_tensors(group: dict) -> int:
@@ -116,13 +116,13 @@ class MuonAdamW(torch.optim.Optimizer):
         AdamW's two moments (``optim/memory.py`` counts them before they exist)."""
         return 1 if group["muon"] else 2
 
-    def set_partition_layout(self, partition: torch.Tensor, layout: PartitionLayout) -> None:
+    def set_partition(self, partition: torch.Tensor, layout: ZeroPartition) -> None:
         """Declare ``partition`` (a ZeRO fp32 flat partition) laid out as ``layout``."""
         if partition.numel() != layout.partition_numel:
             raise ValueError(f"partition has {partition.numel()} elements, its layout {layout.partition_numel}")
         self._layouts[id(partition)] = (partition, layout)
 
-    def layout_of(self, tensor: torch.Tensor) -> PartitionLayout | None:
+    def layout_of(self, tensor: torch.Tensor) -> ZeroPartition | None:
         entry = self._layouts.get(id(tensor))
         return entry[1] if entry is not None and entry[0] is tensor else None
 

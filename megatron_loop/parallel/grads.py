@@ -1,9 +1,9 @@
-"""Gradients of replicated parameters under tensor parallelism (megatron-core's
-``finalize_model_grads``, the tensor-parallel part).
+"""The gradients of replicated parameters under tensor parallelism: which are partial over the TP
+group, and the one place they are summed (megatron-core's ``finalize_model_grads``, its
+tensor-parallel part, moved inside backward for DeepSpeed).
 
-A parameter that every TP rank holds whole gets a complete gradient on each rank only if it
-saw the whole activation. Two kinds do not, and their gradients are partial sums that must be
-summed over the TP group once per step, after backward and before the optimizer reads them:
+A parameter that every TP rank holds whole gets a complete gradient on each rank only if it saw the
+whole activation. Two kinds do not, and their gradients are partial sums over the TP group:
 
 * with ``sequence_parallel`` every replicated parameter (block and final RMSNorms, all
   conditioning: initial/history injection, Loop Gating, Branch Gating, AdaLN) sees only this
@@ -15,6 +15,20 @@ TP-sharded parameters (megatron-core sets ``tensor_model_parallel`` on them: QKV
 projection, MLP, embedding and LM head rows) have complete gradients for their shard. Without
 sequence parallelism the other replicated parameters see the whole (all-reduced) activation, so
 their gradients are already complete and equal on every TP rank.
+
+Where the sum happens (:func:`register_tp_gradient_sum`, called by
+:func:`megatron_loop.parallel.parallelize.parallelize`): Megatron-LM sums these gradients after
+backward, on its gradient buffers. Under DeepSpeed that is too late: ZeRO 1/2/3 (and the bf16
+optimizer's immediate update) take each gradient into their data-parallel reduction and partitions
+from their own hooks on the parameter's gradient accumulation, during backward, so a post-backward
+sum would have to reach into each stage's private buffers. A tensor hook on the parameter runs
+before any of those (autograd calls it on the incoming gradient, before accumulation): the gradient
+DeepSpeed reduces, accumulates and clips is already the TP sum. The hook must return the complete
+gradient, so the sums cannot be deferred and bucketed: there is one all-reduce per partial parameter
+per micro-batch. Autograd sums every use of a leaf before its hooks run, so a weight-tied core
+applied K times costs one all-reduce per parameter, not K; ``tools/bench.py --mode tp`` reports
+their count and time. Every TP rank runs the same graph, so the hooks fire in the same order on each
+and the collectives match.
 """
 
 from __future__ import annotations
@@ -22,9 +36,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from megatron_loop.parallel.state import tensor_parallel_group
+from megatron_loop.parallel.groups import tensor_parallel_group
 
 QK_NORMS = (".q_layernorm.", ".k_layernorm.")
 
@@ -34,31 +47,31 @@ def is_tensor_parallel(param: torch.Tensor) -> bool:
     return bool(getattr(param, "tensor_model_parallel", False))
 
 
-def partial_grad_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters whose gradients are partial over the TP group (see the module docstring)."""
+def partial_grad_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """``(name, parameter)`` of every parameter whose gradient is partial over the TP group (see the
+    module docstring); empty at TP = 1."""
     layout = getattr(model, "tensor_parallel").layout
     if layout.tp_size == 1:
         return []
-    return [p for name, p in model.named_parameters()
+    return [(name, p) for name, p in model.named_parameters()
             if p.requires_grad and not is_tensor_parallel(p)
             and (layout.sequence_parallel or any(q in f".{name}" for q in QK_NORMS))]
 
 
-def mark_sequence_parallel(model: nn.Module) -> None:
-    """Set megatron-core's ``sequence_parallel`` attribute on the parameters whose gradients are
-    partial (what megatron's own ``finalize_model_grads`` looks for)."""
-    for p in partial_grad_parameters(model):
-        p.sequence_parallel = True
+def register_tp_gradient_sum(model: nn.Module) -> int:
+    """Sum each partial gradient over the TP group inside backward, before DeepSpeed (or any optimizer)
+    sees it; returns how many parameters are hooked (0 at TP = 1). Registered once per model."""
+    params = partial_grad_parameters(model)
+    if not params or getattr(model, "_tp_gradient_sum", False):
+        return len(params)
+    group = tensor_parallel_group()
 
+    def tp_sum(grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone()
+        dist.all_reduce(grad, group=group)
+        return grad
 
-def allreduce_partial_grads(model: nn.Module) -> int:
-    """Sum the partial gradients over the TP group in one coalesced all-reduce (call after backward,
-    before gradient clipping and the optimizer step). Returns the number of tensors reduced."""
-    grads = [p.grad for p in partial_grad_parameters(model) if p.grad is not None]
-    if not grads:
-        return 0
-    flat = _flatten_dense_tensors(grads)
-    dist.all_reduce(flat, group=tensor_parallel_group())
-    for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-        grad.copy_(synced)
-    return len(grads)
+    for _, param in params:
+        param.register_hook(tp_sum)
+    model._tp_gradient_sum = True
+    return len(params)

@@ -67,7 +67,7 @@ def activation_bytes_per_rank(cfg: ModelConfig, tp: int, sequence_parallel: bool
                               seq_length: int, itemsize: int, num_loops: int | None = None) -> int:
     """Activation bytes one rank keeps for backward for one micro-batch without checkpointing: every
     block occurrence of L(K) (``model.checkpointing.block_bytes_per_token`` per rank)."""
-    from megatron_loop.model.checkpointing import block_bytes_per_token  # torch: only for TP plans
+    from megatron_loop.model.recompute import block_bytes_per_token  # torch: only for TP plans
 
     local = dataclasses.replace(cfg, num_attention_heads=cfg.num_attention_heads // tp,
                                 num_key_value_heads=cfg.num_key_value_heads // tp,

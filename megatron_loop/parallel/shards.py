@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from megatron_loop.parallel.grads import is_tensor_parallel
-from megatron_loop.parallel.state import tensor_parallel_group
+from megatron_loop.parallel.groups import tensor_parallel_group
 
 
 def shard_of(full: torch.Tensor, param: torch.Tensor, rank: int, size: int) -> torch.Tensor:

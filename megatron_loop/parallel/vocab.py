@@ -28,7 +28,7 @@ from torch import nn
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
 from megatron_loop.config.parallel import ParallelConfig
-from megatron_loop.parallel.state import TensorParallelLayout, current_layout, tensor_parallel_group
+from megatron_loop.parallel.groups import ParallelPlacement, current_placement, tensor_parallel_group
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -37,7 +37,7 @@ with warnings.catch_warnings():
                                                         gather_from_tensor_model_parallel_region)
 
 
-def token_embedding(vocab_size: int, hidden_size: int, std: float, tcfg, layout: TensorParallelLayout) -> nn.Module:
+def token_embedding(vocab_size: int, hidden_size: int, std: float, tcfg, layout: ParallelPlacement) -> nn.Module:
     """``nn.Embedding`` at TP = 1; megatron-core's ``VocabParallelEmbedding`` otherwise (reduce-scattered
     to sequence shards with sequence parallelism). Both draw the whole ``[V, d]`` table from the
     global generator exactly as the TP = 1 module does (``nn.Embedding``'s own N(0, 1) draw, then
@@ -53,7 +53,7 @@ def token_embedding(vocab_size: int, hidden_size: int, std: float, tcfg, layout:
     return embedding
 
 
-def lm_head(hidden_size: int, vocab_size: int, std: float, tcfg, layout: TensorParallelLayout) -> nn.Module:
+def lm_head(hidden_size: int, vocab_size: int, std: float, tcfg, layout: ParallelPlacement) -> nn.Module:
     """The untied LM head: ``nn.Linear`` at TP = 1, a ``ColumnParallelLinear`` over the vocabulary
     otherwise (only its weight is used: the loss and the logits read it directly). The master
     weight is drawn as ``nn.Linear``'s (Kaiming uniform, then N(0, std))."""
@@ -125,18 +125,18 @@ class TensorParallelEdges:
     TP = 1 every method is what the model did without tensor parallelism.
     """
 
-    def __init__(self, layout: TensorParallelLayout):
+    def __init__(self, layout: ParallelPlacement):
         self.layout = layout
 
     @classmethod
     def of(cls, model, parallel: ParallelConfig | None) -> "TensorParallelEdges":
         """The edges for a model (a ModelConfig) in this process's TP groups; ``parallel`` (the config
         section, optional) must agree with them."""
-        layout = current_layout(parallel is not None and parallel.sequence_parallel)
+        layout = current_placement(parallel is not None and parallel.sequence_parallel)
         if parallel is not None and parallel.tensor_model_parallel_size != layout.tp_size:
             raise LoopConfigError(f"parallel.tensor_model_parallel_size={parallel.tensor_model_parallel_size}: "
                                   f"this process's tensor-parallel groups have size {layout.tp_size} "
-                                  "(parallel.initialize_parallel builds them)")
+                                  "(parallel.bootstrap.init_model_parallel builds them)")
         ParallelConfig(layout.tp_size).check_model(model)
         return cls(layout)
 

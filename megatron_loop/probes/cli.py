@@ -9,7 +9,7 @@ Writes ``geometry.json`` (every metric, per loop count) and the PNG figures; ``-
 them (and recomputes the summaries and the comparison) from an existing ``geometry.json``.
 The sample defaults to the paper's: 49 sequences of 2,048 tokens, exactly 100,000 selected
 positions. Project errors print one ``error: ...`` line and exit 2
-(``megatron_loop.data.cli.run_cli``).
+(``megatron_loop.cli.run_cli``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 
 from megatron_loop import plotting
 from megatron_loop.checkpoint.weights import load_model_from_checkpoint
-from megatron_loop.data.cli import parse_loop_counts
+from megatron_loop.cli import parse_loop_counts
 from megatron_loop.data.indexed import check_token_ids
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.hf.convert import load_looplm_from_hf

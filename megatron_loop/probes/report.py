@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from megatron_loop.atomic import write_atomic
-from megatron_loop.data.cli import read_tool_json
+from megatron_loop.cli import read_tool_json
 from megatron_loop.probes import plots
 from megatron_loop.probes.runner import GeometryProbe, ProbeSettings
 from megatron_loop.probes.sampling import ProbeSample

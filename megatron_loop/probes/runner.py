@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.probes import metrics
 from megatron_loop.probes.hooks import OccurrenceHooks
-from megatron_loop.probes.layout import EffectiveLayout
+from megatron_loop.probes.positions import EffectivePositions
 from megatron_loop.probes.sampling import ProbeSample, last_positions
 
 
@@ -44,12 +44,12 @@ class ProbeSettings:
     progress: bool = True
 
 
-def layout_of(model: torch.nn.Module, num_loops: int) -> EffectiveLayout:
+def layout_of(model: torch.nn.Module, num_loops: int) -> EffectivePositions:
     cfg = model.config
-    return EffectiveLayout(cfg.prelude_layers, cfg.core_layers, cfg.coda_layers, num_loops)
+    return EffectivePositions(cfg.prelude_layers, cfg.core_layers, cfg.coda_layers, num_loops)
 
 
-def resolve_sources(spec: str | Sequence[int], layout: EffectiveLayout, train_loops: int) -> list[int]:
+def resolve_sources(spec: str | Sequence[int], layout: EffectivePositions, train_loops: int) -> list[int]:
     """Skip sources for one layout (positions < D; the last occurrence has no downstream target)."""
     if spec == "none":
         return []
@@ -104,7 +104,7 @@ class GeometryProbe:
             raise LoopConfigError("batch_size and skip_batch must be >= 1")
 
     # ------------------------------------------------------------------ passes
-    def _normal_pass(self, sums: _Sums, layout: EffectiveLayout, tokens: torch.Tensor, mask: torch.Tensor,
+    def _normal_pass(self, sums: _Sums, layout: EffectivePositions, tokens: torch.Tensor, mask: torch.Tensor,
                      keep_updates: bool) -> dict[int, torch.Tensor]:
         last = last_positions(mask)
         updates: dict[int, torch.Tensor] = {}
@@ -147,7 +147,7 @@ class GeometryProbe:
         sums.tokens += int(mask.sum())
         return updates
 
-    def _skip_pass(self, sums: _Sums, layout: EffectiveLayout, tokens: torch.Tensor, mask: torch.Tensor,
+    def _skip_pass(self, sums: _Sums, layout: EffectivePositions, tokens: torch.Tensor, mask: torch.Tensor,
                    sources: list[int], updates: dict[int, torch.Tensor]) -> None:
         k, b = len(sources), tokens.shape[0]
         source_pos = torch.tensor(sources, device=self.device)
@@ -210,7 +210,7 @@ class GeometryProbe:
 
 
 # ---------------------------------------------------------------------- reduction to metrics
-def summarize(sums: _Sums, layout: EffectiveLayout, train_loops: int, sources: list[int]) -> dict:
+def summarize(sums: _Sums, layout: EffectivePositions, train_loops: int, sources: list[int]) -> dict:
     """Per-loop-count metrics of App. C.4 from the running sums (plain Python types)."""
     n, tokens, L = sums.sequences, sums.tokens, layout.num_loops
     as_list = lambda x: None if x is None else [float(v) for v in x.cpu()]  # noqa: E731
@@ -244,7 +244,7 @@ def summarize(sums: _Sums, layout: EffectiveLayout, train_loops: int, sources: l
     return result
 
 
-def interaction_summary(sums: _Sums, layout: EffectiveLayout, train_loops: int, sources: list[int]) -> dict | None:
+def interaction_summary(sums: _Sums, layout: EffectivePositions, train_loops: int, sources: list[int]) -> dict | None:
     """N_{i->j}, B_j, C_{i->j} (null where not measured) and their loop-lag means over P_d."""
     if not sources:
         return None

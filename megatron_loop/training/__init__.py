@@ -4,13 +4,15 @@
     from megatron_loop.training import main
     main(load_config("examples/tiny_2x3.yaml"), argparse.Namespace(resume=None))
 
-Modules: ``loop`` (train steps, validation, NaN policy), ``checkpoint`` (save and restore through
-DeepSpeed's engine on every rank, branches; the on-disk format is :mod:`megatron_loop.checkpoint`),
+Modules: ``setup`` (the run built once: checks, process groups, loaders, model, engine, restore),
+``loop`` (train steps, validation, NaN and stop policies), ``checkpoint`` (save and restore through
+DeepSpeed's engine on every rank, branches and the resume orchestration; the on-disk format is
+:mod:`megatron_loop.checkpoint`),
 ``resume`` (what changed since the checkpoint: applied, converted to another data-parallel size,
 or refused), ``lock`` (one run per output folder, one export per export folder), ``metrics``
 (JSONL, wandb, tqdm; the tolerant reader of ``metrics.jsonl``), ``curves`` (plots of it), ``signals`` (SIGTERM/SIGUSR1, a vanished
-launcher or output folder, wall time), ``distributed`` (launcher-agnostic init, collective
-timeout), ``preflight`` (checks before anything is written). docs/RELIABILITY.md has the faults.
+launcher or output folder, wall time), ``distributed`` (this rank's place in the world, the loop's collectives,
+launcher watch; the groups themselves are :mod:`megatron_loop.parallel.bootstrap`'s), ``preflight`` (checks before anything is written). docs/RELIABILITY.md has the faults.
 """
 
 from __future__ import annotations

@@ -13,6 +13,12 @@ A resume starts a branch: published checkpoints newer than the one resumed (a ro
 ``set_aside/`` with the metrics they logged, so retention, ``latest`` and the metrics file only
 ever see the branch being trained (:func:`set_aside_newer`).
 
+The resume itself is orchestrated here too, rank 0 deciding and every rank following
+(``distributed.on_main``): which checkpoint (:func:`choose_resume_point`), the branch
+(:func:`start_branch`), a universal copy for another number of data-parallel ranks
+(:func:`universal_copy`) and what the log says about it (:func:`resume_messages`); what changed
+since the checkpoint is decided by :mod:`megatron_loop.training.resume`.
+
 DeepSpeed's loader is switched to ``torch.load(weights_only=True)`` with an allow-list of the few
 DeepSpeed classes its optimizer state pickles
 (:func:`megatron_loop.checkpoint.weights.restrict_unpickling`).
@@ -29,21 +35,24 @@ from typing import Any
 import torch
 
 from megatron_loop.atomic import fsync_path, write_atomic
-from megatron_loop.checkpoint.layout import (LATEST, PARTIAL, SET_ASIDE, complete_tags, read_latest, save_run_config,
+from megatron_loop.checkpoint.folders import (LATEST, PARTIAL, SET_ASIDE, complete_tags, read_latest, save_run_config,
                                              tag_for)
 from megatron_loop.checkpoint.manifest import model_signature, write_manifest
 from megatron_loop.checkpoint.publish import adopt_checkpoint, prune, publish, remove_partials
 from megatron_loop.checkpoint.selection import SelectedCheckpoint, select_automatic, select_explicit
 from megatron_loop.checkpoint.state import RNG_FILE, TrainState, capture_rng, restore_rng
+from megatron_loop.checkpoint.tensor_parallel import manifest_fields as tensor_parallel_fields
+from megatron_loop.checkpoint.universal import to_universal
 from megatron_loop.checkpoint.weights import restrict_unpickling, safe_load
 from megatron_loop.config import Config
 from megatron_loop.errors import LoopDataError, first_line as _first_line, write_failure
-from megatron_loop.checkpoint.tensor_parallel import manifest_fields as tensor_parallel_fields
 from megatron_loop.training import distributed as D
-from megatron_loop.training.metrics import read_records, record_step
+from megatron_loop.training.metrics import METRICS_NAME, read_records, record_step
+from megatron_loop.training.resume import ResumeDecision
 
 # The training loop reaches the format's selection and clean-up through this module.
-__all__ = ["save_checkpoint", "load_checkpoint", "set_aside_newer"]
+__all__ = ["save_checkpoint", "load_checkpoint", "set_aside_newer", "choose_resume_point", "start_branch",
+           "universal_copy", "resume_messages"]
 
 
 def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.DistInfo,
@@ -149,3 +158,59 @@ def load_checkpoint(engine, point: SelectedCheckpoint, info: D.DistInfo,
     except (OSError, RuntimeError, KeyError, ValueError) as e:
         raise LoopDataError(f"{rng_path}: cannot restore the RNG state ({_first_line(e)})") from None
     return state
+
+
+# ----------------------------------------------------------------------------- resume orchestration
+
+
+def choose_resume_point(root: Path, resume: str | None, auto: bool, info: D.DistInfo) -> SelectedCheckpoint | None:
+    """``--resume PATH`` (strict) or the checkpoint ``latest`` names under ``root`` (with fallback).
+
+    Rank 0 reads and verifies the manifests, every rank follows its decision (or its error).
+    """
+    def choose() -> SelectedCheckpoint | None:
+        if resume is not None:
+            return select_explicit(Path(resume))
+        remove_partials(root)
+        return select_automatic(root) if auto else None
+
+    return D.on_main(info, choose, share=True)
+
+
+def start_branch(root: Path, point: SelectedCheckpoint, out: Path, info: D.DistInfo) -> Path | None:
+    """Rank 0 moves checkpoints newer than ``point`` (and their metrics) aside (:func:`set_aside_newer`)."""
+    return D.on_main(info, lambda: set_aside_newer(root, point, out / METRICS_NAME), share=True)
+
+
+def universal_copy(root: Path, point: SelectedCheckpoint, info: D.DistInfo) -> Path:
+    """Rank 0 writes ``point`` in DeepSpeed's universal layout next to it (a ``.partial`` folder:
+    removed after loading, and by the next start if the run dies first)."""
+    load_dir = root / f"{point.tag}.universal{PARTIAL}"
+
+    def convert() -> Path:
+        shutil.rmtree(load_dir, ignore_errors=True)
+        try:
+            to_universal(point.path, load_dir)
+        except OSError as e:
+            raise LoopDataError(f"{load_dir}: writing the universal checkpoint failed "
+                                f"({write_failure(e, root)})") from None
+        return load_dir
+
+    return D.on_main(info, convert, share=True)
+
+
+def resume_messages(point: SelectedCheckpoint, plan: ResumeDecision, set_aside: Path | None,
+                    schedule_line: str | None, state: TrainState, info: D.DistInfo, resume: str | None,
+                    total_steps: int) -> list[str]:
+    """What the log says about a resume: skipped checkpoints, the branch, what changed, where it starts."""
+    msgs = list(point.notes)
+    if set_aside is not None:
+        msgs.append(f"starting a new branch at {point.tag}: newer checkpoints and their metrics moved to {set_aside}")
+    msgs += plan.summary(point.manifest.get("world_size") if point.manifest else None, info.world_size)
+    msgs += [schedule_line] if schedule_line else []
+    how = "--resume" if resume is not None else "newest complete checkpoint"
+    msgs.append(f"resuming from {point.path} (step {state.step}, {state.consumed_samples} samples consumed; {how})")
+    if state.step >= total_steps:
+        msgs.append(f"nothing left to train: the checkpoint is at step {state.step} and the config asks for "
+                    f"{total_steps} steps")
+    return msgs

@@ -1,10 +1,8 @@
-"""Launcher-agnostic process-group setup and the few collectives the loop needs.
+"""The training run's place in the world and the few collectives the loop needs.
 
 The same entry point runs under ``deepspeed`` (single or multi-node, hostfile), ``torchrun``,
-SLURM ``srun`` without a launcher, and plain ``python`` (a world of one). Every launcher but
-SLURM exports ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``; under bare ``srun`` we translate SLURM's
-variables so DeepSpeed's env:// rendezvous finds them. The backend is DeepSpeed's choice for the
-accelerator: nccl on GPU, gloo on CPU.
+SLURM ``srun`` without a launcher, and plain ``python`` (a world of one); the process groups are
+made by :mod:`megatron_loop.parallel.bootstrap` (the one place that creates them).
 
 Every collective waits at most ``train.collective_timeout_s`` (default 600 s, as Megatron-LM's
 10 minutes; DeepSpeed's default is 30 minutes): a rank that stopped or hung makes the others
@@ -18,13 +16,12 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from megatron_loop.errors import LoopConfigError, LoopDataError
-from megatron_loop.optim.engine import init_distributed
+from megatron_loop.parallel.bootstrap import init_world
 
 
 @dataclass(frozen=True)
@@ -38,57 +35,11 @@ class DistInfo:
         return self.rank == 0
 
 
-def _adopt_slurm_env() -> None:
-    """Bare ``srun python pretrain_loop.py``: map SLURM's task ids onto torch's env variables."""
-    if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
-        return
-    os.environ["RANK"] = os.environ["SLURM_PROCID"]
-    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
-    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    if "MASTER_ADDR" not in os.environ:
-        raise LoopConfigError("srun without a launcher: MASTER_ADDR is not set; expected it exported as the first "
-                              "node of the allocation (see examples/slurm_pretrain.sbatch)")
-
-
-def _skip_cpu_shm_extension() -> None:
-    """On CPU, DeepSpeed JIT-compiles a shared-memory extension at every process-group start
-    (gcc, 30 s to minutes; rebuilt whenever another Python environment used the shared
-    torch_extensions cache in between). It only serves ``inference_all_reduce``; training
-    collectives go through gloo either way, so we do not build it."""
-    if torch.cuda.is_available():
-        return
-    import importlib
-
-    # (``import deepspeed.comm.torch as m`` would bind the torch package that deepspeed.comm imports)
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
-
-
 def setup_distributed(timeout_s: float | None = None) -> DistInfo:
-    """Initialise torch.distributed (idempotent) and return this process's place in the world;
-    ``timeout_s`` bounds every collective (``train.collective_timeout_s``)."""
-    _adopt_slurm_env()
-    _skip_cpu_shm_extension()
-    if torch.cuda.is_available():
-        # before the first collective: nccl needs each rank on its own GPU (DeepSpeed would only
-        # set it when the engine is built, after our resume-point broadcast)
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
-    init_distributed(timeout=timeout)  # plain python -> world of one on a free port
-    if timeout is not None:
-        _bound_deepspeed_world_group(timeout)
+    """The launcher's world (:func:`megatron_loop.parallel.bootstrap.init_world`, idempotent) and this
+    process's place in it; ``timeout_s`` bounds every collective (``train.collective_timeout_s``)."""
+    init_world(timeout_s)
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def _bound_deepspeed_world_group(timeout: timedelta) -> None:
-    """ZeRO reduces gradients over DeepSpeed's clone of the world group, which torch's
-    ``new_group`` creates with the backend's default timeout (30 minutes for gloo), whatever
-    ``init_process_group`` was given. Create that clone here, with our timeout, before DeepSpeed
-    does (every rank calls this at the same point, as ``new_group`` requires)."""
-    from deepspeed.utils import groups
-
-    if groups._WORLD_GROUP is None:
-        groups._WORLD_GROUP = dist.new_group(ranks=list(range(dist.get_world_size())), timeout=timeout)
 
 
 def _comm_device() -> torch.device:

@@ -6,7 +6,8 @@ draw the step's loop count and truncate backpropagation), ``engine.backward`` di
 the loss by the accumulation steps, and the engine reduces, clips the RAW gradients to
 ``grad_clip`` and steps Muon + AdamW and the WSD schedule at the accumulation boundary
 (:func:`megatron_loop.optim.build_engine`). After each step the loop logs, validates, saves,
-and asks every rank whether to stop (signal, wall time, ``exit_interval``).
+and asks every rank whether to stop (signal, wall time, ``exit_interval``). What the loop runs on
+is built once, before it starts, by :func:`megatron_loop.training.setup.build_run`.
 
 Non-finite loss or gradient norm: DeepSpeed's ZeRO optimizers already refuse
 an update whose global gradient norm is not finite (zeroing the gradients, not stepping the
@@ -18,44 +19,24 @@ good state: the weights before the bad batch, with the data position before it.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
-import random
-import shutil
 import sys
 import time
-from dataclasses import dataclass
-from itertools import islice
-from pathlib import Path
 
-import numpy as np
 import torch
 
-from megatron_loop.checkpoint.layout import PARTIAL, read_latest
-from megatron_loop.checkpoint.publish import remove_partials
-from megatron_loop.checkpoint.selection import SelectedCheckpoint, select_automatic, select_explicit
-from megatron_loop.config import Config
-from megatron_loop.data.loaders import (LoaderFailure, SupervisedBatches, build_train_valid_loaders, end_loader_workers,
-                                        loader_failure)
-from megatron_loop.errors import LoopDataError, os_error_text, write_failure
-from megatron_loop.flops import H100_BF16_PEAK_FLOPS, mfu
-from megatron_loop.model import build_model
-from megatron_loop.model.apply import new_checkpoint_plans
-from megatron_loop.optim import build_engine as build_optim_engine
-from megatron_loop.optim.engine import describe_precision, load_ds_config
-from megatron_loop.parallel.state import current_layout, initialize_parallel  # TP groups inside a node, DP across
-from megatron_loop.measure.peak_flops import matmul_peak_flops
-from megatron_loop.plan import accumulation_steps, total_train_steps
-from megatron_loop.training import checkpoint, distributed, preflight, signals
+from megatron_loop.checkpoint.folders import read_latest
 from megatron_loop.checkpoint.state import TrainState
-from megatron_loop.training.distributed import DistInfo
-from megatron_loop.training.lock import RunLock
+from megatron_loop.config import Config
+from megatron_loop.data.loaders import LoaderFailure, end_loader_workers, loader_failure
+from megatron_loop.errors import LoopDataError, os_error_text
+from megatron_loop.flops import mfu
+from megatron_loop.model.recompute import new_loop_schedules
+from megatron_loop.training import checkpoint, distributed, signals
 from megatron_loop.training.loop_sampling import sample_train_loops
-from megatron_loop.training.metrics import METRICS_NAME, MetricsLogger, memory_stats
-from megatron_loop.training.resume import Hyperparameters, ResumePlan, apply_plan, plan_resume, run_settings
+from megatron_loop.training.metrics import MetricsLogger, memory_stats
+from megatron_loop.training.setup import Run, build_run
 from megatron_loop.training.signals import StopController
-from megatron_loop.checkpoint.universal import to_universal
 
 EXIT_NONFINITE = 3
 EXIT_FAILED = 1
@@ -67,236 +48,6 @@ class NonFiniteStop(RuntimeError):
 
 class CollectiveFailure(RuntimeError):
     """A collective timed out or lost a peer (train.collective_timeout_s); nothing more to save."""
-
-
-@dataclass
-class Run:
-    """What the loop needs, built once."""
-
-    cfg: Config
-    info: DistInfo
-    engine: object
-    optimizer: torch.optim.Optimizer
-    train_iter: object
-    valid_batches: list
-    accumulation: int
-    total_steps: int
-    zero_stage: int
-    peak_flops: float
-    root: Path
-    settings: dict | None = None  # what each checkpoint's manifest records (resume.run_settings)
-    lock: RunLock | None = None  # rank 0's hold on train.output_dir
-
-
-def seed_everything(seed: int) -> None:
-    """App. C.2: seed 42 everywhere (model init is identical on every rank)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def peak_flops_per_device(cfg: Config) -> float:
-    """Denominator of MFU: the configured peak, H100/H200 dense bf16 on GPU, or on CPU the
-    measured throughput of an fp32 matmul (CPUs have no published per-core peak to use)."""
-    if cfg.logging.peak_tflops is not None:
-        return cfg.logging.peak_tflops * 1e12
-    if torch.cuda.is_available():
-        return H100_BF16_PEAK_FLOPS
-    # best of the repetitions: a probe slowed by a busy neighbour must not understate the peak
-    return matmul_peak_flops(torch.device("cpu"), torch.float32, size=512, reps=8)
-
-
-def _as_float(x) -> float:
-    return float(x.item() if torch.is_tensor(x) else x) if x is not None else float("nan")
-
-
-# ----------------------------------------------------------------------------- building
-
-
-def choose_resume_point(root: Path, resume: str | None, auto: bool, info: DistInfo) -> SelectedCheckpoint | None:
-    """``--resume PATH`` (strict) or the checkpoint ``latest`` names under ``root`` (with fallback).
-
-    Rank 0 reads and verifies the manifests, every rank follows its decision (or its error).
-    """
-    def choose() -> SelectedCheckpoint | None:
-        if resume is not None:
-            return select_explicit(Path(resume))
-        remove_partials(root)
-        return select_automatic(root) if auto else None
-
-    return distributed.on_main(info, choose, share=True)
-
-
-def take_output_dir(out: Path, info: DistInfo) -> RunLock | None:
-    """Rank 0 locks ``train.output_dir`` (one run per folder) and checks that it can write there,
-    before the model is built; every rank follows its error."""
-    def take() -> RunLock:
-        lock = RunLock(out).acquire()
-        try:
-            preflight.check_writable(out)
-        except BaseException:
-            lock.release()
-            raise
-        return lock
-
-    return distributed.on_main(info, take)
-
-
-def start_branch(root: Path, point: SelectedCheckpoint, out: Path, info: DistInfo) -> Path | None:
-    """Rank 0 moves checkpoints newer than ``point`` (and their metrics) aside; see checkpoint.set_aside_newer."""
-    return distributed.on_main(info, lambda: checkpoint.set_aside_newer(root, point, out / METRICS_NAME), share=True)
-
-
-def universal_copy(root: Path, point: SelectedCheckpoint, info: DistInfo) -> Path:
-    """Rank 0 writes ``point`` in DeepSpeed's universal layout next to it (a ``.partial`` folder:
-    removed after loading, and by the next start if the run dies first)."""
-    load_dir = root / f"{point.tag}.universal{PARTIAL}"
-
-    def convert() -> Path:
-        shutil.rmtree(load_dir, ignore_errors=True)
-        try:
-            to_universal(point.path, load_dir)
-        except OSError as e:
-            raise LoopDataError(f"{load_dir}: writing the universal checkpoint failed "
-                                f"({write_failure(e, root)})") from None
-        return load_dir
-
-    return distributed.on_main(info, convert, share=True)
-
-
-def build_engine(cfg: Config, ds_config: Path | dict, accumulation: int, total_steps: int):
-    """The LoopLM in a DeepSpeed engine with Muon + AdamW and the WSD schedule (App. C.2); the
-    optimizer settings are ``cfg.train``'s (a :class:`~megatron_loop.config.OptimizerSettings`)."""
-    t = cfg.train
-    model = build_model(cfg.model, parallel=cfg.parallel)
-    parts = build_optim_engine(model, t, micro_batch_size=t.micro_batch_size, grad_accum=accumulation,
-                               total_steps=total_steps, ds_config=ds_config,
-                               bf16=None if t.precision == "auto" else t.precision == "bf16")  # auto: the JSON's
-    return parts.engine, parts.optimizer
-
-
-def _zero_stage(ds_config: Path) -> int:
-    return int(load_ds_config(ds_config=ds_config).get("zero_optimization", {}).get("stage", 0))
-
-
-def _resume_messages(point: SelectedCheckpoint, plan: ResumePlan, set_aside: Path | None,
-                     schedule_line: str | None, state: TrainState, info: DistInfo, resume: str | None,
-                     total_steps: int) -> list[str]:
-    msgs = list(point.notes)
-    if set_aside is not None:
-        msgs.append(f"starting a new branch at {point.tag}: newer checkpoints and their metrics moved to {set_aside}")
-    msgs += plan.summary(point.manifest.get("world_size") if point.manifest else None, info.world_size)
-    msgs += [schedule_line] if schedule_line else []
-    how = "--resume" if resume is not None else "newest complete checkpoint"
-    msgs.append(f"resuming from {point.path} (step {state.step}, {state.consumed_samples} samples consumed; {how})")
-    if state.step >= total_steps:
-        msgs.append(f"nothing left to train: the checkpoint is at step {state.step} and the config asks for "
-                    f"{total_steps} steps")
-    return msgs
-
-
-def data_loaders(cfg: Config, total_steps: int):
-    """This rank's training and validation loaders, sharded by its data-parallel rank: the
-    tensor-parallel ranks of one data-parallel group read the same micro-batches."""
-    t, layout = cfg.train, current_layout()
-    # No periodic validation (eval_interval 0): the validation set is not even opened, so one
-    # smaller than a micro-batch cannot stop the run.
-    return build_train_valid_loaders(
-        cfg.data, seq_length=t.seq_length, global_batch_size=t.global_batch_size,
-        micro_batch_size=t.micro_batch_size, validation=bool(t.eval_interval), dp_rank=layout.dp_rank,
-        dp_size=layout.dp_size, seed=t.seed, vocab_size=cfg.model.vocab_size,
-        train_samples=total_steps * t.global_batch_size)
-
-
-def build_run(cfg: Config, resume: str | None,
-              stopper: StopController | None = None) -> tuple[Run, TrainState, MetricsLogger]:
-    t = cfg.train
-    # Cheap checks first, before the heavy imports and the process group (fast, clear errors).
-    # Data-parallel size: the world over the tensor-parallel size (config/parallel.py); the batch
-    # arithmetic and the DeepSpeed JSON are checked against it.
-    data_parallel = cfg.parallel.check_world(int(os.environ.get("WORLD_SIZE", "1")), t.seq_length)
-    accumulation = accumulation_steps(cfg, data_parallel)
-    preflight.check_eval_loops(cfg)
-    preflight.check_vocabulary(cfg)
-    out = Path(t.output_dir)
-    preflight.check_output_dir(out, t.resume or resume is not None)
-    ds_config = Path(preflight.check_input_files(cfg, data_parallel)["deepspeed_config"])  # + data prefixes, tokenizer
-    total_steps = total_train_steps(cfg)
-
-    info = distributed.setup_distributed(t.collective_timeout_s)
-    layout = initialize_parallel(cfg.parallel.tensor_model_parallel_size, cfg.parallel.sequence_parallel)
-    accumulation = accumulation_steps(cfg, layout.dp_size)
-    lock = take_output_dir(out, info)  # one run per folder; writable; nothing written before this
-    try:
-        return _build_locked(cfg, resume, stopper, info, lock, out, ds_config, accumulation, total_steps)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-
-
-def _build_locked(cfg: Config, resume: str | None, stopper: StopController | None, info: DistInfo,
-                  lock: RunLock | None, out: Path, ds_config: Path, accumulation: int, total_steps: int):
-    t = cfg.train
-    if info.is_main:  # the resolved config (YAML + --set overrides + backbone preset + defaults)
-        # on stderr with the rest of the run's log (step lines, summary); stdout carries data only
-        print(f"resolved config ({cfg.source}):\n{cfg.dumps()}", file=sys.stderr, flush=True)
-    seed_everything(t.seed)
-
-    root = out / preflight.CHECKPOINTS
-    point = choose_resume_point(root, resume, t.resume, info)  # what changed: refused before any work
-    plan = plan_resume(point, cfg, info.world_size, _zero_stage(ds_config)) if point else ResumePlan()
-
-    loaders = data_loaders(cfg, total_steps)
-    signals.protect_loader_workers(loaders.train, loaders.valid)  # a group signal must not kill a worker
-
-    set_aside = start_branch(root, point, out, info) if point is not None else None
-    load_dir = universal_copy(root, point, info) if plan.universal else None
-    ds = ds_config
-    if plan.universal:  # DeepSpeed re-partitions a universal checkpoint over this world
-        raw = json.loads(Path(ds_config).read_text())
-        ds = {**raw, "checkpoint": {**raw.get("checkpoint", {}), "load_universal": True}}
-    engine, optimizer = build_engine(cfg, ds, accumulation, total_steps)
-    zero_stage = engine.zero_optimization_stage()
-
-    state = TrainState()
-    logger_msgs = [describe_precision(engine)]
-    if lock is not None and lock.taken_over:
-        logger_msgs.append(lock.takeover_note())
-    if point is not None:
-        fresh = Hyperparameters.of(engine, optimizer)  # the new config's settings, before the load
-        state = checkpoint.load_checkpoint(engine, point, info, load_dir=load_dir)
-        if load_dir is not None:  # the universal copy has served
-            distributed.barrier()
-            if info.is_main:
-                shutil.rmtree(load_dir, ignore_errors=True)
-        schedule_line = apply_plan(engine, optimizer, fresh, plan)
-        logger_msgs += _resume_messages(point, plan, set_aside, schedule_line, state, info, resume, total_steps)
-    loaders.train_sampler.consumed_samples = state.consumed_samples  # exact next sample
-    valid_batches = [] if loaders.valid is None else list(islice(loaders.valid, t.eval_batches))
-
-    batches = SupervisedBatches(loaders.train, cfg.data.worker_timeout_s)  # a hung worker is an error
-    run = Run(cfg=cfg, info=info, engine=engine, optimizer=optimizer, train_iter=batches,
-              valid_batches=valid_batches, accumulation=accumulation, total_steps=total_steps,
-              zero_stage=zero_stage, peak_flops=peak_flops_per_device(cfg), root=root,
-              settings=run_settings(cfg, info.world_size, zero_stage), lock=lock)
-    if stopper is not None:
-        launchers = distributed.launcher_processes()
-        if launchers:
-            stopper.add_check(signals.LAUNCHER_GONE, lambda: distributed.launcher_gone(launchers))
-        if lock is not None:
-            stopper.add_check(signals.OUTPUT_GONE, lambda: not lock.still_ours())
-    logger = MetricsLogger(cfg, enabled=info.is_main, start_step=state.step, total_steps=total_steps)
-    logger_msgs.append(engine.module.compile_note)  # compiled blocks, or why not (ZeRO-3)
-    for msg in logger_msgs:
-        logger.message(msg)
-    logger.data_usage(loaders.train_usage or [], loaders.valid_prefixes if valid_batches else [],
-                      len(valid_batches))
-    if point is not None:
-        logger.log({"event": "resume", "step": state.step, "checkpoint": str(point.path),
-                    "skipped": list(point.notes), "set_aside": str(set_aside) if set_aside else None,
-                    "universal": plan.universal, "changes": plan.schedule + plan.optimizer + plan.other})
-    return run, state, logger
 
 
 # ----------------------------------------------------------------------------- steps
@@ -342,6 +93,10 @@ def evaluate(run: Run) -> dict[str, float]:
         result[f"val_loss_r{r}"] = distributed.all_reduce_mean([sum(losses) / len(losses)])[0]
     engine.train()
     return result
+
+
+def _as_float(x) -> float:
+    return float(x.item() if torch.is_tensor(x) else x) if x is not None else float("nan")
 
 
 def _save(run: Run, state: TrainState, logger: MetricsLogger) -> str:
@@ -404,7 +159,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
             loops = sample_train_loops(t, cfg.model.train_loops, state.step)  # from (seed, step): same on every rank
             loss, grad_norm, lrs, applied = train_step(run, loops)
             step_s = time.perf_counter() - step_start
-            for note in new_checkpoint_plans(run.engine.module):  # auto: each new plan and its assumptions
+            for note in new_loop_schedules(run.engine.module):  # auto: each new plan and its assumptions
                 logger.message(note)
             state.step += 1
             state.consumed_samples += t.global_batch_size

@@ -1,7 +1,7 @@
 """Checks that run before anything is written: one clear error, nothing partial.
 
-The DeepSpeed JSON against the YAML (its batch arithmetic from
-:func:`megatron_loop.plan.accumulation_steps`), loop counts of the validation sweep, vocabulary of
+The files a run opens (the DeepSpeed JSON, checked against the YAML by its owner
+:mod:`megatron_loop.config.deepspeed`; data prefixes; a local tokenizer), loop counts of the validation sweep, vocabulary of
 the tokenized data and tokenizer against the model, and the output folder (what it holds, and
 that rank 0 can write there: :func:`check_writable`, right after it took the run lock and before
 the model is built).
@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from megatron_loop.config import Config
+from megatron_loop.config.deepspeed import check_deepspeed_config
 from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
-from megatron_loop.optim.ds_config import precision_choice, resolve_ds_config
-from megatron_loop.plan import accumulation_steps
 from megatron_loop.training.lock import LOCK_NAME
 from megatron_loop.training.metrics import METRICS_NAME
 
@@ -38,42 +37,16 @@ def check_eval_loops(cfg: Config) -> list[int]:
     return loops
 
 
-def check_deepspeed_config(cfg: Config, data_parallel_size: int) -> dict[str, Any]:
-    """``train.deepspeed_config`` read and checked against the YAML by the same function the engine
-    uses at launch (:func:`megatron_loop.optim.ds_config.resolve_ds_config`: batch sizes, optimizer
-    and scheduler blocks, clipping, ZeRO stage, offload, fp16/bf16 against ``train.precision``).
-    Returns what ``--dry-run`` reports: the ZeRO stage, the precision and which side chose it."""
-    ds, t = cfg.train.deepspeed_config, cfg.train
-    if not os.path.isfile(ds):
-        raise LoopConfigError(f"train.deepspeed_config={ds!r}: file not found (relative paths are taken from "
-                              f"{os.getcwd()}, then the repository); expected e.g. deepspeed_configs/zero1.json")
-    try:
-        with open(ds) as f:
-            raw = json.load(f)
-        if not isinstance(raw, dict):
-            raise ValueError(f"a JSON {type(raw).__name__}")
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
-        raise LoopConfigError(f"train.deepspeed_config={ds!r}: not a DeepSpeed JSON config ({e}); expected a JSON "
-                              "object like deepspeed_configs/zero1.json") from None
-    bf16 = None if t.precision == "auto" else t.precision == "bf16"
-    resolved = resolve_ds_config(raw, micro_batch_size=t.micro_batch_size,
-                                 grad_accum=accumulation_steps(cfg, data_parallel_size),
-                                 data_parallel_size=data_parallel_size, bf16=bf16, grad_clip=t.grad_clip,
-                                 source=f"train.deepspeed_config={ds!r}")
-    chosen, by = precision_choice(raw, bf16, cuda=None)
-    return {"deepspeed_config": ds, "zero_stage": resolved["zero_optimization"]["stage"],
-            "precision": "auto" if chosen is None else "bf16" if chosen else "fp32", "precision_from": by}
-
-
-def check_input_files(cfg: Config, data_parallel_size: int = 1) -> dict[str, Any]:
+def check_input_files(cfg: Config, accumulation: int = 1, data_parallel_size: int = 1) -> dict[str, Any]:
     """The files a run opens exist: DeepSpeed JSON (checked against the YAML,
-    :func:`check_deepspeed_config`), data prefixes (P.bin and P.idx), a local tokenizer. Reads
+    :func:`megatron_loop.config.deepspeed.check_deepspeed_config`, at ``accumulation`` micro-batches
+    per rank over ``data_parallel_size`` ranks), data prefixes (P.bin and P.idx), a local tokenizer. Reads
     ``cfg`` only: its relative paths were made absolute once, where it was loaded
     (:func:`megatron_loop.config.load_config`); one still relative names a file that did not
     exist there, and the message gives the working directory. Returns them as ``--dry-run``
     prints them; the validation prefixes are those the run uses."""
     cwd = os.getcwd()
-    deepspeed = check_deepspeed_config(cfg, data_parallel_size)
+    deepspeed = check_deepspeed_config(cfg, accumulation, data_parallel_size)
     cfg.data.train_blend()  # an empty train list is its own error
     valid = cfg.data.validation_prefixes() if cfg.train.eval_interval else []  # only what the run opens
     for key, prefixes in (("train_prefixes", cfg.data.train_prefixes), ("valid_prefixes", valid)):

@@ -3,7 +3,7 @@
 Every checkpoint's manifest holds the settings of the run that wrote it (:func:`run_settings`:
 the resolved config, the data it trained on, the ZeRO stage and the number of data-parallel
 ranks). A resume compares them with the new config before DeepSpeed reads a byte
-(:func:`plan_resume`):
+(:func:`decide_resume`):
 
 * applied exactly, and logged: the schedule (``train.lr``, ``max_steps``, ``train_tokens``,
   ``tokens_per_parameter``, the WSD fractions and ``min_lr_ratio``: the WSD split is re-derived
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron_loop.checkpoint.layout import MANIFEST
+from megatron_loop.checkpoint.folders import MANIFEST
 from megatron_loop.checkpoint.manifest import EXECUTION_KEYS, model_signature
 from megatron_loop.checkpoint.selection import SelectedCheckpoint
 from megatron_loop.config import Config
@@ -72,7 +72,7 @@ def run_settings(cfg: Config, world_size: int, zero_stage: int) -> dict[str, Any
 
 
 @dataclass
-class ResumePlan:
+class ResumeDecision:
     universal: bool = False  # another data-parallel size: load through the universal layout
     schedule: list[str] = field(default_factory=list)  # "train.lr 0.003 -> 0.001", ...
     optimizer: list[str] = field(default_factory=list)
@@ -98,7 +98,7 @@ def _show(value: Any) -> str:
     return json.dumps(value)
 
 
-def plan_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_stage: int) -> ResumePlan:
+def decide_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_stage: int) -> ResumeDecision:
     """Compare the checkpoint's settings with ``cfg``; refuse (:class:`LoopConfigError`, one line
     naming the key) or return what to apply."""
     manifest = point.manifest or {}
@@ -117,7 +117,7 @@ def plan_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_st
             f"{where}: written with ZeRO stage {saved_stage}, resumed with stage {zero_stage} "
             f"(train.deepspeed_config={cfg.train.deepspeed_config!r}); the optimizer states are laid out "
             f"differently: resume with a stage-{saved_stage} DeepSpeed config")
-    plan = ResumePlan()
+    plan = ResumeDecision()
     saved_world = manifest.get("world_size", world_size)
     if saved_world != world_size and zero_stage >= 1:
         if zero_stage == 3:
@@ -156,7 +156,7 @@ def plan_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_st
     return plan
 
 
-def _check_data(where: Path, saved: list | None, current: list, plan: ResumePlan) -> None:
+def _check_data(where: Path, saved: list | None, current: list, plan: ResumeDecision) -> None:
     """Same files (by name, size and sampled content) and weights: the data position stays meaningful."""
     if saved is None:
         return
@@ -196,7 +196,7 @@ class Hyperparameters:
                    list(sched.base_lrs), [dict(vars(fn)) for fn in sched.lr_lambdas])
 
 
-def apply_plan(engine, optimizer, fresh: Hyperparameters, plan: ResumePlan) -> str | None:
+def apply_plan(engine, optimizer, fresh: Hyperparameters, plan: ResumeDecision) -> str | None:
     """After DeepSpeed restored the checkpoint's optimizer and schedule: put the new config's
     settings back where they changed. Returns a line describing the schedule now (or None)."""
     if plan.optimizer:

@@ -22,13 +22,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import deepspeed  # noqa: E402
 import optim_toy as toy  # noqa: E402
 
-from megatron_loop.optim import OptimizerSettings, build_engine, load_ds_config  # noqa: E402
+from megatron_loop.optim import OptimizerSettings, build_engine  # noqa: E402
+from megatron_loop.config.deepspeed import read_ds_config  # noqa: E402
+from megatron_loop.parallel.bootstrap import init_world  # noqa: E402
 
 LR, STEPS, ACCUM, MICRO, MULTIPLIER = toy.RUN_LR, toy.RUN_STEPS, toy.RUN_ACCUM, toy.RUN_MICRO, toy.RUN_MULTIPLIER
 
 
 def build(stage: int, seed: int):
-    config = load_ds_config(stage)
+    init_world()  # the launcher's world (idempotent)
+    config = read_ds_config(zero_stage=stage)
     if stage == 3:
         # partition every tiny weight (no persistence) so the striped layout is really exercised
         config["zero_optimization"]["stage3_param_persistence_threshold"] = 0

@@ -8,7 +8,7 @@ records for every optimizer step:
   bf16 replica of the engine's model at the same bf16 weights (the very gradients the engine's
   backward produces) and summed in fp64 -- what an fp32 accumulation must reproduce;
 * ``seen_grads`` / ``seen_dtypes``: the gradients ``MuonAdamW.step`` receives on its ZeRO
-  partitions, gathered back to whole weights through their ``PartitionLayout``;
+  partitions, gathered back to whole weights through their ``ZeroPartition``;
 * ``master``: the fp32 master weights after the step (``safe_get_full_fp32_param``);
 * ``bf16_grads_kept``: how many model weights still hold a bf16 ``.grad`` after each backward.
 
@@ -30,7 +30,9 @@ import optim_toy as toy  # noqa: E402
 from optim_zero import full_weights, partition_states, stage_arguments  # noqa: E402
 from deepspeed.utils import safe_get_full_fp32_param  # noqa: E402
 
-from megatron_loop.optim import OptimizerSettings, build_engine, load_ds_config  # noqa: E402
+from megatron_loop.optim import OptimizerSettings, build_engine  # noqa: E402
+from megatron_loop.config.deepspeed import read_ds_config  # noqa: E402
+from megatron_loop.parallel.bootstrap import init_world  # noqa: E402
 from megatron_loop.optim.engine import accumulation_dtype, describe_precision  # noqa: E402
 
 LR, ACCUM, MICRO, STEPS = toy.RUN_LR, 4, 2, 5
@@ -38,7 +40,8 @@ NO_CLIP = 1e9  # this test is about the sum; clipping is test_optim_zero's
 
 
 def build(stage: int, seed: int):
-    config = load_ds_config(stage)
+    init_world()  # the launcher's world (idempotent)
+    config = read_ds_config(zero_stage=stage)
     if stage == 3:  # partition every tiny weight so the striped layout is really exercised
         config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     return build_engine(toy.FusedToy(toy.initial_weights(seed)), OptimizerSettings(lr=LR, grad_clip=NO_CLIP),

@@ -37,10 +37,12 @@ from megatron.core.transformer.spec_utils import build_module  # noqa: E402
 from megatron_loop.model import roles  # noqa: E402
 from megatron_loop.model.compat import rope_freqs, rope_inv_freq, transformer_config  # noqa: E402
 from megatron_loop.model.layers import loop_block_spec  # noqa: E402
-from megatron_loop.optim import OptimizerSettings, build_engine, init_distributed, load_ds_config  # noqa: E402
+from megatron_loop.optim import OptimizerSettings, build_engine  # noqa: E402
+from megatron_loop.parallel.bootstrap import init_world  # noqa: E402
+from megatron_loop.config.deepspeed import read_ds_config  # noqa: E402
 from megatron_loop.optim import muon  # noqa: E402
 from megatron_loop.optim.muon import orthogonalized_update  # noqa: E402
-from megatron_loop.parallel import initialize_parallel  # noqa: E402
+from megatron_loop.parallel.bootstrap import init_model_parallel  # noqa: E402
 from megatron_loop.parallel.muon import tensor_parallel_update  # noqa: E402
 from megatron_loop.parallel.grads import is_tensor_parallel  # noqa: E402
 from megatron_loop.parallel.shards import shard_of, whole_of  # noqa: E402
@@ -146,8 +148,8 @@ def main() -> None:
     parser.add_argument("--stage", type=int, required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    init_distributed()
-    initialize_parallel(args.tp)
+    init_world()
+    init_model_parallel(args.tp)
     tp, tp_rank = args.tp, parallel_state.get_tensor_model_parallel_rank()
     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     # the DATA_REPLICAS x ACCUM micro-batches of a step: DP rank r takes replica r's (one process: all)
@@ -159,7 +161,7 @@ def main() -> None:
     # The trajectories compare reduction orders (TP, DP) at fp32 tolerance: Newton-Schulz in fp32,
     # where a last-bit input difference cannot flip a bf16 rounding (which moves a weight ~1e-4).
     muon.NS_DTYPE = torch.float32
-    config = load_ds_config(args.stage)
+    config = read_ds_config(zero_stage=args.stage)
     if args.stage == 3:
         config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     parts = build_engine(model, OptimizerSettings(lr=LR), micro_batch_size=MICRO, grad_accum=accum,

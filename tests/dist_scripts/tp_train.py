@@ -32,12 +32,15 @@ from dist_scripts.optim_zero import skip_shm_comm_build  # noqa: E402
 from megatron_loop.config import config_from_dict  # noqa: E402
 from megatron_loop.model import build_model  # noqa: E402
 from megatron_loop.checkpoint.selection import select_explicit  # noqa: E402
-from megatron_loop.optim import OptimizerSettings, build_engine, init_distributed, load_ds_config  # noqa: E402
+from megatron_loop.optim import OptimizerSettings, build_engine  # noqa: E402
+from megatron_loop.parallel.bootstrap import init_world  # noqa: E402
+from megatron_loop.config.deepspeed import read_ds_config  # noqa: E402
 from megatron_loop.optim import muon  # noqa: E402
 from megatron_loop.config import ParallelConfig  # noqa: E402
-from megatron_loop.parallel import initialize_parallel  # noqa: E402
+from megatron_loop.parallel.bootstrap import init_model_parallel  # noqa: E402
+from megatron_loop.parallel.parallelize import parallelize  # noqa: E402
 from megatron_loop.parallel.shards import gather_whole  # noqa: E402
-from megatron_loop.parallel.state import data_parallel_group  # noqa: E402
+from megatron_loop.parallel.groups import data_parallel_group  # noqa: E402
 from megatron_loop.training import checkpoint as C  # noqa: E402
 from megatron_loop.training.distributed import DistInfo  # noqa: E402
 from megatron_loop.training.resume import run_settings  # noqa: E402
@@ -61,7 +64,8 @@ def build(args, layout):
     model = build_model(fx.model_config(MODEL), parallel=ParallelConfig(args.tp, bool(args.sp)))
     fx.perturb(model)
     model.loss_chunk_tokens = fx.CHUNK
-    config = load_ds_config(args.stage)
+    parallelize(model, zero_stage=args.stage)  # as training: the TP sum of partial gradients inside backward
+    config = read_ds_config(zero_stage=args.stage)
     if args.stage == 3:
         config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     replicas = REPLICAS // layout.dp_size
@@ -115,8 +119,8 @@ def main() -> None:
     args = parser.parse_args()
     if not args.bf16:  # fp32 runs compare to 1e-6: no bf16 rounding in Newton-Schulz (bf16 runs keep it, as shipped)
         muon.NS_DTYPE = torch.float32
-    init_distributed()
-    layout = initialize_parallel(args.tp, bool(args.sp))
+    init_world()
+    layout = init_model_parallel(args.tp, bool(args.sp))
     parts = build(args, layout)
     first = args.save_at or args.steps
     losses, norms = train(parts, layout, range(first))

@@ -22,8 +22,8 @@ import torch.distributed as dist
 import deepspeed
 from megatron_loop.config import config_from_dict
 from megatron_loop.model import build_model
-from megatron_loop.checkpoint.layout import save_run_config
-from megatron_loop.optim.engine import register_external_parameters
+from megatron_loop.checkpoint.folders import save_run_config
+from megatron_loop.parallel.parallelize import register_external_parameters
 
 
 def perturb_identity_parameters(model: torch.nn.Module, seed: int) -> None:
@@ -44,7 +44,7 @@ def write_checkpoint(model_fields: dict, out: str, zero: int, tokenizer: str | N
     ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
                  "zero_optimization": {"stage": zero, "stage3_param_persistence_threshold": 0},
                  "fp16": {"enabled": False}, "bf16": {"enabled": False}}
-    if zero == 3:  # as optim.build_engine does: the LM head weight is applied outside its module
+    if zero == 3:  # as parallelize does: the LM head weight is applied outside its module
         register_external_parameters(model)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
     rank = dist.get_rank()

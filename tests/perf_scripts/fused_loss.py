@@ -68,10 +68,12 @@ def check_function() -> None:
 def check_engine_zero3() -> None:
     from megatron_loop.config import build_model_config
     from megatron_loop.model import build_model
-    from megatron_loop.optim import OptimizerSettings, build_engine, init_distributed
+    from megatron_loop.optim import OptimizerSettings, build_engine
+    from megatron_loop.parallel.bootstrap import init_world
+    from megatron_loop.parallel.parallelize import parallelize
     from megatron_loop.measure.host_sync import find_host_syncs
 
-    init_distributed()
+    init_world()
     x = torch.randint(0, 2048, (2, 16), generator=torch.Generator().manual_seed(3))
     runs = {}
     for impl in ("chunked", "fused"):
@@ -79,7 +81,9 @@ def check_engine_zero3() -> None:
                                       activation_checkpointing="per_loop", loss_implementation=impl))
         assert cfg.tie_word_embeddings
         torch.manual_seed(0)
-        engine = build_engine(build_model(cfg), OptimizerSettings(lr=1e-2), micro_batch_size=2, grad_accum=1,
+        model = build_model(cfg)
+        parallelize(model, zero_stage=3)  # per_loop checkpointing; the tied head gathered with the root (ZeRO-3)
+        engine = build_engine(model, OptimizerSettings(lr=1e-2), micro_batch_size=2, grad_accum=1,
                               total_steps=100, bf16=False, zero_stage=3).engine
         from deepspeed.utils import safe_get_full_grad
 

@@ -30,7 +30,8 @@ def train_step_syncs(out_dir: Path) -> dict:
 
     from megatron_loop.config import load_config
     from megatron_loop.measure.host_sync import find_host_syncs
-    from megatron_loop.training.loop import build_run, train_step
+    from megatron_loop.training.loop import train_step
+    from megatron_loop.training.setup import build_run
 
     cfg = load_config(str(tiny_config(out_dir, train={"max_steps": 3})))
     run, _, logger = build_run(cfg, None)
@@ -49,7 +50,7 @@ def engines(stage: int) -> dict:
     from megatron_loop.config import build_model_config
     from megatron_loop.model import build_model, roles
     from megatron_loop.optim import OptimizerSettings, build_engine
-    from megatron_loop.model.apply import apply_compile
+    from megatron_loop.parallel.parallelize import apply_compile, parallelize
     from megatron_loop.optim.memory import pending_training_memory
 
     torch._dynamo.reset()
@@ -60,6 +61,7 @@ def engines(stage: int) -> dict:
     muon = sum(p.numel() for p in model.parameters() if roles.uses_muon(p))
     adamw = sum(p.numel() for p in model.parameters()) - muon
     counter = CompileCounter()
+    parallelize(model, zero_stage=stage)  # as training prepares it (compile off in the config: compiled below)
     apply_compile(model, backend=counter)
     parts = build_engine(model, OptimizerSettings(lr=1e-3), micro_batch_size=2, grad_accum=1, total_steps=10,
                          bf16=False, zero_stage=stage)
@@ -77,11 +79,11 @@ def engines(stage: int) -> dict:
 
 
 if __name__ == "__main__":
-    from megatron_loop.optim import init_distributed
+    from megatron_loop.parallel.bootstrap import init_world
 
     import time
 
-    init_distributed()
+    init_world()
     start = time.process_time()
     result = {"train_step": train_step_syncs(Path(sys.argv[1]))}
     result["cpu_s"] = {"train_step": time.process_time() - start}

@@ -7,7 +7,7 @@ import argparse
 
 from megatron_loop.config import CHECKPOINTING, ModelConfig
 from megatron_loop.flops import hardware_flops_per_token
-from megatron_loop.model.checkpointing import FULL, NONE, loop_memory, predicted_peak
+from megatron_loop.model.recompute import FULL, NONE, loop_memory, predicted_peak
 
 from .harness import Case, ModelFlops, Row, Setup, fits, measure, release
 from .models import build, loop_shape, model_config, train_step
@@ -55,7 +55,7 @@ def bench_checkpointing(setup: Setup, family: str, loops_list: list[int], ac_bud
                 continue
             cases[mode] = Case(step, tokens.numel(), ModelFlops(cfg, setup.seq))
             if mode == "auto":
-                plans[mode] = next(iter(model.checkpointing.plans.values()))
+                plans[mode] = next(iter(model.checkpointing.schedules.values()))
         measured = measure(cases, setup)
         for mode in modes:
             name = f"{family} {core}x{loops} {mode}" + (f" (micro-batch {micro[mode]})"

@@ -15,10 +15,10 @@ from typing import Callable
 import torch
 
 from megatron_loop.config import ModelConfig
-from megatron_loop.flops import H100_BF16_PEAK_FLOPS, mfu
+from megatron_loop.flops import mfu
 from megatron_loop.measure.host_sync import count_host_syncs
 from megatron_loop.measure.memory import peak_memory_delta
-from megatron_loop.measure.peak_flops import matmul_peak_flops
+from megatron_loop.measure.peak_flops import peak_flops_per_device
 from megatron_loop.measure.timing import time_interleaved
 
 
@@ -66,17 +66,15 @@ def make_setup(args: argparse.Namespace) -> Setup:
         fail("--device cuda: no CUDA device visible")
     device = torch.device("cuda" if cuda else "cpu")
     if args.engine == "deepspeed" or "train" in args.mode.split(","):
-        from megatron_loop.optim import init_distributed  # deepspeed is imported only by the modes that use it
+        from megatron_loop.parallel.bootstrap import init_world  # deepspeed: only the modes that use it
 
-        init_distributed()  # before any model: DeepSpeed needs the process group it initialises itself
+        init_world()  # before any model: DeepSpeed needs the process group it initialises itself
     if not cuda:
         torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if cuda else torch.float32
-    if cuda:
-        peak, label = H100_BF16_PEAK_FLOPS, "989 TFLOP/s (H100/H200 dense bf16)"
-    else:
-        peak = matmul_peak_flops(device, dtype)
-        label = f"measured fp32 1024^3 matmul, {args.threads} thread(s): {peak / 1e9:.1f} GFLOP/s"
+    peak, label = peak_flops_per_device(device)  # as the training loop's MFU
+    if not cuda:
+        label += f", {args.threads} thread(s)"
     return Setup(device=device, dtype=dtype, seq=args.seq or (2048 if cuda else 128),
                  micro_batch=args.micro_batch or (8 if cuda else 4), steps=args.steps or (10 if cuda else 9),
                  warmup=args.warmup if args.warmup is not None else (3 if cuda else 1), compile=args.compile,

@@ -12,7 +12,7 @@ import torch
 
 from megatron_loop.config import ModelConfig, ParallelConfig, build_model_config
 from megatron_loop.model import build_model
-from megatron_loop.model.apply import prepare_for_training
+from megatron_loop.parallel.parallelize import parallelize
 from megatron_loop.optim import OptimizerSettings, build_engine, build_optimizer
 
 from .harness import Setup
@@ -49,13 +49,14 @@ def cpu_overrides(setup: Setup) -> list[str]:
     return [f"model.{k}={v}" for k, v in CPU_WIDTHS.items()] + ["model.rope_scaling=null"]
 
 
-def build(cfg: ModelConfig, setup: Setup, parallel: ParallelConfig | None = None) -> torch.nn.Module:
+def build(cfg: ModelConfig, setup: Setup, parallel: ParallelConfig | None = None,
+          zero_stage: int = 0) -> torch.nn.Module:
     """The model of ``cfg`` (this rank's shards under ``parallel``) on the setup's device and dtype,
-    seeded so every case starts equal, with its activation checkpointing and compilation applied as
-    training applies them."""
+    seeded so every case starts equal, prepared as training prepares it for ``zero_stage``
+    (``parallelize``: activation checkpointing, compilation, the TP gradient sum)."""
     torch.manual_seed(0)
     model = build_model(cfg, parallel=parallel).to(device=setup.device, dtype=setup.dtype).train()
-    prepare_for_training(model, zero_stage=0)
+    parallelize(model, zero_stage=zero_stage)
     return model
 
 
@@ -98,7 +99,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
 def deepspeed_step(cfg: ModelConfig, setup: Setup, tokens: torch.Tensor) -> Callable[[], None]:
     """A full step through the training path: a fresh model in ``build_engine``'s DeepSpeed engine
     (ZeRO-1, bf16 with fp32 master weights on CUDA, fp32 on CPU), MuonAdamW, clipping in ZeRO."""
-    engine = build_engine(build(cfg, setup), OptimizerSettings(lr=1e-4), micro_batch_size=tokens.shape[0],
+    engine = build_engine(build(cfg, setup, zero_stage=1), OptimizerSettings(lr=1e-4), micro_batch_size=tokens.shape[0],
                           grad_accum=1, total_steps=10**6, bf16=setup.cuda, zero_stage=1).engine
 
     def step() -> None:

@@ -33,7 +33,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 
 from megatron_loop.config import ModelConfig
 from megatron_loop.model import build_model
-from megatron_loop.model.apply import prepare_for_training
+from megatron_loop.parallel.parallelize import parallelize
 
 from .harness import (Case, ModelFlops, Row, Setup, count_host_syncs, mfu, peak_memory_delta, release,
                       speed_ratios)
@@ -67,7 +67,7 @@ def megatron_core_model(cfg: ModelConfig, setup: Setup) -> torch.nn.Module:
     ``models.build`` builds ours: the same seed, so the same weights."""
     torch.manual_seed(0)
     model = build_model(cfg, fast_path=False).to(device=setup.device, dtype=setup.dtype).train()
-    prepare_for_training(model, zero_stage=0)
+    parallelize(model, zero_stage=0)
     return model
 
 

@@ -8,11 +8,11 @@ import time
 from dataclasses import asdict
 
 import torch
-from bench_report import cpu_name, git_commit, markdown_table  # tools/, beside this package
 
 from megatron_loop.atomic import write_atomic
 
 from .harness import Row, Setup
+from .tables import cpu_name, git_commit, markdown_table
 
 
 def render(rows: list[Row]) -> str:

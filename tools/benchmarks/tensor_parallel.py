@@ -6,7 +6,9 @@ under a launcher:
 
 For each TP size of ``--tp`` (one after another, in this one launch) every rank builds the model
 of ``--config`` at that size (megatron-core's groups rebuilt) and times forward + backward + the
-TP sum of partial gradients (``parallel.grads``) of one micro-batch. Data parallelism is left out
+TP sum of partial gradients of one micro-batch (``parallel.grads.register_tp_gradient_sum``: the
+one path training takes, inside backward; ``tp_grad_allreduces`` is how many all-reduces it issues
+per micro-batch). Data parallelism is left out
 (no gradient all-reduce over DP): the figure is the TP cost alone. Per GPU: tokens/s (the model
 copy's tokens over its t GPUs), model TFLOP/s over the effective depth (``megatron_loop.flops``),
 and the TP traffic the byte model of ``parallel/plan.py`` predicts per micro-batch, with the bus
@@ -22,13 +24,13 @@ import os
 from pathlib import Path
 
 import torch.distributed as dist
+from megatron.core import parallel_state
 
 from megatron_loop.config import ParallelConfig, load_config
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.parallel.grads import allreduce_partial_grads
+from megatron_loop.parallel.bootstrap import init_model_parallel, init_world
+from megatron_loop.parallel.grads import partial_grad_parameters
 from megatron_loop.parallel.plan import tp_communication_bytes
-from megatron_loop.parallel.state import initialize_parallel, parallel_state
-from megatron_loop.training.distributed import setup_distributed
 
 from .harness import Case, ModelFlops, Row, Setup, fail, measure, release
 from .models import build, cpu_overrides, forward_backward
@@ -58,25 +60,25 @@ def bench_tensor_parallel(setup: Setup, config: str, tp_sizes: list[int], sequen
     cfg = load_config(config, overrides=sets + cpu_overrides(setup) + list(overrides))
     micro = micro_batch or cfg.train.micro_batch_size
     configs = parallel_configs(tp_sizes, sequence_parallel, cfg.model, setup.seq)
-    setup_distributed()  # the launcher's world (each rank on its own GPU; a plain launch: a world of one)
+    init_world()  # the launcher's world (each rank on its own GPU; a plain launch: a world of one)
     itemsize = setup.dtype.itemsize
     rows = []
     for parallel in configs:
         tp, sp = parallel.tensor_model_parallel_size, parallel.sequence_parallel
         parallel_state.destroy_model_parallel()  # megatron-core's groups are process-global: one TP size at a time
-        initialize_parallel(tp, sp)
-        model = build(cfg.model, setup, parallel)
+        init_model_parallel(tp, sp)
+        model = build(cfg.model, setup, parallel)  # prepared as for training: the TP gradient sum in backward
         tokens = random_tokens(cfg.model, setup, micro)
 
         def step(model=model, tokens=tokens) -> None:
             forward_backward(model, tokens)
-            allreduce_partial_grads(model)
             model.zero_grad(set_to_none=True)
 
         name = f"{Path(config).stem} tp {tp}" + (" sp" if sp else "")
         metrics = measure({name: Case(step, micro * setup.seq / tp, ModelFlops(cfg.model, setup.seq))}, setup)[name]
         comm = tp_communication_bytes(cfg.model, tp, sp, micro, setup.seq, itemsize)
-        metrics.update(tp_comm_bytes=comm, comm_gbps_if_all_comm=comm / metrics["step_s"] / 1e9)
+        metrics.update(tp_comm_bytes=comm, comm_gbps_if_all_comm=comm / metrics["step_s"] / 1e9,
+                       tp_grad_allreduces=len(partial_grad_parameters(model)))
         params = {"config": config, "tp": tp, "sequence_parallel": sp, "world": dist.get_world_size(),
                   "micro_batch": micro, "seq": setup.seq, "per_gpu": "tokens_per_s, tflops"}
         rows.append(Row("tp", name, params, metrics))

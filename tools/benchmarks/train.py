@@ -8,7 +8,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench_report import train_summary  # tools/, beside this package
+from .tables import train_summary
 
 from megatron_loop.config import load_config
 from megatron_loop.training.loop import train

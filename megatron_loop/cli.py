@@ -1,4 +1,6 @@
-"""Shared CLI convention: project errors become one ``error: <message>`` line and exit code 2."""
+"""The command-line convention every entry point shares (``pretrain_loop.py`` and ``tools/*.py``): project
+errors become one ``error: <message>`` line and exit code 2; and the argument checks several tools
+share (output folders, loop lists, the JSON files the tools write)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Under ZeRO >= 1 DeepSpeed hands the wrapped optimizer one flat 1-D fp32 partition per param
 group (stage 1/2) or per sub-group (stage 3), so a stock Muon never sees a matrix.
 Muon's momentum is elementwise and stays on the partition (sharded, checkpointed by ZeRO);
-only Newton-Schulz needs whole matrices. A :class:`PartitionLayout` all-gathers the momentum
+only Newton-Schulz needs whole matrices. A :class:`ZeroPartition` all-gathers the momentum
 direction of the partition across the data-parallel group, rebuilds the full matrices that
 overlap this rank's partition, and writes their update back into the local partition.
 
@@ -53,7 +53,7 @@ class Slot:
         return int(torch.Size(self.shape).numel())
 
 
-class PartitionLayout:
+class ZeroPartition:
     """Maps one flat ZeRO partition back to the full weights it (partly) holds."""
 
     def __init__(
@@ -82,7 +82,7 @@ class PartitionLayout:
         offsets: Sequence[int],
         partition_numel: int,
         group: dist.ProcessGroup | None,
-    ) -> PartitionLayout:
+    ) -> ZeroPartition:
         """ZeRO 1/2: param ``j`` spans ``[offsets[j], offsets[j] + numel_j)`` of the flat
         buffer and rank ``r`` holds ``[r * partition_numel, (r + 1) * partition_numel)``."""
         rank, world = _rank_world(group)
@@ -105,7 +105,7 @@ class PartitionLayout:
         shapes: Sequence[torch.Size],
         piece_numels: Sequence[int],
         group: dist.ProcessGroup | None,
-    ) -> PartitionLayout:
+    ) -> ZeroPartition:
         """ZeRO 3: rank ``r`` holds elements ``[r * piece_j, (r + 1) * piece_j)`` of param ``j``
         at local offset ``sum(piece_k for k < j)``."""
         rank, world = _rank_world(group)

@@ -2,8 +2,10 @@
 
 Training backpropagates through all K loops, so without checkpointing the activations of
 L(K) = p + K s + c blocks are alive at the end of the forward. This module holds the policies, the
-memory model and the planner; ``apply.py`` applies them to a built model (what each loop and each
-block keeps). ``model.activation_checkpointing``:
+memory model, the planner and :func:`apply_activation_checkpointing`, which makes a built model keep
+what they say (each loop asks once per forward how it runs; each block's forward is wrapped). It is
+applied from outside the model, by :func:`megatron_loop.parallel.parallelize.parallelize`; a model
+built for inference, export or probes keeps every activation its autograd needs. ``model.activation_checkpointing``:
 
 * ``none``      -- keep everything (fastest, most memory).
 * ``per_loop``  -- recompute every loop but the last in backward; each checkpointed loop keeps
@@ -17,10 +19,10 @@ block keeps). ``model.activation_checkpointing``:
   matmuls plus elementwise work: ``activation_checkpointing_selective_cost`` (null: the FLOP share
   of those two matmuls in a block's forward, :func:`selective_recompute_fraction`).
 * ``auto``      -- per loop, the cheapest mix of none / selective / per_loop that fits
-  ``activation_checkpointing_budget_gib`` (:func:`plan_loops`, memory model below). Without a
+  ``activation_checkpointing_budget_gib`` (:func:`schedule_loops`, memory model below). Without a
   budget on CUDA, the device's free memory with what the first optimizer step and DeepSpeed's
   gradient buckets will allocate counted (:func:`planning_budget`); each plan records that
-  (:class:`Budget`) and says it (:meth:`LoopPlan.describe`).
+  (:class:`Budget`) and says it (:meth:`LoopSchedule.describe`).
 * ``per_block`` -- recompute every block (prelude, core, coda; the least memory).
 
 Gradients are identical in every mode (the model draws no random numbers, so regions neither
@@ -51,10 +53,12 @@ back a whole loop while the loops before it are still alive).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
+from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from megatron_loop.flops import block_forward_flops_per_token, selective_recompute_flops_per_token
@@ -251,7 +255,7 @@ def planning_budget(budget_gib: float | None, device: torch.device,
 
 
 @dataclass(frozen=True)
-class LoopPlan:
+class LoopSchedule:
     kinds: tuple[str, ...]
     peak_bytes: int
     cost: float  # recomputed loop-forwards
@@ -268,8 +272,8 @@ class LoopPlan:
                 f"{self.selective_cost:.2f}); {self.budget.describe()}")
 
 
-def plan_loops(num_loops: int, memory: LoopMemory, budget: float | Budget | None,
-               selective_cost: float) -> LoopPlan:
+def schedule_loops(num_loops: int, memory: LoopMemory, budget: float | Budget | None,
+               selective_cost: float) -> LoopSchedule:
     """The cheapest per-loop plan (least recomputation) whose predicted peak fits the budget.
 
     Plans are ``[full] * a + [selective] * b + [none] * rest`` with the last loop never
@@ -286,7 +290,7 @@ def plan_loops(num_loops: int, memory: LoopMemory, budget: float | Budget | None
             kinds = (FULL,) * a + (SELECTIVE,) * b + (NONE,) * (num_loops - a - b)
             cost = sum(costs[k] for k in kinds)
             peak = predicted_peak(kinds, memory)
-            candidates.append(LoopPlan(kinds, peak, cost, budget.bytes is None or peak <= budget.bytes, budget,
+            candidates.append(LoopSchedule(kinds, peak, cost, budget.bytes is None or peak <= budget.bytes, budget,
                                        selective_cost))
     fitting = [p for p in candidates if p.fits]
     if fitting:
@@ -294,9 +298,135 @@ def plan_loops(num_loops: int, memory: LoopMemory, budget: float | Budget | None
     return min(candidates, key=lambda p: (p.peak_bytes, p.cost))
 
 
-def loop_kinds(mode: str, num_loops: int, plan: Callable[[], LoopPlan]) -> tuple[str, ...]:
+def loop_kinds(mode: str, num_loops: int, plan: Callable[[], LoopSchedule]) -> tuple[str, ...]:
     """What each of ``num_loops`` loops keeps under ``mode`` (``plan`` is asked only for ``auto``)."""
     if mode == "auto":
         return plan().kinds
     kind = LOOP_MODES.get(mode, NONE)  # per_block checkpoints blocks, not loops
     return (kind,) * (num_loops - 1) + (NONE,)
+
+
+# ----------------------------------------------------------------------------- applied to a model
+
+
+@dataclass(frozen=True)
+class CheckpointingSettings:
+    """What activation checkpointing should do (the module docstring describes the modes)."""
+
+    mode: str = "none"  # none | per_loop | selective | auto | per_block
+    budget_gib: float | None = None  # auto: the activation budget (None: the device's free memory)
+    selective_cost: float | None = None  # a selective loop's recomputation (None: its FLOP share)
+
+    @classmethod
+    def from_config(cls, config) -> CheckpointingSettings:
+        """The settings ``model.activation_checkpointing*`` asks for."""
+        return cls(config.activation_checkpointing, config.activation_checkpointing_budget_gib,
+                   config.activation_checkpointing_selective_cost)
+
+
+def _call(fn: Callable, *args):
+    return fn(*args)
+
+
+class ActivationCheckpointing:
+    """Activation checkpointing applied to one model (``model.checkpointing``).
+
+    The model's forward asks :meth:`loop_runners` once per forward how each loop that builds a graph
+    runs; each block's forward is wrapped (:meth:`block_kind` says what it keeps). ``auto`` schedules
+    are made once per input shape, dtype, device and budget and kept here (:attr:`schedules`).
+    """
+
+    def __init__(self, model: nn.Module, settings: CheckpointingSettings):
+        self._model = weakref.ref(model)  # the model holds this object: no reference cycle
+        self.settings = settings
+        self.schedules: dict[tuple, LoopSchedule] = {}  # auto, per input shape
+        self._plans_to_report: list[str] = []  # new plans' descriptions, for the training log
+        # What the training step will still allocate when a plan is made (optimizer state, DeepSpeed's
+        # buckets): set by optim.build_engine, counted by an ``auto`` plan without a budget.
+        self.pending_memory: Callable[[], PendingMemory] | None = None
+        self.in_selective_loop = False  # while a selective loop runs, its blocks keep only matmul/attention outputs
+        self._runners = {NONE: _call, FULL: self._run_full_loop, SELECTIVE: self._run_selective_loop}
+
+    # -------------------------------------------------------------- loops
+    def loop_runners(self, num_loops: int, hidden: torch.Tensor) -> list[Callable] | None:
+        """One runner per loop that builds a graph, called as ``runner(loop_fn, *args)``; None without
+        autograd (nothing is kept for backward then). ``hidden`` is ``[s, b, d]``."""
+        if not torch.is_grad_enabled():
+            return None
+        kinds = loop_kinds(self.settings.mode, num_loops, lambda: self._auto_schedule(num_loops, hidden))
+        return [self._runners[kind] for kind in kinds]
+
+    @staticmethod
+    def _run_full_loop(fn: Callable, *args):
+        return run_checkpointed(FULL, fn, *args)
+
+    def _run_selective_loop(self, fn: Callable, *args):
+        """Each block of the loop applies the selective policy inside its own (possibly compiled)
+        forward (:meth:`block_kind`): the policy counts matmuls per block."""
+        self.in_selective_loop = True
+        try:
+            return fn(*args)
+        finally:
+            self.in_selective_loop = False
+
+    def _auto_schedule(self, num_loops: int, hidden: torch.Tensor) -> LoopSchedule:
+        model = self._model()
+        s, b = hidden.shape[:2]
+        key = (num_loops, b, s, hidden.dtype, hidden.device, self.settings.budget_gib)
+        if key not in self.schedules:
+            budget = planning_budget(self.settings.budget_gib, hidden.device, self.pending_memory)
+            params = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in model.parameters()
+                         if p.requires_grad)  # ZeRO-3 partitions report their full size as ds_numel
+            memory = loop_memory(model.config, b, s, hidden.element_size(), model.loss_chunk_tokens, params)
+            cost = self.settings.selective_cost
+            plan = schedule_loops(num_loops, memory, budget,
+                              selective_recompute_fraction(model.config, s) if cost is None else cost)
+            self.schedules[key] = plan
+            self._plans_to_report.append(f"{plan.describe()} (micro-batch {b} x {s}, {hidden.dtype})")
+        return self.schedules[key]
+
+    def new_schedules(self) -> list[str]:
+        """The descriptions of ``auto`` plans made since the last call (each once, for the log)."""
+        notes, self._plans_to_report = self._plans_to_report, []
+        return notes
+
+    # -------------------------------------------------------------- blocks
+    def block_kind(self) -> str:
+        """What the block running now keeps for backward."""
+        if not torch.is_grad_enabled():
+            return NONE
+        if self.settings.mode == "per_block":
+            return FULL
+        return SELECTIVE if self.in_selective_loop else NONE
+
+    def checkpointed_forward(self, block: nn.Module) -> Callable:
+        """``block``'s own forward inside the region :meth:`block_kind` says. Checkpointed regions draw
+        no random numbers (no dropout anywhere), so RNG states are not saved per region."""
+        forward = type(block).forward.__get__(block)
+
+        def checkpointed(hidden: torch.Tensor, rotary_pos_emb: torch.Tensor, psi: torch.Tensor | None = None):
+            return run_checkpointed(self.block_kind(), forward, hidden, rotary_pos_emb, psi)
+
+        return checkpointed
+
+
+def apply_activation_checkpointing(model: nn.Module, settings: CheckpointingSettings) -> ActivationCheckpointing | None:
+    """Make ``model`` keep what ``settings`` say for backward (replacing any earlier settings). Gradients
+    are identical in every mode; ``none`` removes checkpointing (returns None)."""
+    blocks = model.blocks()
+    for block in blocks:
+        block.__dict__.pop("forward", None)  # the class's forward again
+    if settings.mode == "none":
+        model.checkpointing = None
+        return None
+    applied = ActivationCheckpointing(model, settings)
+    for block in blocks:
+        block.forward = applied.checkpointed_forward(block)
+    model.checkpointing = applied
+    return applied
+
+
+def new_loop_schedules(model: nn.Module) -> list[str]:
+    """The ``auto`` schedules ``model`` made since the last call (for the training log)."""
+    applied = getattr(model, "checkpointing", None)
+    return applied.new_schedules() if applied is not None else []

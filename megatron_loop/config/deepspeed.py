@@ -1,7 +1,11 @@
-"""The run's DeepSpeed JSON checked against its YAML (App. C.2 batch arithmetic and clipping).
+"""The DeepSpeed JSON (``train.deepspeed_config``): its one owner. Where the file is
+(:func:`locate`), reading it (:func:`read_ds_config`), checking it against the YAML and filling its
+``"auto"`` values (:func:`resolve_ds_config`, App. C.2 batch arithmetic and clipping), the checks of a
+run before it starts (:func:`check_deepspeed_config`), its ZeRO stage (:func:`zero_stage`) and the
+copy that loads a universal checkpoint (:func:`with_universal_load`). This module imports no torch:
+``pretrain_loop.py --dry-run`` runs the same checks the engine does at launch
+(:func:`megatron_loop.optim.build_engine`).
 
-:func:`resolve_ds_config` is the one check: ``pretrain_loop.py --dry-run`` calls it (this module
-imports no torch) and so does the engine at launch (:func:`megatron_loop.optim.build_engine`).
 Who decides what, when both files speak:
 
 * batch sizes: the YAML (``train.micro_batch_size``, ``train.global_batch_size``; the accumulation
@@ -25,8 +29,14 @@ and passed through unchanged.
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 from megatron_loop.errors import LoopConfigError
+
+# The shipped zero{0..3}.json: a relative train.deepspeed_config not found from the working
+# directory is looked up here (the run config read back from anywhere still finds them).
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "deepspeed_configs"
 
 AUTO = "auto"
 ACCUMULATION_KEY = "data_types.grad_accum_dtype"
@@ -165,3 +175,78 @@ def resolve_ds_config(
     config["gradient_clipping"] = float(grad_clip) if stage >= 1 else 0.0
     config["zero_allow_untested_optimizer"] = True
     return config
+
+
+def locate(path: str | os.PathLike, base: str | os.PathLike | None = None) -> str:
+    """``path`` made absolute: from ``base`` (default: the working directory) when a file is there,
+    else from the repository (the shipped ``deepspeed_configs/``); as written when neither exists (the
+    check that reports it names what the user wrote)."""
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return str(p)
+    here = Path(os.getcwd() if base is None else base) / p
+    if here.is_file():
+        return os.path.normpath(here)
+    shipped = CONFIG_DIR.parent / p
+    return str(shipped) if shipped.is_file() else str(path)
+
+
+def read_ds_config(source: str | os.PathLike | dict | None = None, zero_stage: int | None = None) -> dict:
+    """A DeepSpeed config as a dict: ``source`` (a file or a dict, copied) or, without one, the shipped
+    ``deepspeed_configs/zero{zero_stage}.json`` (stage 0: ``{"zero_optimization": {"stage": 0}}``)."""
+    if source is None:
+        if zero_stage is None:
+            raise LoopConfigError("give zero_stage or ds_config")
+        if zero_stage == 0:
+            return {"zero_optimization": {"stage": 0}}
+        source = CONFIG_DIR / f"zero{zero_stage}.json"
+    if isinstance(source, dict):
+        config = json.loads(json.dumps(source))  # deep copy
+    else:
+        path = Path(locate(source))
+        if not path.is_file():
+            raise LoopConfigError(f"DeepSpeed config {path} not found")
+        config = json.loads(path.read_text())
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    if zero_stage is not None and stage != zero_stage:
+        raise LoopConfigError(f"DeepSpeed config has ZeRO stage {stage}, expected {zero_stage}")
+    return config
+
+
+def zero_stage(config: dict) -> int:
+    """The ZeRO stage a DeepSpeed config asks for (0 when it names none)."""
+    return int((config.get("zero_optimization") or {}).get("stage", 0))
+
+
+def with_universal_load(config: dict) -> dict:
+    """``config`` with ``checkpoint.load_universal`` on: DeepSpeed then re-partitions a universal
+    checkpoint over this world (a resume on another number of data-parallel ranks)."""
+    return {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
+
+
+def check_deepspeed_config(cfg, accumulation: int, data_parallel_size: int) -> dict:
+    """``train.deepspeed_config`` read and checked against the YAML by the function the engine uses at
+    launch (:func:`resolve_ds_config`: batch sizes, optimizer and scheduler blocks, clipping, ZeRO
+    stage, offload, fp16/bf16 against ``train.precision``); ``accumulation`` is the run's gradient
+    accumulation over ``data_parallel_size`` ranks. Returns what ``--dry-run`` reports: the file, the
+    ZeRO stage, the precision and which side chose it."""
+    t = cfg.train
+    ds = t.deepspeed_config
+    if not os.path.isfile(ds):
+        raise LoopConfigError(f"train.deepspeed_config={ds!r}: file not found (relative paths are taken from "
+                              f"{os.getcwd()}, then the repository); expected e.g. deepspeed_configs/zero1.json")
+    try:
+        with open(ds) as f:
+            raw = json.load(f)
+        if not isinstance(raw, dict):
+            raise ValueError(f"a JSON {type(raw).__name__}")
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
+        raise LoopConfigError(f"train.deepspeed_config={ds!r}: not a DeepSpeed JSON config ({e}); expected a JSON "
+                              "object like deepspeed_configs/zero1.json") from None
+    bf16 = None if t.precision == "auto" else t.precision == "bf16"
+    resolved = resolve_ds_config(raw, micro_batch_size=t.micro_batch_size, grad_accum=accumulation,
+                                 data_parallel_size=data_parallel_size, bf16=bf16, grad_clip=t.grad_clip,
+                                 source=f"train.deepspeed_config={ds!r}")
+    chosen, by = precision_choice(raw, bf16, cuda=None)
+    return {"deepspeed_config": ds, "zero_stage": zero_stage(resolved),
+            "precision": "auto" if chosen is None else "bf16" if chosen else "fp32", "precision_from": by}

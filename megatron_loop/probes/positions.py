@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class EffectiveLayout:
+class EffectivePositions:
     """Prelude depth ``prelude`` (a), shared depth ``shared`` (s), coda depth ``coda`` (b), L loops."""
 
     prelude: int

@@ -1,0 +1,150 @@
+"""The one place that creates process groups and picks rendezvous ports.
+
+Everything else reads the groups that exist (:mod:`megatron_loop.parallel.groups`); nothing under
+``model/`` creates one (``tests/test_import_layers.py`` keeps it so). Three entry points:
+
+* :func:`init_world` -- the launcher's world (``deepspeed``, ``torchrun``, bare SLURM ``srun``; plain
+  ``python`` becomes a world of one on a free local port) through DeepSpeed, which picks the backend
+  (nccl on GPU, gloo on CPU). ``timeout_s`` (``train.collective_timeout_s``) bounds every collective
+  of the world group and of DeepSpeed's clone of it.
+* :func:`init_model_parallel` -- megatron-core's tensor- and data-parallel groups over that world,
+  bounded by the same timeout (megatron-core's default is 30 minutes).
+* :func:`ensure_groups` -- what a model built outside a launcher needs (tests, export, probes): the
+  world that exists, or a one-process gloo world over an in-memory store, and megatron-core's groups
+  (TP = 1 unless built already). :func:`megatron_loop.model.build_model` calls it.
+
+megatron-core orders ranks TP-fastest: with world size W and TP size N, ranks ``[k N, (k + 1) N)``
+form TP group k and ranks ``{j, j + N, j + 2N, ...}`` form DP group j. Launchers number the ranks of
+one node consecutively, so with N dividing the GPUs per node every TP group is inside a node (its
+all-reduces stay on NVLink) and only the data-parallel gradient reduction crosses nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from megatron_loop.errors import LoopConfigError
+from megatron_loop.parallel.cpu import make_megatron_collectives_cpu_capable
+from megatron_loop.parallel.groups import ParallelPlacement, current_placement
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from megatron.core import parallel_state
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface (rendezvous of single-node runs and tests)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _adopt_slurm_env() -> None:
+    """Bare ``srun python pretrain_loop.py``: map SLURM's task ids onto torch's env variables."""
+    if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return
+    os.environ["RANK"] = os.environ["SLURM_PROCID"]
+    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    if "MASTER_ADDR" not in os.environ:
+        raise LoopConfigError("srun without a launcher: MASTER_ADDR is not set; expected it exported as the first "
+                              "node of the allocation (see examples/slurm_pretrain.sbatch)")
+
+
+def _skip_cpu_shm_extension() -> None:
+    """On CPU, DeepSpeed JIT-compiles a shared-memory extension at every process-group start
+    (gcc, 30 s to minutes; rebuilt whenever another Python environment used the shared
+    torch_extensions cache in between). It only serves ``inference_all_reduce``; training
+    collectives go through gloo either way, so we do not build it."""
+    if torch.cuda.is_available():
+        return
+    import importlib
+
+    # (``import deepspeed.comm.torch as m`` would bind the torch package that deepspeed.comm imports)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
+def _bound_deepspeed_world_group(timeout: timedelta) -> None:
+    """ZeRO reduces gradients over DeepSpeed's clone of the world group, which torch's
+    ``new_group`` creates with the backend's default timeout (30 minutes for gloo), whatever
+    ``init_process_group`` was given. Create that clone here, with our timeout, before DeepSpeed
+    does (every rank calls this at the same point, as ``new_group`` requires)."""
+    from deepspeed.utils import groups
+
+    if groups._WORLD_GROUP is None:
+        groups._WORLD_GROUP = dist.new_group(ranks=list(range(dist.get_world_size())), timeout=timeout)
+
+
+def init_world(timeout_s: float | None = None) -> None:
+    """Initialise torch.distributed through DeepSpeed (idempotent); ``timeout_s`` bounds every
+    collective (None keeps DeepSpeed's default)."""
+    timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
+    if not dist.is_initialized():
+        _adopt_slurm_env()
+        _skip_cpu_shm_extension()
+        if torch.cuda.is_available():
+            # before the first collective: nccl needs each rank on its own GPU (DeepSpeed would only
+            # set it when the engine is built, after the resume point is broadcast)
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if "RANK" not in os.environ:  # plain python: a world of one
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(free_port()))
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=None, auto_mpi_discovery=False,
+                                   **({} if timeout is None else {"timeout": timeout}))
+    if timeout is not None:
+        _bound_deepspeed_world_group(timeout)
+
+
+def init_model_parallel(tensor_model_parallel_size: int = 1, sequence_parallel: bool = False,
+                        timeout_s: float | None = None) -> ParallelPlacement:
+    """megatron-core's model-parallel groups over the world (which :func:`init_world` set up), every
+    one bounded by ``timeout_s``; returns this rank's layout.
+
+    Idempotent for the same TP size; a different TP size than the groups already built is refused
+    (megatron-core's groups are process-global)."""
+    if not dist.is_initialized():
+        raise LoopConfigError("tensor parallelism needs torch.distributed initialised first "
+                              "(parallel.bootstrap.init_world)")
+    world = dist.get_world_size()
+    n = tensor_model_parallel_size
+    if world % n:
+        raise LoopConfigError(f"parallel.tensor_model_parallel_size={n}: expected a divisor of the world size {world}")
+    if n > 1:
+        make_megatron_collectives_cpu_capable()
+    if parallel_state.model_parallel_is_initialized():
+        built = parallel_state.get_tensor_model_parallel_world_size()
+        if built != n:
+            raise LoopConfigError(f"parallel.tensor_model_parallel_size={n}: this process already built "
+                                  f"tensor-parallel groups of size {built}")
+    else:
+        minutes = 30 if timeout_s is None else timeout_s / 60  # a timedelta of these (fractional) minutes
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parallel_state.initialize_model_parallel(tensor_model_parallel_size=n, pipeline_model_parallel_size=1,
+                                                     distributed_timeout_minutes=minutes)
+    return current_placement(sequence_parallel)
+
+
+def ensure_groups() -> None:
+    """The groups megatron-core's layers need, for a model built outside the training entry point:
+    the world that exists (under a launcher every rank calls this while building the model) or a
+    one-process gloo world over an in-memory store, and megatron-core's groups (TP = 1 unless some
+    were built already)."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        init_model_parallel(1)
+
+
+def groups_ready() -> bool:
+    """Whether the groups a model is built in exist (:func:`ensure_groups`, :func:`init_model_parallel`)."""
+    return dist.is_initialized() and parallel_state.model_parallel_is_initialized()

@@ -1,0 +1,196 @@
+"""Building a training run, once: config -> plan -> process groups -> loaders -> model -> engine -> restore.
+
+The trainer's boundary (torchtitan's ``Trainer.__init__``, OLMo-core's ``TrainModule`` setup): the
+checks that need no process group run first (one clear error, nothing written), then the world and
+megatron-core's groups (:mod:`megatron_loop.parallel.bootstrap`), the run lock, the resume decision
+(rank 0 decides, every rank follows: :mod:`megatron_loop.training.checkpoint`), the loaders, the model
+built plain (:func:`megatron_loop.model.build_model`) and prepared for training by the one
+preparation stage (:func:`megatron_loop.parallel.parallelize.parallelize`), the DeepSpeed engine
+(:func:`megatron_loop.optim.build_engine`) and the restored state. The step and the loop that use
+what this builds are :mod:`megatron_loop.training.loop`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import sys
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from megatron_loop.checkpoint.state import TrainState
+from megatron_loop.config import Config
+from megatron_loop.config.deepspeed import read_ds_config, with_universal_load, zero_stage
+from megatron_loop.data.loaders import SupervisedBatches, build_train_valid_loaders
+from megatron_loop.measure.peak_flops import peak_flops_per_device
+from megatron_loop.model import build_model
+from megatron_loop.optim import build_engine
+from megatron_loop.optim.engine import describe_precision
+from megatron_loop.parallel.bootstrap import init_model_parallel
+from megatron_loop.parallel.groups import current_placement
+from megatron_loop.parallel.parallelize import parallelize
+from megatron_loop.plan import accumulation_steps, total_train_steps
+from megatron_loop.training import checkpoint, distributed, preflight, signals
+from megatron_loop.training.distributed import DistInfo
+from megatron_loop.training.lock import RunLock
+from megatron_loop.training.metrics import MetricsLogger
+from megatron_loop.training.resume import Hyperparameters, ResumeDecision, apply_plan, decide_resume, run_settings
+from megatron_loop.training.signals import StopController
+
+
+@dataclass
+class Run:
+    """What the loop needs, built once."""
+
+    cfg: Config
+    info: DistInfo
+    engine: object
+    optimizer: torch.optim.Optimizer
+    train_iter: object
+    valid_batches: list
+    accumulation: int
+    total_steps: int
+    zero_stage: int
+    peak_flops: float
+    root: Path
+    settings: dict | None = None  # what each checkpoint's manifest records (resume.run_settings)
+    lock: RunLock | None = None  # rank 0's hold on train.output_dir
+
+
+def seed_everything(seed: int) -> None:
+    """App. C.2: seed 42 everywhere (model init is identical on every rank)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def take_output_dir(out: Path, info: DistInfo) -> RunLock | None:
+    """Rank 0 locks ``train.output_dir`` (one run per folder) and checks that it can write there,
+    before the model is built; every rank follows its error."""
+    def take() -> RunLock:
+        lock = RunLock(out).acquire()
+        try:
+            preflight.check_writable(out)
+        except BaseException:
+            lock.release()
+            raise
+        return lock
+
+    return distributed.on_main(info, take)
+
+
+def data_loaders(cfg: Config, total_steps: int):
+    """This rank's training and validation loaders, sharded by its data-parallel rank: the
+    tensor-parallel ranks of one data-parallel group read the same micro-batches. No periodic
+    validation (``eval_interval`` 0): the validation set is not even opened, so one smaller than a
+    micro-batch cannot stop the run."""
+    t, layout = cfg.train, current_placement()
+    return build_train_valid_loaders(
+        cfg.data, seq_length=t.seq_length, global_batch_size=t.global_batch_size,
+        micro_batch_size=t.micro_batch_size, validation=bool(t.eval_interval), dp_rank=layout.dp_rank,
+        dp_size=layout.dp_size, seed=t.seed, vocab_size=cfg.model.vocab_size,
+        train_samples=total_steps * t.global_batch_size)
+
+
+def build_run(cfg: Config, resume: str | None,
+              stopper: StopController | None = None) -> tuple[Run, TrainState, MetricsLogger]:
+    """Everything the loop needs, with the state to continue from and the metrics logger."""
+    t = cfg.train
+    # Cheap checks first, before the heavy imports and the process group (fast, clear errors). The
+    # data-parallel size is the world over the tensor-parallel size (config/parallel.py); the batch
+    # arithmetic and the DeepSpeed JSON are checked against it, and the groups built below must agree.
+    data_parallel = cfg.parallel.check_world(int(os.environ.get("WORLD_SIZE", "1")), t.seq_length)
+    accumulation = accumulation_steps(cfg, data_parallel)
+    preflight.check_eval_loops(cfg)
+    preflight.check_vocabulary(cfg)
+    out = Path(t.output_dir)
+    preflight.check_output_dir(out, t.resume or resume is not None)
+    ds_config = Path(preflight.check_input_files(cfg, accumulation, data_parallel)["deepspeed_config"])
+    total_steps = total_train_steps(cfg)
+
+    info = distributed.setup_distributed(t.collective_timeout_s)
+    layout = init_model_parallel(cfg.parallel.tensor_model_parallel_size, cfg.parallel.sequence_parallel,
+                                 t.collective_timeout_s)
+    assert layout.dp_size == data_parallel, (layout, data_parallel)  # the same world, counted twice
+    lock = take_output_dir(out, info)  # one run per folder; writable; nothing written before this
+    try:
+        return _build_locked(cfg, resume, stopper, info, lock, out, ds_config, accumulation, total_steps)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _build_locked(cfg: Config, resume: str | None, stopper: StopController | None, info: DistInfo,
+                  lock: RunLock | None, out: Path, ds_config: Path, accumulation: int, total_steps: int):
+    t = cfg.train
+    if info.is_main:  # the resolved config (YAML + --set overrides + backbone preset + defaults)
+        # on stderr with the rest of the run's log (step lines, summary); stdout carries data only
+        print(f"resolved config ({cfg.source}):\n{cfg.dumps()}", file=sys.stderr, flush=True)
+    seed_everything(t.seed)
+
+    ds = read_ds_config(ds_config)
+    stage = zero_stage(ds)
+    root = out / preflight.CHECKPOINTS
+    point = checkpoint.choose_resume_point(root, resume, t.resume, info)  # what changed: refused before any work
+    plan = decide_resume(point, cfg, info.world_size, stage) if point else ResumeDecision()
+
+    loaders = data_loaders(cfg, total_steps)
+    signals.protect_loader_workers(loaders.train, loaders.valid)  # a group signal must not kill a worker
+
+    set_aside = checkpoint.start_branch(root, point, out, info) if point is not None else None
+    load_dir = checkpoint.universal_copy(root, point, info) if plan.universal else None
+    if plan.universal:  # DeepSpeed re-partitions a universal checkpoint over this world
+        ds = with_universal_load(ds)
+
+    model = build_model(cfg.model, parallel=cfg.parallel)
+    compile_note = parallelize(model, stage)
+    parts = build_engine(model, t, micro_batch_size=t.micro_batch_size, grad_accum=accumulation,
+                         total_steps=total_steps, ds_config=ds,
+                         bf16=None if t.precision == "auto" else t.precision == "bf16")  # auto: the JSON's
+    engine, optimizer = parts.engine, parts.optimizer
+
+    state = TrainState()
+    logger_msgs = [describe_precision(engine)]
+    if lock is not None and lock.taken_over:
+        logger_msgs.append(lock.takeover_note())
+    if point is not None:
+        fresh = Hyperparameters.of(engine, optimizer)  # the new config's settings, before the load
+        state = checkpoint.load_checkpoint(engine, point, info, load_dir=load_dir)
+        if load_dir is not None:  # the universal copy has served
+            distributed.barrier()
+            if info.is_main:
+                shutil.rmtree(load_dir, ignore_errors=True)
+        schedule_line = apply_plan(engine, optimizer, fresh, plan)
+        logger_msgs += checkpoint.resume_messages(point, plan, set_aside, schedule_line, state, info, resume,
+                                                  total_steps)
+    loaders.train_sampler.consumed_samples = state.consumed_samples  # exact next sample
+    valid_batches = [] if loaders.valid is None else list(islice(loaders.valid, t.eval_batches))
+
+    batches = SupervisedBatches(loaders.train, cfg.data.worker_timeout_s)  # a hung worker is an error
+    peak, _ = peak_flops_per_device(torch.device(engine.device), cfg.logging.peak_tflops)
+    run = Run(cfg=cfg, info=info, engine=engine, optimizer=optimizer, train_iter=batches,
+              valid_batches=valid_batches, accumulation=accumulation, total_steps=total_steps,
+              zero_stage=stage, peak_flops=peak, root=root,
+              settings=run_settings(cfg, info.world_size, stage), lock=lock)
+    if stopper is not None:
+        launchers = distributed.launcher_processes()
+        if launchers:
+            stopper.add_check(signals.LAUNCHER_GONE, lambda: distributed.launcher_gone(launchers))
+        if lock is not None:
+            stopper.add_check(signals.OUTPUT_GONE, lambda: not lock.still_ours())
+    logger = MetricsLogger(cfg, enabled=info.is_main, start_step=state.step, total_steps=total_steps)
+    logger_msgs.append(compile_note)  # compiled blocks, or why not (ZeRO-3)
+    for msg in logger_msgs:
+        logger.message(msg)
+    logger.data_usage(loaders.train_usage or [], loaders.valid_prefixes if valid_batches else [], len(valid_batches))
+    if point is not None:
+        logger.log({"event": "resume", "step": state.step, "checkpoint": str(point.path),
+                    "skipped": list(point.notes), "set_aside": str(set_aside) if set_aside else None,
+                    "universal": plan.universal, "changes": plan.schedule + plan.optimizer + plan.other})
+    return run, state, logger
