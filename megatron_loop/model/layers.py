@@ -11,8 +11,9 @@ megatron-core's own modules throughout, the reference the fast path is tested ag
 parameters, names and layouts; the same loss, gradients up to summation order).
 
 Core blocks may carry a timestep modulation per residual branch (BranchGating or AdaLN,
-``conditioning.py``); the block then applies Eq. (branch_timestep_modulation):
-``u+ = u + g * Branch((1 + s) * Norm(u))``.
+``conditioning.py``); the block then applies Eq. (branch_timestep_modulation),
+``u+ = u + g * Branch((1 + s) * Norm(u))``, through the HF export's ``modulated_residual`` (one
+implementation of the equation for training and export).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from megatron_loop.hf.modeling_looplm import modulated_residual
 from megatron_loop.model import roles
 from megatron_loop.model.compat import RotaryTables, SDPACoreAttention
 from megatron_loop.model.fast_path import ColumnLinear, RMSNorm, RopeSelfAttention, RowLinear, SwiGLUMLP
@@ -121,20 +123,6 @@ class LoopBlock(nn.Module):
         elif kind == "adaln":
             self.attn_adaln, self.mlp_adaln = attn, mlp
 
-    @staticmethod
-    def _modulated(branch, norm, u: torch.Tensor, modulation: nn.Module | None, psi: torch.Tensor | None,
-                   **branch_kwargs) -> torch.Tensor:
-        """u + g * Branch((1 + s) * Norm(u)), Eq. (branch_timestep_modulation); g = 1, s = 0 without modulation."""
-        x = norm(u)
-        if modulation is None:
-            out, _ = branch(x, **branch_kwargs)
-            return u + out
-        gate, scale = modulation(psi)
-        if scale is not None:
-            x = x * (1 + scale.to(x.dtype))
-        out, _ = branch(x, **branch_kwargs)
-        return u + gate.to(out.dtype) * out
-
     def forward(self, hidden: torch.Tensor, rotary_pos_emb: RotaryTables | torch.Tensor,
                 psi: torch.Tensor | None = None) -> torch.Tensor:
         """``hidden`` is ``[s, b, d]`` (megatron-core layout); ``rotary_pos_emb`` the model's
@@ -142,7 +130,11 @@ class LoopBlock(nn.Module):
         features of this loop."""
         if isinstance(rotary_pos_emb, RotaryTables) and not self._rope_tables:
             rotary_pos_emb = rotary_pos_emb.freqs
-        hidden = self._modulated(self.self_attention, self.input_layernorm, hidden,
-                                 self.attn_gate or self.attn_adaln, psi,
-                                 attention_mask=None, rotary_pos_emb=rotary_pos_emb)
-        return self._modulated(self.mlp, self.pre_mlp_layernorm, hidden, self.mlp_gate or self.mlp_adaln, psi)
+        # u + g * Branch((1 + s) * Norm(u)), Eq. (branch_timestep_modulation): the export's one implementation
+        # (megatron-core's branches return (output, bias); no bias here)
+        hidden = modulated_residual(
+            hidden, self.input_layernorm,
+            lambda x: self.self_attention(x, attention_mask=None, rotary_pos_emb=rotary_pos_emb)[0],
+            self.attn_gate or self.attn_adaln, psi)
+        return modulated_residual(hidden, self.pre_mlp_layernorm, lambda x: self.mlp(x)[0],
+                                  self.mlp_gate or self.mlp_adaln, psi)
