@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_loop.training.distributed import _adopt_slurm_env
+from megatron_loop.parallel.bootstrap import _adopt_slurm_env
 
 REPO = Path(__file__).resolve().parents[1]
 TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
