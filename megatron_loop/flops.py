@@ -8,10 +8,23 @@ recomputation is not counted, as in MFU reporting by Megatron-LM, PaLM and OLMo)
                         + 2 * d * V                                              LM head
 
 Attention is counted over the full seq x seq score matrix (the PaLM / Megatron convention;
-a causal kernel skips about half of it). Norms, RoPE, softmax and the conditioning
-mechanisms are O(d) per token and left out.
+a causal kernel skips about half of it). Norms, RoPE, softmax and the scalar / channel-wise
+conditioning (scalar and channel injection, Loop / Branch Gating, AdaLN's modulation) are O(d)
+per token and left out. Dense injection is not: it is a d x 2d (initial) or d x d (history, per
+lag) matmul per token per loop, O(d^2) like the blocks (:func:`conditioning_flops_per_token`),
+and is counted, forward and backward, in every loop that runs it:
 
-Hardware FLOPs (:func:`hardware_flops_per_token`) add what activation checkpointing recomputes:
+    dense initial injection   2 * d * 2d           per token per loop (concat(h, h0) @ W.T, W [d, 2d])
+    dense history injection   m_l * 2 * d * d      per token in loop l, m_l = min(w, max(l - 1, 0)) lags
+
+(``hf/modeling_looplm.history_window``: the first loops have fewer lags than w, so the history
+term is at most w * 2 * d^2 per loop). On the paper's runs at seq 2,048 this adds 1-6 % to the
+forward FLOPs per token (at r = K / 3K: Qwen 4x7 dense I +1.8 / +2.0 %, dense H w = 4 +1.8 / +3.4 %,
+dense I + H w = 4 +3.5 / +5.4 %; Qwen 2x14 dense I +3.5 %; Llama 4x5 dense I +2.5 %, 2x10 +5.0 %):
+the smaller the core, the larger the share.
+
+Hardware FLOPs (:func:`hardware_flops_per_token`) add what activation checkpointing recomputes
+(blocks only; a recomputed loop's dense injection, at most 2-6 % of it, is not added):
 one more forward of the looped block occurrences but the last loop's (``per_loop``: (r-1)*s,
 see ``LoopLM.forward``) or of every block (``per_block``: L(r)); ``selective`` recomputes every
 other matmul of those blocks (the attention output and down projections,
@@ -21,7 +34,7 @@ Truncated backpropagation (``train.backprop_loops`` N < r) counts what is execut
 the forward of all L(r) block occurrences, the backward (2 x forward) of only those with a graph,
 the Prelude, the last N loops and the Coda (L_bwd = p + N*s + c), and the LM head:
 
-    train = forward(L(r)) + 2 * [L_bwd * block + 2 * d * V]
+    train = forward(L(r)) + 2 * [L_bwd * block + dense injection of the last N loops + 2 * d * V]
 
 which is 3 x forward when N >= r. Checkpointing then recomputes only graphed blocks (``per_loop``:
 (N-1)*s, ``per_block``: L_bwd). With sampled loop counts (``train.loop_sampling``) the training
@@ -53,9 +66,27 @@ def selective_recompute_flops_per_token(cfg: ModelConfig) -> float:
     return 2 * (cfg.num_attention_heads * cfg.head_dim * cfg.hidden_size + cfg.intermediate_size * cfg.hidden_size)
 
 
+def history_lags(loop: int, window: int) -> int:
+    """Lags the history injection reads before loop ``loop`` (0-based): m_l = min(w, max(l - 1, 0))."""
+    return min(window, max(loop - 1, 0))
+
+
+def conditioning_flops_per_token(cfg: ModelConfig, loops: range) -> float:
+    """Forward FLOPs per token of the dense injection matmuls in the loops ``loops`` (0-based loop
+    indices); 0 without dense injection (the other conditioning is O(d) and not counted)."""
+    d = cfg.hidden_size
+    total = 0.0
+    if cfg.initial_injection == "dense":
+        total += len(loops) * 2 * d * 2 * d
+    if cfg.history_injection == "dense":
+        total += sum(history_lags(loop, cfg.history_window) for loop in loops) * 2 * d * d
+    return total
+
+
 def forward_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None) -> float:
+    r = cfg.train_loops if num_loops is None else num_loops
     return (cfg.effective_depth(num_loops) * block_forward_flops_per_token(cfg, seq_length)
-            + 2 * cfg.hidden_size * cfg.vocab_size)
+            + conditioning_flops_per_token(cfg, range(r)) + 2 * cfg.hidden_size * cfg.vocab_size)
 
 
 def graphed_loops(cfg: ModelConfig, num_loops: int | None = None, backprop_loops: int | None = None) -> int:
@@ -74,7 +105,8 @@ def train_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | No
         return 3 * forward_flops_per_token(cfg, seq_length, num_loops)
     backward_depth = cfg.prelude_layers + n * cfg.core_layers + cfg.coda_layers
     return forward_flops_per_token(cfg, seq_length, r) + 2 * (
-        backward_depth * block_forward_flops_per_token(cfg, seq_length) + 2 * cfg.hidden_size * cfg.vocab_size)
+        backward_depth * block_forward_flops_per_token(cfg, seq_length)
+        + conditioning_flops_per_token(cfg, range(r - n, r)) + 2 * cfg.hidden_size * cfg.vocab_size)
 
 
 def hardware_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None,

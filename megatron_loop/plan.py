@@ -25,7 +25,7 @@ from megatron_loop.flops import block_matmul_params
 from megatron_loop.optim.schedule import wsd_split
 
 # psi(t, dt) of Eq. (timestep_features), as in model.conditioning (which imports torch);
-# tests/test_dry_run.py checks the counts against the built model.
+# tests/unit/test_dryrun.py checks the counts against the built model.
 NUM_TIMESTEP_FEATURES = 8
 
 

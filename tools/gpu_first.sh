@@ -3,7 +3,7 @@
 # in OUT_DIR the moment it exists, so a command killed at its limit still returns what it measured.
 #
 #   bash tools/gpu_first.sh "$OUT"                # the device (one H100/H200; carry .gpu: tools/gpu_wheels.sh)
-#   bash tools/gpu_first.sh OUT_DIR --smoke       # CPU, tiny sizes, the same steps (tests/test_gpu_first.py)
+#   bash tools/gpu_first.sh OUT_DIR --smoke       # CPU, tiny sizes, the same steps (tests/integration/tools/test_gpu_first.py)
 #
 # OUT_DIR (new or empty: the device's $OUT) receives at most these 7 files, each as soon as it exists:
 #   first.log       everything printed, each step's output streamed while it runs

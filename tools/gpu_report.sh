@@ -178,7 +178,7 @@ bench profile 60 --mode profile "${COMPILE[@]}" --config examples/llama_4x5.yaml
 bench kept 120 --mode $KEPT_MODES "${COMPILE[@]}" --families llama --micro-batch $MB_SMALL --accumulation 2 || FAILED=1  # the Muon share at G = 1824 is extrapolated from t_opt and t_seq
 if [ $SMOKE = 1 ]; then  # what CPU cannot run in a test's time, listed so the report says so
   record peers-compiled "skipped on CPU: inductor compiles take minutes on CPU (the peers step runs eager only)" "" 0 0 ""
-  record kept-compile "skipped on CPU: inductor compiles take minutes on CPU (recompiles across r: tests/test_perf_compile.py)" "" 0 0 ""
+  record kept-compile "skipped on CPU: inductor compiles take minutes on CPU (recompiles across r: tests/unit/parallel/test_parallelize.py)" "" 0 0 ""
 fi
 awk -F'\t' '$2 == "failed" || $2 == "timed out" { bad = 1 } END { exit !bad }' "$STEPS_TSV" && FAILED=1
 

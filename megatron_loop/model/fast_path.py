@@ -36,7 +36,7 @@ steps cost time without changing a value. ``layers.loop_block_spec`` names these
 Values: the forward (loss, logits) is bitwise megatron-core's in fp32 and bf16. Gradients are equal
 up to summation order (the weight gradients sum over the tokens in memory order, batch-major here,
 sequence-major in megatron-core): measured within 4e-7 of each tensor's largest entry in fp32 and
-7e-6 in bf16 (``tests/test_model_block_fast_path.py``). Memory: per block and token the fast path
+7e-6 in bf16 (``tests/unit/model/test_fast_path.py``). Memory: per block and token the fast path
 keeps less -- no copy of the up half (F), no per-layer cos/sin tables (4 head_dim / batch), and
 with QK-norm in fp32 no query copy (heads x head_dim); ``checkpointing.block_bytes_per_token``
 models what it keeps.

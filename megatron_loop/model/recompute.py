@@ -30,7 +30,7 @@ save nor restore RNG state). The last loop is never recomputed: backward would r
 first thing, so its peak would not drop while its cost would be paid.
 
 Memory model (per token; exact on CPU against ``measure.memory.peak_memory_delta`` within the loss's
-transients, in fp32 and bf16: tests/test_perf_checkpointing.py). For one block with width d, MLP
+transients, in fp32 and bf16: tests/unit/model/test_recompute.py). For one block with width d, MLP
 width f, H query heads and G key/value heads of size e, batch b, activation itemsize i:
 
     none      i (3d + 4f + (H+2G)e + 2He + Ge) + 4 (H + 2 + 3d)     in fp32 (i = 4)

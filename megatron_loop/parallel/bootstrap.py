@@ -1,7 +1,7 @@
 """The one place that creates process groups and picks rendezvous ports.
 
 Everything else reads the groups that exist (:mod:`megatron_loop.parallel.groups`); nothing under
-``model/`` creates one (``tests/test_import_layers.py`` keeps it so). Three entry points:
+``model/`` creates one (``tests/unit/test_import_layers.py`` keeps it so). Three entry points:
 
 * :func:`init_world` -- the launcher's world (``deepspeed``, ``torchrun``, bare SLURM ``srun``; plain
   ``python`` becomes a world of one on a free local port) through DeepSpeed, which picks the backend

@@ -66,7 +66,7 @@ def compile_decision(config, zero_stage: int) -> tuple[bool, str]:
     DeepSpeed's parameter-gathering hooks run around every submodule and are
     ``torch.compiler.disable``d, so a compiled block breaks into many graphs (15 graphs and 28
     breaks for one block's forward and backward on CPU, against one whole graph under ZeRO-1:
-    tests/perf_scripts/zero_engine.py): ``auto`` is then off; ``true`` is kept (the user asked)
+    tests/support/perf_scripts/zero_engine.py): ``auto`` is then off; ``true`` is kept (the user asked)
     and the line says what it costs.
     """
     if not config.compile_enabled:

@@ -5,9 +5,12 @@ activations of ``itemsize`` bytes (S = b s d itemsize, one hidden-state tensor):
 
 * parameters per rank: the sharded ones (embedding and LM head rows, every block's QKV, output
   projection and MLP matrices) / t, plus every replicated one (norms, conditioning) whole;
-* FLOPs per rank: the model FLOPs of its data-parallel group's tokens / t (the matmuls split
-  evenly; norms and conditioning, O(d) per token, are repeated on each rank and left out as in
-  ``flops.py``);
+* FLOPs per rank: the model FLOPs of its data-parallel group's tokens / t (the block matmuls
+  split evenly). Norms and the scalar / channel-wise conditioning, O(d) per token, are left out as
+  in ``flops.py``; dense injection, O(d^2) per token per loop (2 d x 2d initial, 2 d^2 per history
+  lag), is in the model FLOPs but not split: it is replicated, so every rank of the group repeats
+  it, and the figure here (model FLOPs / t) leaves out that redundant (t - 1)/t of it (1-6 % of a
+  step's FLOPs on the paper's dense runs);
 * TP communication per rank per micro-batch, ring collectives moving (t-1)/t of their buffer per
   rank (an all-reduce twice that): per block occurrence -- and a looped core has L(K) = p + K c_s
   + c of them, so the shared core pays its collectives K times --
@@ -15,14 +18,19 @@ activations of ``itemsize`` bytes (S = b s d itemsize, one hidden-state tensor):
       without SP: forward 2 all-reduces (attention and MLP outputs), backward 2 (the inputs of
                   the column-parallel QKV and fc1):           4 x 2 (t-1)/t S = 8 (t-1)/t S
       with SP:    forward 2 all-gathers + 2 reduce-scatters, backward 2 reduce-scatters + 4
-                  all-gathers (megatron-core gathers the column-parallel inputs again for the
-                  weight gradient instead of keeping them): 10 (t-1)/t S
+                  all-gathers:                                             10 (t-1)/t S
 
-  plus the embedding (1 all-reduce, or 1 reduce-scatter with SP), the head input (backward
-  all-reduce; with SP an all-gather forward and a reduce-scatter backward) and the loss
-  statistics (3 fp32 numbers per token: 12 b s bytes per chunk pass, independent of d and V).
+  The 10 is this implementation's count, not Korthikanti et al.'s 8 (2022, sequence parallelism
+  moving the same bytes as the all-reduces it replaces): megatron-core's column-parallel linear
+  all-gathers its sequence-sharded input again in backward for the weight gradient instead of
+  keeping the gathered copy, 2 more all-gathers per block. Plus, once per micro-batch, the
+  embedding and the head input, 4 (t-1)/t S with or without SP: without SP the embedding's
+  forward all-reduce and the head input's backward all-reduce; with SP the embedding's forward
+  reduce-scatter and its backward all-gather, the head input's forward all-gather and its
+  backward reduce-scatter; and the loss statistics (3 fp32 numbers per token: 12 b s bytes per
+  chunk pass, independent of d and V).
   Activation checkpointing repeats the forward collectives of every recomputed block.
-* activation memory per rank: the per-block model of ``model/checkpointing.py`` with the heads,
+* activation memory per rank: the per-block model of ``model/recompute.py`` with the heads,
   query groups and MLP columns divided by t; the hidden-sized tensors (norm inputs and outputs,
   residual stream) are whole on every rank without SP and 1/t with it.
 """
@@ -56,9 +64,10 @@ def tp_communication_bytes(cfg: ModelConfig, tp: int, sequence_parallel: bool, m
     hidden = micro_batch * seq_length * cfg.hidden_size * itemsize  # S
     share = (tp - 1) / tp
     per_block = (10 if sequence_parallel else 8) * share * hidden
-    # embedding (all-reduce, or reduce-scatter), head input (all-reduce backward, or all-gather +
-    # reduce-scatter), loss statistics: max, sum-exp and target logit per token (fp32 all-reduces)
-    edges = (3 if sequence_parallel else 4) * share * hidden
+    # embedding (forward all-reduce; SP: forward reduce-scatter + backward all-gather), head input
+    # (backward all-reduce; SP: forward all-gather + backward reduce-scatter): 4 (t-1)/t S either way;
+    # loss statistics: max, sum-exp and target logit per token (fp32 all-reduces)
+    edges = 4 * share * hidden
     loss = 2 * share * 3 * 4 * micro_batch * seq_length
     return int(cfg.effective_depth(num_loops) * per_block + edges + loss)
 
@@ -66,7 +75,7 @@ def tp_communication_bytes(cfg: ModelConfig, tp: int, sequence_parallel: bool, m
 def activation_bytes_per_rank(cfg: ModelConfig, tp: int, sequence_parallel: bool, micro_batch: int,
                               seq_length: int, itemsize: int, num_loops: int | None = None) -> int:
     """Activation bytes one rank keeps for backward for one micro-batch without checkpointing: every
-    block occurrence of L(K) (``model.checkpointing.block_bytes_per_token`` per rank)."""
+    block occurrence of L(K) (``model.recompute.block_bytes_per_token`` per rank)."""
     from megatron_loop.model.recompute import block_bytes_per_token  # torch: only for TP plans
 
     local = dataclasses.replace(cfg, num_attention_heads=cfg.num_attention_heads // tp,

@@ -1,0 +1,159 @@
+"""Exports and probes read checkpoints as training does, and exports publish whole.
+
+* a same-size garbled shard in the newest checkpoint: the export (and the probe loader) falls
+  back to the newest complete checkpoint; that checkpoint named explicitly is refused;
+* ``--overwrite`` killed after the old export was moved aside and before the new one is in
+  place: the old export is not lost, the next export puts it back, and no hidden folder stays;
+* exported files follow the user's umask (group-readable, not 0700/0600).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+
+import pytest
+import torch
+
+from megatron_loop.errors import LoopDataError
+from megatron_loop.hf.convert import convert_checkpoint, read_hf_state_dict, to_hf_state_dict
+from megatron_loop.checkpoint.folders import load_run_config
+from megatron_loop.checkpoint.weights import consolidated_state_dict, load_model_from_checkpoint
+from train_fixtures import FAULTS, copy_run, reference_run, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def _garbled_newest(tmp_path):
+    ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
+    shard = ckpt / "global_step10" / "mp_rank_00_model_states.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the manifest's sha256 can tell
+    shard.write_bytes(bytes(data))
+    return ckpt, shard
+
+
+def _hidden(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def _modes(folder):
+    return {stat.S_IMODE(p.stat().st_mode) for p in [folder, *folder.rglob("*")] if p.is_dir()}, \
+        {stat.S_IMODE(p.stat().st_mode) for p in folder.rglob("*") if p.is_file()}
+
+
+def test_corrupt_newest_checkpoint_falls_back_and_is_refused_by_name(tmp_path, capsys):
+    ckpt, shard = _garbled_newest(tmp_path)
+    expected = to_hf_state_dict(consolidated_state_dict(ckpt, "global_step9"), load_run_config(ckpt).model)
+    previous = os.umask(0o027)
+    try:
+        out = convert_checkpoint(ckpt, tmp_path / "hf")
+    finally:
+        os.umask(previous)
+    err = capsys.readouterr().err
+    assert f"warning: skipping checkpoint global_step10: {shard}: sha256 differs" in err
+    assert f"reading {ckpt / 'global_step9'} (the newest complete checkpoint)" in err
+    got = read_hf_state_dict(out)
+    assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in got)
+    assert _modes(out) == ({0o750}, {0o640})  # the umask, not tempfile's 0700 / safetensors' 0600
+
+    with pytest.raises(LoopDataError, match=rf"{shard}: sha256 differs from .*manifest\.json \(corrupt file\)"):
+        convert_checkpoint(ckpt / "global_step10", tmp_path / "hf10")
+    assert not (tmp_path / "hf10").exists() and _hidden(tmp_path) == []
+
+    model, _ = load_model_from_checkpoint(ckpt, quiet=True)  # probe_geometry.py's loader
+    weights = {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}
+    step9 = consolidated_state_dict(ckpt, "global_step9")
+    assert all(torch.equal(weights[k], step9[k]) for k in step9)
+
+
+def _exported(tmp_path):
+    """A copy of the reference run and its step-9 export: (checkpoints, export folder, its files)."""
+    ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
+    hf = tmp_path / "hf"
+    convert_checkpoint(ckpt, hf, tag="global_step9")
+    return ckpt, hf, {p.name: p.read_bytes() for p in hf.iterdir()}
+
+
+def test_overwrite_killed_mid_swap_keeps_the_old_export(tmp_path):
+    ckpt, hf, old = _exported(tmp_path)
+
+    killed = run_cli("kill_in_swap", "convert_to_hf.py", "--checkpoint", str(ckpt), "--output", str(hf),
+                     "--overwrite", script=str(FAULTS))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert not hf.exists()  # killed between the two renames: the old export is aside, not deleted
+    (retired,) = [tmp_path / n for n in _hidden(tmp_path) if n.startswith(".hf.old-")]
+    assert {p.name: p.read_bytes() for p in retired.iterdir()} == old
+
+    with pytest.raises(LoopDataError, match=r"output folder is not empty; pass --overwrite"):
+        convert_checkpoint(ckpt, hf)  # first puts the old export back, then refuses to replace it
+    assert {p.name: p.read_bytes() for p in hf.iterdir()} == old and _hidden(tmp_path) == []
+
+    previous = os.umask(0o022)
+    try:
+        convert_checkpoint(ckpt, hf, overwrite=True)  # the newest checkpoint replaces it, atomically
+    finally:
+        os.umask(previous)
+    assert _hidden(tmp_path) == [] and (hf / "config.json").is_file()
+    assert {p.name: p.read_bytes() for p in hf.iterdir()} != old
+    assert _modes(hf) == ({0o755}, {0o644})
+
+
+@pytest.mark.timeout(300)
+def test_a_second_export_to_the_same_folder_is_refused_while_one_runs(tmp_path):
+    """Two exports to one --output at once: the second stops with one error naming the first
+    (before any work), the first's lock is intact, and nothing of the second is left behind."""
+    import subprocess
+    import sys
+
+    ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
+    hf = tmp_path / "hf"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+                               "from megatron_loop.training.lock import ExportLock\n"
+                               "with ExportLock(Path(sys.argv[1])):\n    print('held', flush=True)\n"
+                               "    time.sleep(120)\n", str(hf)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        second = run_cli("--checkpoint", str(ckpt), "--output", str(hf), script="tools/convert_to_hf.py")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert second.returncode == 2, second.stderr[-3000:]
+    errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: {hf}: another export to this folder is running (host {os.uname().nodename}, "
+                      f"pid {holder.pid}, started {errors[0].split('started ')[1].split(')')[0]}): wait for it "
+                      "to end, or choose another --output"], second.stderr[-3000:]
+    assert not hf.exists() and [n for n in _hidden(tmp_path) if n != ".hf.lock"] == []
+    convert_checkpoint(ckpt, hf)  # the holder is gone: the lock is free again, and removed after
+    assert (hf / "config.json").is_file() and _hidden(tmp_path) == []
+
+
+@pytest.mark.timeout(300)
+def test_read_only_output_is_refused_before_the_weights_are_read(tmp_path):
+    ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    result = run_cli(f"oserror@EROFS:{ro}", "convert_to_hf.py", "--checkpoint", str(ckpt), "--output",
+                     str(ro / "hf"), script=str(FAULTS))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == (f"error: {ro / 'hf'}: cannot write an export there (read-only file "
+                                              f"system (EROFS): {ro / '.hf.lock'}); expected a writable folder")
+    assert "reading " not in result.stderr  # refused before the checkpoint was chosen and consolidated
+
+
+@pytest.mark.timeout(300)
+def test_overwrite_export_under_a_file_size_limit_keeps_the_old_export(tmp_path):
+    """The disk fills (here: ``ulimit -f``, the same write failure) while the new export's
+    safetensors are written: one error naming the condition; the old export is untouched."""
+    ckpt, hf, old = _exported(tmp_path)
+
+    result = run_cli("fsize@100000", "convert_to_hf.py", "--checkpoint", str(ckpt), "--output", str(hf),
+                     "--overwrite", script=str(FAULTS))
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
+    assert line.startswith(f"error: {hf}: writing the export failed (file too large (the process file-size limit, "
+                           "ulimit -f) (EFBIG) ") and line.endswith(f"nothing was published; the previous export in "
+                                                                     f"{hf} is kept"), line
+    assert "Traceback" not in result.stderr
+    assert {p.name: p.read_bytes() for p in hf.iterdir()} == old and _hidden(tmp_path) == []

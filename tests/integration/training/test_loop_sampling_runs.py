@@ -1,0 +1,69 @@
+"""Sampled loop counts in training runs: ``train.loop_sampling`` (the draws themselves:
+tests/unit/training/test_loop_sampling.py).
+
+Every micro-batch of a step and both of 2 gloo ranks run the same k, a resumed run continues with the very draws of the remaining steps, and metrics.jsonl
+records them. The paper's setting spelled through the new code paths (a degenerate uniform range
+k = K, backprop_loops = K) reproduces the default run bit for bit. (The default run itself was
+checked against the code before this change: identical losses, gradient norms, validation losses
+and final weights on the tiny run.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import json
+
+from megatron_loop.config import config_from_dict
+from megatron_loop.training.loop_sampling import sample_train_loops
+from testpaths import TRAIN_SCRIPTS
+from train_fixtures import (assert_same_weights, check_ok, final_weights, losses, records, reference_run, run_cli,
+                            tiny_config)
+
+pytestmark = pytest.mark.slow
+
+RECORD = str(TRAIN_SCRIPTS / "record_loops.py")
+
+
+def test_paper_setting_through_the_new_paths_is_the_default_run_bit_for_bit(tmp_path):
+    """k drawn from the range {K} with backprop_loops = K: every new code path taken, nothing changed."""
+    ref = reference_run()
+    run = tmp_path / "run"
+    check_ok(run_cli("--config", str(ref.config), "--set", f"train.output_dir={run}",
+                     "--set", "train.loop_sampling=uniform", "--set", "train.loop_sampling_min=2",
+                     "--set", "train.loop_sampling_max=2", "--set", "train.backprop_loops=2"))
+    assert losses(run) == losses(ref.run_dir)
+    assert records(run, "eval") == records(ref.run_dir, "eval")
+    assert_same_weights(final_weights(ref.run_dir), final_weights(run))
+    assert [r["train_loops"] for r in records(ref.run_dir, "train")] == [2] * 10
+
+
+@pytest.mark.distributed
+def test_sampled_loops_are_equal_on_every_rank_micro_batch_and_across_resume(tmp_path):
+    """2 gloo ranks, 2 micro-batches per rank and step; stopped after step 2 (exit_interval) and
+    resumed to step 4: every training forward of both ranks ran the draw of its step."""
+    steps, k = 4, 3
+    config = tiny_config(tmp_path, model={"train_loops": k, "initial_injection": "scalar"},
+                         train={"max_steps": steps, "save_interval": 100, "eval_interval": 0,
+                                "loop_sampling": "poisson_lognormal", "backprop_loops": 1})
+    rec = tmp_path / "calls"
+    common = (str(rec), "--config", str(config))
+    check_ok(run_cli(*common, "--set", "train.exit_interval=2", nproc=2, launcher="torchrun", script=RECORD))
+    resumed = run_cli(*common, nproc=2, launcher="torchrun", script=RECORD)
+    check_ok(resumed)
+    assert "resuming from" in resumed.stdout + resumed.stderr
+
+    cfg = config_from_dict({"model": {"backbone": "tiny-llama", "train_loops": k, "initial_injection": "scalar"},
+                            "train": {"loop_sampling": "poisson_lognormal", "backprop_loops": 1}})
+    expected = [sample_train_loops(cfg.train, k, s) for s in range(steps)]
+    assert len(set(expected)) > 1, expected  # the seed gives several depths in these steps
+    per_rank = [[json.loads(line) for line in (tmp_path / f"calls.rank{r}.jsonl").read_text().splitlines()]
+                for r in (0, 1)]
+    assert per_rank[0] == per_rank[1]
+    accumulation = 2  # global 8 = micro 2 x 2 micro-batches x 2 ranks
+    assert [c[0] for c in per_rank[0]] == [n for n in expected for _ in range(accumulation)]
+    for num_loops, backprop, grid in per_rank[0]:
+        assert backprop == 1 and grid == (None if num_loops == k else "rescaled")  # psi on the grid of the draw
+    run = tmp_path / "run"
+    assert [r["train_loops"] for r in records(run, "train")] == expected
+    assert [r["step"] for r in records(run, "resume")] == [2]

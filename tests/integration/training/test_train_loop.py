@@ -1,0 +1,95 @@
+"""The training loop end to end on CPU (App. C.2).
+
+One single-process run of the tiny 2x2 LoopLM on the bundled corpus (``reference_run``) is the
+subject of most checks: the loss falls, every metric is logged, validation runs per r, the
+schedule ends at 0.1 x peak, checkpoints are written atomically, pruned to ``keep_last`` and
+loadable by ``load_model_from_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from train_fixtures import records, reference_run
+
+pytestmark = pytest.mark.slow
+
+TRAIN_FIELDS = {"step", "consumed_samples", "tokens", "loss", "grad_norm", "lr_muon", "lr_adamw",
+                "tokens_per_s", "mfu", "step_time_s", "mem_gib", "mem_peak_gib", "update_applied",
+                "skipped_updates"}
+
+
+def test_loss_falls_on_the_bundled_corpus():
+    run = reference_run().run_dir
+    losses = [r["loss"] for r in records(run, "train")]
+    assert len(losses) == 10
+    assert losses[0] > 6.0  # about ln(640): an untrained model
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3, losses
+    evals = records(run, "eval")
+    assert [e["step"] for e in evals] == [5, 10]
+    assert evals[1]["val_loss_r2"] < evals[0]["val_loss_r2"]
+
+
+def test_resolved_config_is_printed_at_start():
+    out = reference_run().result.stderr  # with the step lines: one stream for the run's log
+    assert "resolved config (" in out and "resolved config (" not in reference_run().result.stdout
+    printed = json.loads(out.split("resolved config (", 1)[1].split(":\n", 1)[1].split("\n}\n", 1)[0] + "\n}")
+    assert printed["model"]["backbone"] == "tiny-llama" and printed["model"]["hidden_size"] == 64  # preset filled in
+    assert printed["train"]["eval_loops"]  # defaults resolved
+
+
+def test_metrics_file_has_every_field():
+    run = reference_run().run_dir
+    train = records(run, "train")
+    for r in train:
+        assert TRAIN_FIELDS <= r.keys(), TRAIN_FIELDS - r.keys()
+        assert all(math.isfinite(r[k]) for k in ("loss", "grad_norm", "tokens_per_s", "mfu", "mem_gib"))
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 and r["mem_peak_gib"] > 0
+        assert r["lr_muon"] == r["lr_adamw"]  # one peak learning rate, one WSD multiplier
+        assert r["update_applied"] is True and r["skipped_updates"] == 0
+    assert [r["step"] for r in train] == list(range(1, 11))
+    assert [r["consumed_samples"] for r in train] == [8 * s for s in range(1, 11)]
+    assert train[-1]["tokens"] == 10 * 8 * 32
+    # WSD over 10 updates: warmup round(0.5)=0, stable round(8.5)=8, decay 2; the last update runs at 0.1 x peak
+    assert train[0]["lr_muon"] == pytest.approx(3e-3)
+    assert train[-1]["lr_muon"] == pytest.approx(3e-4)
+    # validation at r = K/2, K, 2K (K = 2)
+    for e in records(run, "eval"):
+        assert {"val_loss_r1", "val_loss_r2", "val_loss_r4"} <= e.keys()
+    assert [c["step"] for c in records(run, "checkpoint")] == [3, 6, 9, 10]
+
+
+def test_checkpoints_are_published_atomically_and_pruned():
+    ckpt = reference_run().run_dir / "checkpoints"
+    assert (ckpt / "latest").read_text() == "global_step10"
+    tags = sorted(p.name for p in ckpt.iterdir() if p.is_dir())
+    assert tags == ["global_step10", "global_step9"]  # keep_last = 2, no partial folder left
+    manifest = json.loads((ckpt / "global_step10" / "manifest.json").read_text())
+    assert manifest["step"] == 10 and manifest["consumed_samples"] == 80 and manifest["world_size"] == 1
+    assert manifest["model"]["core_layers"] == 2 and manifest["model"]["train_loops"] == 2
+    assert "activation_checkpointing" not in manifest["model"]  # execution choice, may change on resume
+    for name, entry in manifest["files"].items():
+        assert (ckpt / "global_step10" / name).stat().st_size == entry["size"]
+        assert len(entry["sha256"]) == 64
+    assert "rng_state_rank0.pt" in manifest["files"]
+    assert any(name.endswith("optim_states.pt") for name in manifest["files"])
+
+
+def test_checkpoint_loads_for_export_and_matches_the_logged_validation():
+    from megatron_loop.checkpoint.weights import load_model_from_checkpoint
+
+    run = reference_run().run_dir
+    model, cfg = load_model_from_checkpoint(run / "checkpoints")
+    assert cfg.model.train_loops == 2 and cfg.train.max_steps == 10
+    from megatron_loop.data.loaders import build_train_valid_loaders
+
+    loaders = build_train_valid_loaders(cfg.data, seq_length=32, global_batch_size=8, micro_batch_size=2,
+                                        seed=cfg.train.seed, vocab_size=cfg.model.vocab_size)
+    batches = [b["tokens"] for _, b in zip(range(2), loaders.valid)]
+    with torch.no_grad():
+        loss = sum(model(t, num_loops=2, labels=t).loss.item() for t in batches) / 2
+    assert loss == pytest.approx(records(run, "eval")[-1]["val_loss_r2"], rel=1e-5)

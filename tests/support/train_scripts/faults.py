@@ -1,0 +1,326 @@
+"""``pretrain_loop.py`` (or ``tools/convert_to_hf.py``) with injected faults, for the reliability
+tests (docs/RELIABILITY.md).
+
+    python tests/support/train_scripts/faults.py FAULT[+FAULT...] [pretrain_loop.py arguments]
+    python tests/support/train_scripts/faults.py FAULT convert_to_hf.py [convert_to_hf.py arguments]
+
+FAULT is one of
+  nan@A:S1,S2,...        the training loss of optimizer steps S1, S2, ... becomes NaN
+                         (A: micro-batches per step on this rank, i.e. accumulation steps)
+  kill_before_publish@N  SIGKILL this process on the N-th save, after every shard is written
+                         and verified but before the checkpoint is published
+  enospc_on_save@N       the N-th save fails with "No space left on device" half-way through
+                         its first shard (torch.save, as DeepSpeed calls it)
+  slow@SECONDS           every training forward sleeps SECONDS (time to deliver a signal mid-run)
+  oserror@NAME:PATH      every open/mkdir of PATH or a path under it fails with errno NAME
+                         (EROFS: a read-only mount, EACCES: no permission, ENOSPC: a full disk)
+  fsize@BYTES            the process may not write files larger than BYTES (RLIMIT_FSIZE; the
+                         kernel then fails the write with EFBIG, as it fails a full disk with ENOSPC)
+  stall@RANK:N           rank RANK stops itself (SIGSTOP) before its N-th training forward in this
+                         process: a stopped, not killed, rank
+  raise@[RANK:]N         the N-th training forward (of rank RANK only, if given) raises a plain
+                         RuntimeError (a bug in a step)
+  worker@SIGNAL:N        the DataLoader worker sends itself SIGNAL (STOP: hung, KILL: what the
+                         out-of-memory killer sends) as it reads its N-th sample
+  metrics@full:N         after the N-th train record, metrics.jsonl writes fail with ENOSPC (the
+                         appends go to /dev/full, as to a full disk: the flush and the close fail)
+  metrics@remove:N       after the N-th train record, metrics.jsonl is deleted (rm under a run)
+  kill_in_swap           SIGKILL an HF export right after its old folder was moved aside, before
+                         the new one is renamed into place
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support
+from testpaths import REPO  # noqa: E402
+
+sys.path.insert(0, str(REPO))
+
+
+def _counter():
+    count = {"n": 0}
+
+    def bump() -> int:
+        count["n"] += 1
+        return count["n"]
+
+    return bump
+
+
+def inject_nan(accumulation: int, steps: set[int]) -> None:
+    import torch
+
+    from megatron_loop.model.looplm import LoopLM
+
+    forward = LoopLM.forward
+    bump = _counter()
+
+    def patched(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        if self.training and out.loss is not None:
+            step = (bump() - 1) // accumulation + 1
+            if step in steps:
+                out.loss = out.loss * torch.tensor(float("nan"))
+        return out
+
+    LoopLM.forward = patched
+
+
+def kill_before_publish(nth: int) -> None:
+    from megatron_loop.training import checkpoint
+
+    publish = checkpoint.publish
+    bump = _counter()
+
+    def patched(root, partial, tag):
+        if bump() == nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return publish(root, partial, tag)
+
+    checkpoint.publish = patched
+
+
+def enospc_on_save(nth: int) -> None:
+    """The first file of the nth checkpoint is half written, then the disk is full."""
+    import torch
+
+    save = torch.save
+    seen: list[str] = []
+
+    def patched(obj, f, *args, **kwargs):
+        folder = os.path.dirname(str(f))
+        if folder.endswith(".partial") and folder not in seen:
+            seen.append(folder)
+            if len(seen) == nth:
+                save(obj, f, *args, **kwargs)
+                with open(f, "r+b") as handle:
+                    handle.truncate(os.path.getsize(f) // 2)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+        return save(obj, f, *args, **kwargs)
+
+    torch.save = patched
+
+
+def slow(seconds: float) -> None:
+    import time
+
+    from megatron_loop.model.looplm import LoopLM
+
+    forward = LoopLM.forward
+
+    def patched(self, *args, **kwargs):
+        if self.training:
+            time.sleep(seconds)
+        return forward(self, *args, **kwargs)
+
+    LoopLM.forward = patched
+
+
+def oserror(name: str, prefix: str) -> None:
+    """Fail opening or creating anything at or under ``prefix`` as a read-only / full / forbidden
+    file system would (the Python-level calls our code and the libraries use to write files)."""
+    import builtins
+    import io
+
+    code = getattr(errno, name)
+    prefix = os.path.abspath(prefix)
+
+    def hit(path) -> bool:
+        try:
+            path = os.path.abspath(os.fspath(path))
+        except TypeError:  # a file descriptor
+            return False
+        return path == prefix or path.startswith(prefix + os.sep)
+
+    def refuse(path):
+        raise OSError(code, os.strerror(code), os.fspath(path))
+
+    real_open, real_os_open, real_mkdir = builtins.open, os.open, os.mkdir
+
+    def patched_open(file, mode="r", *args, **kwargs):
+        if hit(file) and any(c in mode for c in "wax+"):
+            refuse(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    def patched_os_open(path, flags, *args, **kwargs):
+        if hit(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            refuse(path)
+        return real_os_open(path, flags, *args, **kwargs)
+
+    def patched_mkdir(path, *args, **kwargs):
+        if hit(path):
+            refuse(path)
+        return real_mkdir(path, *args, **kwargs)
+
+    builtins.open = io.open = patched_open
+    os.open, os.mkdir = patched_os_open, patched_mkdir
+
+
+def fsize(limit: int) -> None:
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the process instead of EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def stall(rank: int, nth: int) -> None:
+    from megatron_loop.model.looplm import LoopLM
+
+    if int(os.environ.get("RANK", "0")) != rank:
+        return
+    forward = LoopLM.forward
+    bump = _counter()
+
+    def patched(self, *args, **kwargs):
+        if self.training and bump() == nth:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return forward(self, *args, **kwargs)
+
+    LoopLM.forward = patched
+
+
+def raise_in_step(rank: int | None, nth: int) -> None:
+    from megatron_loop.model.looplm import LoopLM
+
+    if rank is not None and int(os.environ.get("RANK", "0")) != rank:
+        return
+    forward = LoopLM.forward
+    bump = _counter()
+
+    def patched(self, *args, **kwargs):
+        if self.training and bump() == nth:
+            raise RuntimeError(f"injected fault in training forward {nth}")
+        return forward(self, *args, **kwargs)
+
+    LoopLM.forward = patched
+
+
+def signal_in_worker(name: str, nth: int) -> None:
+    import torch.utils.data
+
+    from megatron_loop.data.packed import PackedDataset
+
+    getitem = PackedDataset.__getitem__
+    bump = _counter()
+
+    def patched(self, index):
+        if torch.utils.data.get_worker_info() is not None and bump() == nth:
+            os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+        return getitem(self, index)
+
+    PackedDataset.__getitem__ = patched
+
+
+class FullDiskFile:
+    """A text file on a full disk: writes are buffered, then every flush fails with ENOSPC, and so
+    does the close (which flushes the buffer again), as Python's buffered files behave."""
+
+    def __init__(self, real) -> None:
+        self.real, self.pending = real, []
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    def write(self, text: str) -> int:
+        self.pending.append(text)
+        return len(text)
+
+    def _fail(self):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def flush(self) -> None:
+        self._fail()
+
+    def close(self) -> None:
+        self.real.close()
+        if self.pending:
+            self._fail()
+
+
+def metrics_fault(how: str, nth: int) -> None:
+    from megatron_loop.training.metrics import MetricsLogger
+
+    log = MetricsLogger.log
+    bump = _counter()
+
+    def patched(self, record):
+        log(self, record)
+        if record.get("event") == "train" and bump() == nth:
+            if how == "full":
+                self._file = FullDiskFile(self._file)
+            else:
+                os.unlink(self.path)
+
+    MetricsLogger.log = patched
+
+
+def kill_in_swap() -> None:
+    real_replace = os.replace
+
+    def patched(src, dst, *args, **kwargs):
+        real_replace(src, dst, *args, **kwargs)
+        if ".old-" in os.path.basename(os.fspath(dst)):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    os.replace = patched
+
+
+def apply(fault: str) -> None:
+    kind, _, arg = fault.partition("@")
+    if kind == "nan":
+        accumulation, _, steps = arg.partition(":")
+        inject_nan(int(accumulation), {int(s) for s in steps.split(",")})
+    elif kind == "kill_before_publish":
+        kill_before_publish(int(arg))
+    elif kind == "enospc_on_save":
+        enospc_on_save(int(arg))
+    elif kind == "slow":
+        slow(float(arg))
+    elif kind == "oserror":
+        name, _, path = arg.partition(":")
+        oserror(name, path)
+    elif kind == "fsize":
+        fsize(int(arg))
+    elif kind == "stall":
+        rank, _, nth = arg.partition(":")
+        stall(int(rank), int(nth))
+    elif kind == "raise":
+        rank, _, nth = arg.rpartition(":")
+        raise_in_step(int(rank) if rank else None, int(nth))
+    elif kind == "worker":
+        name, _, nth = arg.partition(":")
+        signal_in_worker(name, int(nth))
+    elif kind == "metrics":
+        how, _, nth = arg.partition(":")
+        metrics_fault(how, int(nth))
+    elif kind == "kill_in_swap":
+        kill_in_swap()
+    else:
+        raise SystemExit(f"unknown fault {fault!r}")
+
+
+def main() -> int:
+    # the deepspeed launcher puts --local_rank=N first; pass it on to pretrain_loop.py
+    launcher_args = [a for a in sys.argv[1:] if a.startswith("--local_rank")]
+    rest = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    faults, argv = rest[0], launcher_args + rest[1:]
+    for fault in faults.split("+"):
+        apply(fault)
+    if argv and argv[0] == "convert_to_hf.py":
+        sys.path.insert(0, str(REPO / "tools"))
+        import convert_to_hf
+
+        return convert_to_hf.main(argv[1:])
+    import pretrain_loop
+
+    return pretrain_loop.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

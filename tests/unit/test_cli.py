@@ -1,0 +1,79 @@
+"""``megatron_loop/cli.py``: the command-line convention every entry point shares (a project error is
+one ``error:`` line and exit 2; anything else is a traceback) and the argument checks the tools share."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_loop.cli import check_output_folder, parse_loop_counts, read_tool_json, run_cli
+from megatron_loop.errors import LoopConfigError, LoopDataError
+
+
+def test_run_cli_turns_project_errors_into_one_line_and_exit_2(capsys):
+    assert run_cli(lambda argv: 0 if argv == ["--ok"] else 7, ["--ok"]) == 0
+    assert run_cli(lambda argv: 7, []) == 7
+    for error in (LoopConfigError("train.lr=-1: expected a positive number"),
+                  LoopDataError("data.bin: truncated")):
+        def main(argv, error=error):
+            raise error
+
+        assert run_cli(main) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == f"error: {error}\n"
+
+    def bug(argv):
+        raise KeyError("a bug")
+
+    with pytest.raises(KeyError, match="a bug"):  # not ours to word: the traceback stays
+        run_cli(bug)
+
+
+def test_check_output_folder_refuses_a_file_in_the_way(tmp_path):
+    check_output_folder(tmp_path / "new" / "deeper", "--output", "the results")  # creatable: fine
+    check_output_folder(tmp_path, "--output", "the results")  # an existing folder: fine
+    file = tmp_path / "results.json"
+    file.write_text("{}")
+    with pytest.raises(LoopConfigError, match=rf"^--output {file}: exists and is not a folder; expected a folder "
+                                              r"for the results$"):
+        check_output_folder(file, "--output", "the results")
+    with pytest.raises(LoopConfigError, match=rf"^--output-prefix {file}/run/out: {file} is a file; expected a "
+                                              r"folder for the figures$"):
+        check_output_folder(file / "run", "--output-prefix", "the figures", given=file / "run" / "out")
+
+
+@pytest.mark.parametrize("text, loops", [("1,2,4,8", [1, 2, 4, 8]), ("3", [3]), (" 1, 2,", [1, 2])])
+def test_loop_counts_parse(text, loops):
+    assert parse_loop_counts(text) == loops
+
+
+@pytest.mark.parametrize("text, message", [
+    ("1,two", r"--loops '1,two': expected comma-separated integers, e.g. 1,2,4,8"),
+    ("0,1", r"--loops '0,1': expected loop counts r >= 1"),
+    ("", r"--loops '': expected loop counts r >= 1"),
+    ("1,2,2", r"--loops '1,2,2': r=2 listed twice; expected distinct loop counts"),
+    ("4,2,8", r"--loops '4,2,8': expected loop counts in increasing order, e.g. 2,4,8"),
+])
+def test_bad_loop_counts_are_one_error(text, message):
+    with pytest.raises(LoopConfigError, match="^" + message):
+        parse_loop_counts(text)
+
+
+def test_read_tool_json_reads_a_file_or_its_folder_and_names_what_is_wrong(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"loops": [1, 2], "tasks": {}}))
+    assert read_tool_json(path, "--results", "results.json", "tools/eval_loops.py", ["loops"])["loops"] == [1, 2]
+    assert read_tool_json(tmp_path, "--results", "results.json", "tools/eval_loops.py", ["loops", "tasks"]) == {
+        "loops": [1, 2], "tasks": {}}
+    cases = [
+        (tmp_path / "none.json", None, r"none.json: not found; expected a results.json written by tools/eval_loops.py"),
+        (tmp_path / "bad.json", "{oops", r"bad.json: not readable JSON \(Expecting property name"),
+        (tmp_path / "list.json", "[1]", r"list.json: missing \['a JSON object'\]"),
+        (tmp_path / "partial.json", '{"tasks": {}}', r"partial.json: missing \['loops'\]; expected a results.json"),
+    ]
+    for file, text, message in cases:
+        if text is not None:
+            file.write_text(text)
+        with pytest.raises(LoopDataError, match=r"^--results .*" + message):
+            read_tool_json(file, "--results", "results.json", "tools/eval_loops.py", ["loops"])

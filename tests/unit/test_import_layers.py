@@ -1,0 +1,224 @@
+"""The package's import structure, read from the source with ``ast`` (function-level imports included).
+
+Modules sit on floors in the order data flows: a module imports only from
+its own floor or lower ones, and no chain of imports between megatron_loop modules comes back to
+where it started. :data:`FLOORS` is the table; a module takes the floor of its longest matching
+prefix. To move a module, edit its row (or add one), keeping the reason accurate.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+from testpaths import REPO
+
+PACKAGE = "megatron_loop"
+MAX_LINES = 500
+LONG_MODULES_ALLOWED = {"megatron_loop/hf/modeling_looplm.py"}  # self-contained: copied into every HF export
+
+# module prefix -> (floor, why it sits there). Lower floors never import from higher ones.
+FLOORS: dict[str, tuple[int, str]] = {
+    "megatron_loop.errors": (0, "error types and OS-error wording, used everywhere"),
+    "megatron_loop.atomic": (0, "temp-file + rename writes, used by every writer"),
+    "megatron_loop.cli": (0, "the command-line convention (one error line, exit 2) and the tools' shared argument checks"),
+    "megatron_loop.config": (1, "YAML -> validated dataclasses (and the DeepSpeed JSON); reads nothing but the base"),
+    "megatron_loop.flops": (2, "FLOP counts from a ModelConfig alone (no torch)"),
+    "megatron_loop.optim.schedule": (2, "WSD arithmetic (torch imported only where a scheduler is built)"),
+    "megatron_loop.plan": (2, "steps, WSD split, accumulation and token budget of a run, from the config"),
+    "megatron_loop.plotting": (2, "matplotlib styling shared by every figure"),
+    "megatron_loop.data": (3, "indexed datasets, packing, loaders, preprocessing: read the config"),
+    "megatron_loop.measure": (2, "timers, peak memory, peak FLOP/s and host-sync probes (torch only)"),
+    "megatron_loop.measure.loss_check": (5, "the GPU session's kernel check: model.loss's implementations against "
+                                            "an fp32 reference"),
+    "megatron_loop.model": (4, "the LoopLM and its conditioning, built from a ModelConfig"),
+    "megatron_loop.hf.modeling_looplm": (4, "self-contained HF modeling code (torch + transformers only); the "
+                                            "model's adaptive exit reuses its exit rule"),
+    "megatron_loop.parallel": (4, "tensor parallelism the model is built with: the process groups (bootstrap), "
+                                  "vocab-parallel edges, sequence-parallel norms, shards, the TP gradient sum; "
+                                  "the TP plan of --dry-run"),
+    "megatron_loop.parallel.parallelize": (5, "prepares a built model for training: TP gradient sum, activation "
+                                              "recomputation, compile, ZeRO-3 registration (model's floor + 1)"),
+    "megatron_loop.parallel.mpu": (5, "DeepSpeed's model-parallel unit: ZeRO over the data-parallel group"),
+    "megatron_loop.parallel.muon": (5, "Muon on TP-sharded matrices (gathered over the TP group)"),
+    "megatron_loop.optim": (5, "Muon + AdamW, the DeepSpeed engine around a built model"),
+    "megatron_loop.checkpoint": (6, "the on-disk checkpoint format: layout, manifest, selection, weights, publish"),
+    "megatron_loop.training": (7, "the loop, checkpoints, resume, metrics: drives model, optim and data"),
+    "megatron_loop.dryrun": (8, "--dry-run report: runs training's preflight checks on the plan"),
+    "megatron_loop.hf": (8, "HF export: reads training checkpoints (and their lock), writes transformers folders"),
+    "megatron_loop.registry": (9, "the paper's run table, rendered as configs (counts parameters via the plan)"),
+    "megatron_loop.eval": (9, "loop-sweep evaluation of HF exports"),
+    "megatron_loop.probes": (9, "representation probes of checkpoints or HF exports"),
+    "megatron_loop": (10, "the package root (this row matches it alone): re-exports load_config, build_model"),
+    "tools": (10, "command-line tools: import anything, imported by nothing in the package"),
+    "pretrain_loop": (10, "the training entry point"),
+}
+
+
+def source_files() -> list[Path]:
+    return [*sorted((REPO / PACKAGE).rglob("*.py")), *sorted((REPO / "tools").rglob("*.py")), REPO / "pretrain_loop.py"]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_module(name: str) -> bool:
+    base = REPO.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def imports_of(path: Path) -> set[str]:
+    """The megatron_loop modules ``path`` imports anywhere in it (``from P import m`` names module P.m
+    when m is a submodule, else P); ``if TYPE_CHECKING:`` blocks are left out (never run)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    type_checking = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            type_checking.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in type_checking:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if _is_module(sub) else base)
+    return {m for m in found if m == PACKAGE or m.startswith(PACKAGE + ".")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph = {module_name(p): imports_of(p) for p in source_files()}
+    return {m: {t for t in targets if t != m} for m, targets in graph.items()}
+
+
+def floor_of(module: str) -> int:
+    matches = [p for p in FLOORS if module == p or (p != PACKAGE and module.startswith(p + "."))]
+    assert matches, f"{module}: no row in FLOORS; add one (its floor and why)"
+    return FLOORS[max(matches, key=len)][0]
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle_between_package_modules():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_import_from_a_lower_floor_to_a_higher_one():
+    upward = [f"{m} (floor {floor_of(m)}) imports {t} (floor {floor_of(t)})"
+              for m, targets in sorted(import_graph().items()) for t in sorted(targets) if floor_of(t) > floor_of(m)]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_checker_sees_function_level_and_relative_imports(tmp_path, monkeypatch):
+    """A cycle hidden in a function body, and an upward import spelled relatively, are both found."""
+    package = tmp_path / PACKAGE
+    (package / "training").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "config.py").write_text("def validate():\n    from megatron_loop.training import sampling\n")
+    (package / "training" / "__init__.py").write_text("")
+    (package / "training" / "sampling.py").write_text("from ..config import validate\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    graph = {module_name(p): imports_of(p) for p in sorted(package.rglob("*.py"))}
+    assert graph["megatron_loop.config"] == {"megatron_loop.training.sampling"}
+    assert graph["megatron_loop.training.sampling"] == {"megatron_loop.config"}
+    assert find_cycle(graph) == ["megatron_loop.config", "megatron_loop.training.sampling", "megatron_loop.config"]
+    assert floor_of("megatron_loop.training.sampling") > floor_of("megatron_loop.config")
+
+
+def test_every_module_has_a_floor():
+    for module in import_graph():
+        floor_of(module)
+
+
+def test_no_module_over_500_lines():
+    """One job per module: a maintainer reads a module whole (the HF modeling file is exempt: it is
+    copied alone into every export and must stand by itself)."""
+    long = [f"{p.relative_to(REPO)}: {n} lines" for p in source_files()
+            if p.relative_to(REPO).as_posix() not in LONG_MODULES_ALLOWED
+            and (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert not long, f"modules over {MAX_LINES} lines:\n" + "\n".join(long)
+
+
+# the calls that create process groups, and the one module allowed to make them
+GROUP_CREATION = ("init_process_group", "new_group", "initialize_model_parallel", "init_distributed")
+GROUP_OWNER = "megatron_loop/parallel/bootstrap.py"
+
+
+def _calls(path: Path) -> set[str]:
+    """The names of every function or method ``path`` calls (``a.b.f(...)`` counts as ``f`` and ``b.f``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name):
+                names.add(func.id)
+            elif isinstance(func, ast.Attribute):
+                names.add(func.attr)
+                if isinstance(func.value, ast.Name):
+                    names.add(f"{func.value.id}.{func.attr}")
+    return names
+
+
+def test_only_the_bootstrap_module_creates_process_groups():
+    """No model constructor, engine or training module creates a process group or picks a port:
+    ``parallel/bootstrap.py`` does, for everyone (the model builder asks it)."""
+    package = sorted((REPO / PACKAGE).rglob("*.py"))
+    makers = sorted(p.relative_to(REPO).as_posix() for p in package if _calls(p) & set(GROUP_CREATION))
+    assert makers == [GROUP_OWNER]
+    ports = sorted(p.relative_to(REPO).as_posix() for p in package if "socket.socket" in p.read_text())
+    assert ports == [GROUP_OWNER]
+
+
+def test_one_module_calls_deepspeed_initialize():
+    callers = sorted(p.relative_to(REPO).as_posix() for p in sorted((REPO / PACKAGE).rglob("*.py"))
+                     if "deepspeed.initialize" in _calls(p))
+    assert callers == ["megatron_loop/optim/engine.py"]
+
+
+def test_one_module_reads_the_deepspeed_json():
+    """The DeepSpeed JSON has one owner: config/deepspeed.py knows where the shipped files are and is the
+    one module that parses a DeepSpeed config (a JSON with a ``zero_optimization`` section)."""
+    package = sorted((REPO / PACKAGE).rglob("*.py"))
+    where = sorted(p.relative_to(REPO).as_posix() for p in package if '"deepspeed_configs"' in p.read_text())
+    parsers = sorted(p.relative_to(REPO).as_posix() for p in package
+                     if "json.load" in (text := p.read_text()) and "zero_optimization" in text)
+    assert where == parsers == ["megatron_loop/config/deepspeed.py"]
+
+
+def test_the_checks_above_see_a_violation(tmp_path):
+    bad = tmp_path / "m.py"
+    bad.write_text("import torch.distributed as dist\n\ndef f():\n    dist.new_group([0])\n    deepspeed.initialize(x)\n")
+    assert {"new_group", "dist.new_group", "deepspeed.initialize"} <= _calls(bad)

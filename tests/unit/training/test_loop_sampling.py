@@ -1,0 +1,79 @@
+"""``training/loop_sampling.py`` and the ``train.loop_sampling`` / ``train.backprop_loops`` settings
+(``config/validation.py``): the step's loop count is a pure function of (config, seed, step):
+deterministic, untouched by the global RNG streams, with mean K, within the configured range; bad
+settings name the key. (Runs with sampled loops, 2 ranks and a resume:
+tests/integration/training/test_loop_sampling_runs.py.)"""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import numpy as np
+import pytest
+import torch
+
+from megatron_loop import LoopConfigError
+from megatron_loop.config import config_from_dict
+from megatron_loop.config.validation import loop_range
+from megatron_loop.training.loop_sampling import sample_train_loops
+
+
+def _cfg(model=None, **train):
+    return config_from_dict({"model": {"backbone": "tiny-llama", "train_loops": 4, "initial_injection": "scalar",
+                                       **(model or {})}, "train": train}, source="c.yaml")
+
+
+@pytest.mark.parametrize("model,train,message", [
+    ({}, {"loop_sampling": "gamma"}, "train.loop_sampling='gamma': expected one of ('fixed', 'poisson_lognormal', 'uniform')"),
+    ({}, {"loop_sampling_sigma": 0.0}, "train.loop_sampling_sigma=0.0: expected a positive float"),
+    ({}, {"loop_sampling_min": 0}, "train.loop_sampling_min=0: expected an integer >= 1"),
+    ({}, {"loop_sampling_min": 3, "loop_sampling_max": 2}, "train.loop_sampling_max=2: expected null or an integer >= loop_sampling_min=3"),
+    ({}, {"backprop_loops": 0}, "train.backprop_loops=0: expected null (backpropagate through every loop) or an integer >= 1"),
+    ({"train_loops": 1}, {"loop_sampling": "poisson_lognormal"}, "with model.train_loops=1: expected train_loops >= 2"),
+    ({}, {"loop_sampling": "uniform", "loop_sampling_min": 5}, "train.loop_sampling_min=5: expected at most model.train_loops=4"),
+    ({"initial_injection": "none"}, {"backprop_loops": 2},
+     "train.backprop_loops=2: with model.initial_injection='none' the loops that run without a graph cut the embedding"),
+])
+def test_bad_settings_name_the_key(model, train, message):
+    with pytest.raises(LoopConfigError) as err:
+        _cfg(model, **train)
+    assert str(err.value).startswith("c.yaml: ") and message in str(err.value)
+
+
+def test_truncation_without_injection_is_allowed_when_nothing_is_truncated():
+    """backprop_loops = the largest draw: no loop runs without a graph, so the embedding keeps its
+    gradient without an injection; one loop more in the range and the same setting truncates (refused)."""
+    cfg = _cfg({"initial_injection": "none"}, loop_sampling="uniform", loop_sampling_max=6, backprop_loops=6)
+    assert loop_range(cfg.train, 4) == (1, 6)
+    draws = {sample_train_loops(cfg.train, 4, s) for s in range(500)}
+    assert draws == set(range(1, 7)) and max(draws) - cfg.train.backprop_loops == 0  # no loop without a graph
+    with pytest.raises(LoopConfigError, match=r"train.backprop_loops=6: with model.initial_injection='none' the "
+                                              r"loops that run without a graph cut the embedding .* or "
+                                              r"train.backprop_loops null or >= 7 \(the largest loop count\)"):
+        _cfg({"initial_injection": "none"}, loop_sampling="uniform", loop_sampling_max=7, backprop_loops=6)
+
+
+def test_draws_are_a_function_of_seed_and_step_only():
+    cfg = _cfg(loop_sampling="poisson_lognormal").train
+    draws = [sample_train_loops(cfg, 4, s) for s in range(200)]
+    torch.manual_seed(123)
+    np.random.seed(123)
+    random.seed(123)
+    torch.rand(5), np.random.rand(5), random.random()  # global streams move: the draws do not
+    assert [sample_train_loops(cfg, 4, s) for s in range(200)] == draws
+    assert len(set(draws)) > 3  # really sampled
+    other = _cfg(loop_sampling="poisson_lognormal", seed=7).train
+    assert [sample_train_loops(other, 4, s) for s in range(200)] != draws
+    assert sample_train_loops(_cfg().train, 4, 17) == 4  # fixed: K
+
+
+def test_distributions_have_mean_k_and_respect_the_range():
+    n = 2000
+    pln = [sample_train_loops(_cfg(loop_sampling="poisson_lognormal").train, 4, s) for s in range(n)]
+    assert min(pln) >= 1 and statistics.mean(pln) == pytest.approx(4, abs=0.2)  # E[1 + Poisson(lognormal)] = K
+    assert max(pln) >= 10  # Huginn's heavy right tail
+    uni = [sample_train_loops(_cfg(loop_sampling="uniform").train, 4, s) for s in range(n)]
+    assert set(uni) == set(range(1, 8)) and statistics.mean(uni) == pytest.approx(4, abs=0.2)  # U{1..2K-1}
+    clipped = _cfg(loop_sampling="poisson_lognormal", loop_sampling_min=2, loop_sampling_max=6).train
+    assert {sample_train_loops(clipped, 4, s) for s in range(n)} == set(range(2, 7))
