@@ -13,6 +13,7 @@ import json
 import math
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,10 @@ def test_results_record_scores_per_r_and_effective_depth(sweep):
     assert res["loops"] == list(LOOPS) and res["layout"] == "1+1x3+1" and res["training_depth"] == 5
     assert res["effective_depth"] == {str(r): 1 + r + 1 for r in LOOPS}
     assert res["metrics"] == {"proofwriter": "acc", "clutrr": "acc_norm", "bbh": "acc", "piqa": "acc_norm"}
+    # Loop Gating on the rescaled grid (t_l = l/r): each r has its own trajectory, so one pass per r
+    (passes,) = res["sweep_passes"]
+    assert passes["mode"] == "per-r" and passes["loops"] == list(LOOPS)
+    assert passes["reason"].startswith("timestep conditioning (loop_gating) on the rescaled grid")
     for r in map(str, LOOPS):
         scores = {k: res["tasks"][k][r] for k in res["tasks"]}
         assert all(0.0 <= v <= 100.0 for v in scores.values())
@@ -255,7 +260,7 @@ def test_lm_eval_command_line_runs_with_num_loops(tmp_path):
     folder = hf_assets().exports[MODEL]
     r = 2 * MODELS[MODEL][1]["train_loops"]
     out = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "lm_eval") if (REPO / ".venv" / "bin" / "lm_eval").exists() else "lm_eval",
+        [str(Path(sys.executable).with_name("lm_eval")),  # the console script of this interpreter's lm-eval
          "--model", "hf", "--model_args", f"pretrained={folder},trust_remote_code=True,num_loops={r}",
          "--tasks", "looplm_clutrr_local", "--include_path", str(data_assets().corpus / "eval"),
          "--limit", "3", "--batch_size", "2", "--device", "cpu", "--log_samples", "--output_path", str(tmp_path)],
