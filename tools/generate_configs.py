@@ -149,7 +149,8 @@ def study_commands(study: R.Study) -> list[str]:
         lines += [f"deepspeed pretrain_loop.py --config {config_argument(name)}",
                   f"python tools/convert_to_hf.py --checkpoint runs/{name}/checkpoints --output hf/{name}"]
         compare = "".join(f" --compare {r}" for r in results) if name == study.runs[-1] else ""
-        lines.append(f"python tools/eval_loops.py --model hf/{name} --loops {loops} --valid-prefix {valid} "
+        tasks = f" --tasks {','.join(study.paper_tasks)}" if study.paper_tasks else ""  # else App. C.3's eleven
+        lines.append(f"python tools/eval_loops.py --model hf/{name} --loops {loops}{tasks} --valid-prefix {valid} "
                      f"--label {name} --output runs/{name}/eval{compare}")
         results.append(f"runs/{name}/eval/results.json")
         if study.probes:
@@ -176,10 +177,11 @@ def write_toys(study: R.Study, run_dir: str) -> list[str]:
 
 
 def toy_env(study: R.Study) -> list[str]:
-    """Shell assignments of a study's CPU settings: corpus flags, eval tasks, default steps, seeds."""
+    """Shell assignments of a study's CPU settings: corpus flags, eval tasks, default steps, seeds, and
+    whether it is a paired study (every item at every r, tools/paired_study.py)."""
     values = {"STUDY_CORPUS_ARGS": study.corpus_args, "STUDY_TASKS": study.eval_tasks,
               "STUDY_DEFAULT_STEPS": str(dict(study.toy_train).get("max_steps", 400)),
-              "STUDY_SEEDS": " ".join(map(str, study.seeds))}
+              "STUDY_SEEDS": " ".join(map(str, study.seeds)), "STUDY_PAIRED": "1" if study.paired else ""}
     return [f"{key}={shlex.quote(value)}" for key, value in values.items()]
 
 

@@ -150,8 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run", required=True, help="the study's output folder (STUDY_RUN of tools/small_study.sh)")
     a = ap.parse_args(argv)
     try:
+        if a.study in R.STUDIES and R.STUDIES[a.study].paired is not None:
+            raise LoopConfigError(f"--study {a.study!r}: a paired study; analyse it with tools/paired_study.py "
+                                  f"analyse --study {a.study} --run RUN")
         if a.study not in R.STUDIES or not R.STUDIES[a.study].seeds:
-            seeded = ", ".join(s.name for s in R.STUDY_LIST if s.seeds)
+            seeded = ", ".join(s.name for s in R.STUDY_LIST if s.seeds and s.paired is None)
             raise LoopConfigError(f"--study {a.study!r}: expected a study with seeds ({seeded})")
         run = Path(a.run)
         summary = summarise(load_results(R.STUDIES[a.study], run))

@@ -21,8 +21,8 @@ from typing import Iterable, Iterator
 
 from megatron_loop.atomic import write_atomic
 from megatron_loop.data.corpus_knowledge import Person, make_people
-from megatron_loop.data.corpus_templates import (GENERATORS, KNOWLEDGE_EVAL, KNOWLEDGE_TASK, TASK_NAMES, TASKS,
-                                                 ReasoningItem, make_prose)
+from megatron_loop.data.corpus_templates import (FINITE_TASKS, GENERATORS, KNOWLEDGE_EVAL, KNOWLEDGE_TASK,
+                                                 TASK_NAMES, TASKS, ReasoningItem, make_prose)
 from megatron_loop.errors import LoopConfigError
 
 
@@ -53,7 +53,10 @@ class CorpusSpec:
     # Knowledge items: "heldout" asks about the people whose Q&A is not in train (recall from
     # biographies through an unseen question form); "trained" asks the Q&A people's questions,
     # whose answers train states ``knowledge_qa_mentions`` times (storage of facts as such,
-    # the quantity that grows with parameters).
+    # the quantity that grows with parameters); "template" asks every person's facts, each in the
+    # biography paraphrase held out from that person's ``knowledge_mentions`` biographies (no Q&A:
+    # ``knowledge_qa_fraction`` 0), so each fact is seen exactly ``knowledge_mentions`` times per
+    # epoch and asked in a form never seen with it (closed-book recall).
     knowledge_eval: str = "heldout"
     knowledge_qa_mentions: int = 1
 
@@ -80,14 +83,19 @@ class CorpusSpec:
         if self.knowledge_eval == "trained" and not 0.0 < self.knowledge_qa_fraction <= 1.0:
             raise LoopConfigError(f"knowledge_qa_fraction={self.knowledge_qa_fraction}: expected a "
                                   "share in (0, 1] with knowledge_eval=trained (the Q&A people are the items)")
+        if self.knowledge_eval == "template" and (self.knowledge_qa_fraction != 0.0 or self.knowledge_mentions < 1):
+            raise LoopConfigError(f"knowledge_eval=template with knowledge_qa_fraction={self.knowledge_qa_fraction}, "
+                                  f"knowledge_mentions={self.knowledge_mentions}: expected knowledge_qa_fraction 0 "
+                                  "(no Q&A documents) and knowledge_mentions >= 1 (the facts' only exposures)")
 
 
 def _documents(rng: random.Random, spec: CorpusSpec, n_prose: int, n_reasoning: int,
                bios: list[Person], mentions: int, qa: list[Person],
-               contexts: set[str]) -> list[dict]:
+               contexts: set[str], held_out: dict[str, dict[str, int]] | None = None) -> list[dict]:
     """Mixed prose, reasoning (depths uniform in 1..train_max_depth), ``mentions`` biographies
-    of every person in ``bios`` and the Q&A of every person in ``qa``; adds the reasoning
-    contexts to ``contexts``. Knowledge documents have source "facts", depth 0."""
+    of every person in ``bios`` (without the paraphrases ``held_out`` names for them) and the Q&A
+    of every person in ``qa``; adds the reasoning contexts to ``contexts``. Knowledge documents
+    have source "facts", depth 0."""
     docs = [{"text": make_prose(rng), "source": "prose", "depth": 0} for _ in range(n_prose)]
     for task in spec.reasoning_tasks:
         for _ in range(n_reasoning):
@@ -95,30 +103,36 @@ def _documents(rng: random.Random, spec: CorpusSpec, n_prose: int, n_reasoning: 
             contexts.add(item.context)
             docs.append({"text": item.training_text(spec.follow_up_questions), "source": task,
                          "depth": item.depth})
-    docs += [{"text": p.biography(rng), "source": "facts", "depth": 0} for p in bios for _ in range(mentions)]
+    docs += [{"text": p.biography(rng, (held_out or {}).get(p.name)), "source": "facts", "depth": 0}
+             for p in bios for _ in range(mentions)]
     docs += [{"text": p.qa_text(rng), "source": "facts", "depth": 0}
              for p in qa for _ in range(spec.knowledge_qa_mentions)]
     rng.shuffle(docs)
     return docs
 
 
-def _eval_items(task: str, spec: CorpusSpec, seen: set[str]) -> Iterator[ReasoningItem]:
-    """Held-out items, ``eval_items_per_depth`` per depth; a context seen in training is skipped."""
+def _eval_items(task: str, spec: CorpusSpec, seen: set[str]) -> Iterator[tuple[ReasoningItem, bool]]:
+    """Held-out items, ``eval_items_per_depth`` per depth, with whether their context is in training:
+    a context seen in training is skipped, except for the FINITE_TASKS, whose items are distinct
+    contexts whether seen or not (as many as the depth has, up to ``eval_items_per_depth``)."""
     rng = random.Random(f"{spec.seed}-eval-{task}")
+    finite = task in FINITE_TASKS
     for depth in range(spec.eval_min_depth, spec.eval_max_depth + 1):
-        made, attempts = 0, 0
+        made, attempts, drawn = 0, 0, set()
         while made < spec.eval_items_per_depth:
             attempts += 1
             if attempts > 100 * max(1, spec.eval_items_per_depth):
+                if finite:
+                    break  # every context of this depth drawn
                 raise LoopConfigError(
                     f"cannot draw {spec.eval_items_per_depth} distinct held-out {task} items at "
                     f"depth {depth}; lower eval_items_per_depth")
             item = GENERATORS[task](rng, depth)
-            if item.context in seen:
+            if item.context in drawn or (item.context in seen and not finite):
                 continue
-            seen.add(item.context)
+            drawn.add(item.context)
             made += 1
-            yield item
+            yield item, item.context in seen
 
 
 def _interleave(rows: list[dict], key: str = "depth") -> list[dict]:
@@ -164,17 +178,18 @@ def generate_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> 
     """Write ``train.jsonl``, ``valid.jsonl``, ``eval/<task>.jsonl``, ``eval/<task>.yaml`` and
     ``manifest.json`` under ``output_dir``; returns the manifest.
 
-    Train/valid lines are ``{"text", "source", "depth"}`` (source prose, clutrr, proofwriter,
-    tracking or facts; depth 0 for prose and facts). Eval lines are lm-eval multiple-choice docs
+    Train/valid lines are ``{"text", "source", "depth"}`` (source prose, one of the reasoning
+    generators, or facts; depth 0 for prose and facts). Eval lines are lm-eval multiple-choice docs
     ``{"query", "choices", "gold", "task"}`` plus ``depth`` (reasoning) or ``attribute`` and
-    ``person`` (facts); the YAMLs define tasks ``looplm_clutrr_local``,
-    ``looplm_proofwriter_local``, ``looplm_tracking_local`` and ``looplm_facts_local`` (load with
-    ``lm_eval --include_path <output_dir>/eval``).
+    ``person`` (facts; with ``knowledge_eval="template"`` also ``template`` and ``exposures``); the
+    YAMLs define tasks ``looplm_<task>_local`` for each reasoning generator and ``looplm_facts_local``
+    (load with ``lm_eval --include_path <output_dir>/eval``).
 
     Held out by construction: no reasoning eval context occurs in train or valid; the facts
     of the knowledge items are stated only in train (valid has its own people), and, with
     ``knowledge_eval="heldout"`` (default), their questions occur nowhere in train. With
-    ``knowledge_eval="trained"`` the items are the questions train answers (stored facts).
+    ``knowledge_eval="trained"`` the items are the questions train answers (stored facts); with
+    ``"template"`` each is the paraphrase of its fact that train never states (closed-book recall).
     """
     spec.validate()
     out = Path(output_dir)
@@ -193,10 +208,14 @@ def generate_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> 
     train_people, valid_people_list = people[:spec.knowledge_people], people[spec.knowledge_people:]
     qa_people, heldout_people = train_people[:n_qa], train_people[n_qa:]
 
+    held_out = None
+    if spec.knowledge_eval == "template":  # one paraphrase per fact never used in that person's biographies
+        rng = random.Random(f"{spec.seed}-templates")
+        held_out = {p.name: p.draw_held_out(rng) for p in train_people}
     contexts: set[str] = set()
     train = _documents(random.Random(f"{spec.seed}-train"), spec, spec.prose_docs,
                        spec.reasoning_docs_per_task, train_people, spec.knowledge_mentions,
-                       qa_people, contexts)
+                       qa_people, contexts, held_out)
     # the rest of valid_docs is prose; none when train has no prose (it would be out of distribution)
     n_valid_prose = max(0, spec.valid_docs - len(tasks) * n_reason - n_valid_bios) if spec.prose_docs else 0
     valid = _documents(random.Random(f"{spec.seed}-valid"), spec, n_valid_prose, n_reason,
@@ -204,11 +223,16 @@ def generate_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> 
     _write_jsonl(out / "train.jsonl", train)
     _write_jsonl(out / "valid.jsonl", valid)
 
-    eval_rows = {task: _interleave([item.eval_doc() for item in _eval_items(task, spec, contexts)])
+    eval_rows = {task: _interleave([dict(item.eval_doc(), **({"seen": seen} if task in FINITE_TASKS else {}))
+                                    for item, seen in _eval_items(task, spec, contexts)])
                  for task in tasks}
     rng = random.Random(f"{spec.seed}-eval-{KNOWLEDGE_TASK}")
-    asked = qa_people if spec.knowledge_eval == "trained" else heldout_people
-    eval_rows[KNOWLEDGE_TASK] = _interleave([d for p in asked for d in p.eval_docs(rng)], key="attribute")
+    if held_out is not None:
+        docs = [d for p in train_people for d in p.template_docs(rng, held_out[p.name], spec.knowledge_mentions)]
+    else:
+        asked = qa_people if spec.knowledge_eval == "trained" else heldout_people
+        docs = [d for p in asked for d in p.eval_docs(rng)]
+    eval_rows[KNOWLEDGE_TASK] = _interleave(docs, key="attribute")
     eval_counts = {}
     for task, rows in eval_rows.items():
         path = out / "eval" / f"{task}.jsonl"

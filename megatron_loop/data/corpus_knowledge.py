@@ -13,7 +13,10 @@ from megatron_loop.errors import LoopConfigError
 # from a question needs the facts memorised during training, not reasoning over the prompt.
 # As in mixed biography + QA pretraining, the questions about part of the population are
 # training documents too (they teach the question form); the questions about the others are
-# the held-out evaluation items.
+# the held-out evaluation items. In the held-out-template reading (``knowledge_eval="template"``)
+# there are no questions at all: each fact is asked in the one statement paraphrase that this
+# person's biographies never use for it (the other people's biographies do), so the item is
+# recall of a stored fact through a form never seen with it, not completion of a seen string.
 SURNAMES = (
     "Abbott", "Barlow", "Carver", "Dalton", "Ellison", "Fairley", "Garner", "Hadley", "Ingram",
     "Jarvis", "Keller", "Lowell", "Mercer", "Norris", "Osborne", "Prescott", "Quimby", "Radley",
@@ -51,11 +54,34 @@ class Person:
     name: str
     facts: tuple[tuple[str, str], ...]  # (attribute, value) in KNOWLEDGE_ATTRIBUTES order
 
-    def biography(self, rng: random.Random) -> str:
-        """One training mention: every fact in a randomly chosen paraphrase, in random order."""
-        sentences = [rng.choice(_STATEMENTS[a]).format(name=self.name, value=v) for a, v in self.facts]
+    def biography(self, rng: random.Random, held_out: dict[str, int] | None = None) -> str:
+        """One training mention: every fact in a randomly chosen paraphrase, in random order;
+        ``held_out`` (attribute -> paraphrase index) excludes that paraphrase of that fact."""
+        sentences = []
+        for a, v in self.facts:
+            allowed = [t for i, t in enumerate(_STATEMENTS[a]) if held_out is None or i != held_out[a]]
+            sentences.append(rng.choice(allowed).format(name=self.name, value=v))
         rng.shuffle(sentences)
         return " ".join(sentences)
+
+    def draw_held_out(self, rng: random.Random) -> dict[str, int]:
+        """One paraphrase per attribute kept out of this person's biographies (the eval template)."""
+        return {a: rng.randrange(len(_STATEMENTS[a])) for a, _ in self.facts}
+
+    def template_docs(self, rng: random.Random, held_out: dict[str, int], exposures: int) -> list[dict]:
+        """lm-eval multiple-choice documents asking each fact in its held-out paraphrase: the statement
+        up to the value (``Nora Abbott grew up in`` -> `` Lisbon``), gold + 3 other values of the attribute."""
+        docs = []
+        for attribute, value in self.facts:
+            template = _STATEMENTS[attribute][held_out[attribute]]
+            query = template.split("{value}")[0].rstrip().format(name=self.name)
+            distractors = rng.sample([x for x in KNOWLEDGE_ATTRIBUTES[attribute] if x != value],
+                                     KNOWLEDGE_CHOICES - 1)
+            choices, gold = shuffled_choices(rng, value, distractors)
+            docs.append({"query": query, "choices": list(choices), "gold": gold, "attribute": attribute,
+                         "person": self.name, "template": held_out[attribute], "exposures": exposures,
+                         "task": "facts"})
+        return docs
 
     def question(self, attribute: str) -> str:
         return f"Question: {_QUESTIONS[attribute].format(name=self.name)}\nAnswer:"

@@ -56,10 +56,16 @@ _FACT = (
 
 TASKS = ("clutrr", "proofwriter", "tracking")  # the reasoning generators of the default corpus
 ARITH_TASK = "arith"                            # chained arithmetic (the knowledge/reasoning study)
-REASONING_TASKS = (*TASKS, ARITH_TASK)          # every reasoning generator (CorpusSpec.reasoning_tasks)
+POINTER_TASK = "pointer"                        # in-context pointer chasing (piloted for finding1_paired)
+COMPOSE_TASK = "compose"                        # composition of digit permutations (finding1_paired)
+REASONING_TASKS = (*TASKS, ARITH_TASK, POINTER_TASK, COMPOSE_TASK)  # every generator (CorpusSpec.reasoning_tasks)
+# Tasks whose short contexts are few enough for training to contain them all (compose: 10 x 3^h
+# at depth h): their items are distinct contexts, in the train / valid documents or not, each
+# marked ``seen``.
+FINITE_TASKS = (COMPOSE_TASK,)
 KNOWLEDGE_TASK = "facts"                        # recall of the population's facts (see Person)
 TASK_NAMES = {task: f"looplm_{task}_local" for task in (*REASONING_TASKS, KNOWLEDGE_TASK)}
-KNOWLEDGE_EVAL = ("heldout", "trained")         # which people the knowledge items ask about (CorpusSpec)
+KNOWLEDGE_EVAL = ("heldout", "trained", "template")  # what the knowledge items ask (CorpusSpec.knowledge_eval)
 
 
 @dataclass(frozen=True)
@@ -76,10 +82,12 @@ class ReasoningItem:
     # training documents only: more supervised answers per context token (held-out items
     # are scored on the main question alone).
     follow_ups: tuple[tuple[str, str], ...] = ()
+    # What follows the context in the query (``{question}`` is filled in); the answer comes after it.
+    ask: str = "\nQuestion: {question}\nAnswer:"
 
     @property
     def query(self) -> str:
-        return f"{self.context}\nQuestion: {self.question}\nAnswer:"
+        return self.context + self.ask.format(question=self.question)
 
     def training_text(self, follow_ups: int = 0) -> str:
         """Pretraining document: the query followed by the answer, as lm-eval scores it, then
@@ -242,8 +250,83 @@ def _arith_question(step: int) -> str:
     return f"What is the last digit after step {step}?"
 
 
+# Variables of the pointer-chasing task: single lowercase letters, without a and i (English words)
+# and l and o (read as 1 and 0). Every variable is written after a space (" k"), one token form.
+POINTER_VARIABLES = tuple("bcdefghjkmnpqrstuvwxyz")
+POINTER_CHAINS = 3  # the asked chain and two distractor chains of the same length
+
+
+def make_pointer(rng: random.Random, depth: int, chains: int = POINTER_CHAINS) -> ReasoningItem:
+    """In-context pointer chasing: ``chains`` disjoint chains of ``depth`` assignments each,
+    ``k = m. m = q. q = 7.``, all statements shuffled together; the question asks the value of
+    the head of one chain (``What is k?`` -> ``7``), so the answer takes ``depth`` look-ups.
+
+    No lexical shortcut: the answer is a digit chosen among all ten (plain accuracy, chance 10 %),
+    every chain ends in a different digit and has the same length, so neither the digits present,
+    the statement order (shuffled) nor any chain's length points to the answer; a model that only
+    copies a digit from the context scores 1 / ``chains``. Variables are letters and values digits,
+    every one of them in training at every depth; a depth beyond training needs more look-ups of
+    the same kind, not a new word (contrast the CLUTRR-style kinship words). Follow-ups (training
+    documents only): the other chains' heads, then the intermediate variables (shorter chains).
+    """
+    if depth * chains > len(POINTER_VARIABLES):
+        raise ValueError(f"pointer depth {depth} x {chains} chains needs more than the "
+                         f"{len(POINTER_VARIABLES)} variables")
+    names = rng.sample(POINTER_VARIABLES, depth * chains)
+    values = rng.sample(DIGITS, chains)
+    statements, answers = [], {}
+    for c in range(chains):
+        chain = names[c * depth:(c + 1) * depth]
+        for i, var in enumerate(chain):
+            statements.append(f"{var} = {chain[i + 1] if i + 1 < depth else values[c]}.")
+            answers[var] = (values[c], depth - i)  # value, look-ups from this variable
+    rng.shuffle(statements)
+    head = names[0]
+    heads = [names[c * depth] for c in range(1, chains)]
+    inner = [v for v in names if v not in heads and v != head]
+    rng.shuffle(heads)
+    rng.shuffle(inner)
+    follow = tuple((_pointer_question(v), answers[v][0]) for v in heads + inner)
+    return ReasoningItem(POINTER_TASK, depth, "Given: " + " ".join(statements), _pointer_question(head), DIGITS,
+                         DIGITS.index(answers[head][0]), follow)
+
+
+def _pointer_question(var: str) -> str:
+    return f"What is {var}?"
+
+
+# The moves of the compose task: fixed permutations of the ten digits, part of the task (the same in
+# every corpus), stored only in the weights of a model that learns them.
+COMPOSE_MOVES: dict[str, tuple[int, ...]] = {
+    move: tuple(random.Random(f"compose-move-{move}").sample(range(10), 10)) for move in ("f", "g", "h")}
+
+
+def make_compose(rng: random.Random, depth: int) -> ReasoningItem:
+    """Composition of digit permutations, ``7 f g g =`` -> the digit reached from 7 by the moves f,
+    then g, then g: ``depth`` moves drawn from three fixed permutations of the digits
+    (:data:`COMPOSE_MOVES`), so the answer composes ``depth`` steps (the state tracking of BBH's
+    ``tracking_shuffled_objects`` with the shuffles learned rather than stated).
+
+    No lexical shortcut: the answer is a digit among all ten (plain accuracy, chance 10 %); every
+    move is a bijection, so every answer is equally likely at every depth and no move, count or start
+    alone determines it; a depth beyond training is a longer string of the same tokens. What a model
+    needs besides the composition is the three 10-entry tables, which every training document uses.
+    Depth h has 10 x 3^h contexts: a corpus of tens of thousands of items contains every one of
+    depths 1-4 (the eval items there are distinct contexts marked ``seen``), none of depths 5-6.
+    Compact on purpose (one short line per item): at toy scale the answers must be a large share of
+    the tokens for the composition to be learned in minutes (docs/REPRODUCE.md, the pilots).
+    """
+    start = rng.randrange(10)
+    moves = [rng.choice(tuple(COMPOSE_MOVES)) for _ in range(depth)]
+    value = start
+    for move in moves:
+        value = COMPOSE_MOVES[move][value]
+    return ReasoningItem(COMPOSE_TASK, depth, f"{start} {' '.join(moves)}", "", DIGITS, value, ask=" =")
+
+
 GENERATORS: dict[str, Callable[[random.Random, int], ReasoningItem]] = {
     "clutrr": make_clutrr, "proofwriter": make_proofwriter, "tracking": make_tracking, ARITH_TASK: make_arith,
+    POINTER_TASK: make_pointer, COMPOSE_TASK: make_compose,
 }
 
 

@@ -26,7 +26,9 @@ how it averages them (App. C.3 says only that group scores are unweighted averag
 own ``bbh`` group weights subtasks by their item counts instead. The sweep reports both (results
 JSON ``subtask_averages``).
 Standard errors are lm-eval's per task, combined through every unweighted mean as sqrt(sum se^2) / n.
-The bundled corpus adds ``facts`` (``looplm_facts_local``, acc_norm) to the Knowledge group.
+The bundled corpus adds ``facts`` (``looplm_facts_local``, acc_norm) to the Knowledge group, and
+``arith``, ``pointer`` and ``compose`` (digit answers, acc) as reasoning tasks of their own. The paired study
+(``eval/paired.py``) scores these items itself, with lm-eval's request construction and these metrics.
 Group score = unweighted mean of its tasks; Overall = unweighted mean of all eleven tasks,
 Eq. (S_Know, S_Reas): (3 * 62.80 + 8 * 28.52) / 11 = 37.87.
 """
@@ -85,13 +87,50 @@ BUNDLED_TASKS: dict[str, TaskSpec] = {t.key: t for t in (
     TaskSpec("facts", ("looplm_facts_local",), "acc_norm", KNOWLEDGE),
     # chained arithmetic mod 10 (the knowledge/reasoning study); the ten digits -> acc
     TaskSpec("arith", ("looplm_arith_local",), "acc", REASONING, depth_axis="operations"),
+    # in-context pointer chasing (the paired finding-1 study, ``eval/paired.py``); the ten digits -> acc
+    TaskSpec("pointer", ("looplm_pointer_local",), "acc", REASONING, depth_axis="hops"),
+    # composition of digit permutations (the paired finding-1 study); the ten digits -> acc
+    TaskSpec("compose", ("looplm_compose_local",), "acc", REASONING, depth_axis="moves"),
 )}
+
+
+# The optimizer pilot's suite (App. D.1, Table 7) is not App. C.3's: ARC-E, ARC-C, SciQ, MMLU,
+# HellaSwag, OBQA, PIQA, RACE, WinoGrande, CSQA, averaged together ("Avg."). MMLU and RACE are
+# defined here; the other eight are paper tasks above (ProofWriter, CLUTRR and BBH are not in it).
+# MMLU runs as its 57 lm-eval subjects (lm-eval's ``mmlu`` is a group, which the harness scores
+# through its subtasks, as BBH): the headline is the unweighted mean over subjects, and results
+# JSON ``subtask_averages`` also holds lm-eval's size-weighted ``mmlu`` score; Table 7 does not
+# say which it reports. Letters A-D and lm-eval's RACE (acc only) -> acc. They sit in the Knowledge
+# and Reasoning groups only so that Overall, the unweighted mean of every grouped task, is
+# Table 7's "Avg." of the ten; the pilot reports no group scores.
+MMLU_SUBJECTS = (
+    "abstract_algebra", "anatomy", "astronomy", "business_ethics", "clinical_knowledge", "college_biology",
+    "college_chemistry", "college_computer_science", "college_mathematics", "college_medicine", "college_physics",
+    "computer_security", "conceptual_physics", "econometrics", "electrical_engineering", "elementary_mathematics",
+    "formal_logic", "global_facts", "high_school_biology", "high_school_chemistry", "high_school_computer_science",
+    "high_school_european_history", "high_school_geography", "high_school_government_and_politics",
+    "high_school_macroeconomics", "high_school_mathematics", "high_school_microeconomics", "high_school_physics",
+    "high_school_psychology", "high_school_statistics", "high_school_us_history", "high_school_world_history",
+    "human_aging", "human_sexuality", "international_law", "jurisprudence", "logical_fallacies", "machine_learning",
+    "management", "marketing", "medical_genetics", "miscellaneous", "moral_disputes", "moral_scenarios", "nutrition",
+    "philosophy", "prehistory", "professional_accounting", "professional_law", "professional_medicine",
+    "professional_psychology", "public_relations", "security_studies", "sociology", "us_foreign_policy", "virology",
+    "world_religions",
+)
+PILOT_TASKS: dict[str, TaskSpec] = {t.key: t for t in (
+    TaskSpec("mmlu", tuple(f"mmlu_{s}" for s in MMLU_SUBJECTS), "acc", KNOWLEDGE),
+    TaskSpec("race", ("race",), "acc", REASONING),
+)}
+# Table 7's columns, in its order (``--tasks`` of the pilot's loop sweep, registry/pilot.py).
+PILOT_SUITE = ("arc_easy", "arc_challenge", "sciq", "mmlu", "hellaswag", "openbookqa", "piqa", "race", "winogrande",
+               "commonsense_qa")
 
 
 def resolve_tasks(items: list[str] | None) -> list[TaskSpec]:
     """Task specs from ``--tasks`` items (default: all eleven paper tasks).
 
-    ``KEY`` is a paper task; ``KEY=LM_EVAL_TASK`` runs another lm-eval task (e.g. a local
+    ``KEY`` is a paper task, a bundled one (:data:`BUNDLED_TASKS`) or one of the optimizer pilot's
+    (:data:`PILOT_TASKS`); ``KEY=LM_EVAL_TASK`` runs another lm-eval task (e.g. a local
     file-backed one) in that task's slot, keeping its metric and group; any other name runs
     as an extra task (metric ``acc``, in no group); ``NAME:METRIC`` picks the metric of an extra task.
     """
@@ -111,6 +150,8 @@ def resolve_tasks(items: list[str] | None) -> list[TaskSpec]:
             specs.append(PAPER_TASKS[item])
         elif item in BUNDLED_TASKS:
             specs.append(BUNDLED_TASKS[item])
+        elif item in PILOT_TASKS:
+            specs.append(PILOT_TASKS[item])
         else:
             name, _, metric = item.partition(":")
             metric = metric or "acc"

@@ -41,15 +41,16 @@ def run_config(run: Run) -> dict[str, dict[str, Any]]:
 
 
 def toy_config(toy: ToyRun, run_dir: str, train: dict[str, Any] | None = None,
-               name: str | None = None) -> dict[str, dict[str, Any]]:
+               name: str | None = None, model: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """The full YAML mapping of a CPU twin trained on the bundled corpus prepared in ``run_dir``
-    (``train``: overrides of TOY_TRAIN; ``name``: the run folder, default the twin's name)."""
+    (``train``: overrides of TOY_TRAIN; ``model``: of the tiny backbone's widths; ``name``: the run
+    folder, default the twin's name)."""
     p, s, k, c = toy.layout
     execution = EXECUTION["toy"]
     name = name or toy.name
     return dict(
-        model=dict(backbone=FAMILIES[toy.family].toy_backbone, prelude_layers=p, core_layers=s, train_loops=k,
-                   coda_layers=c, **toy.conditioning.model_fields(),
+        model=dict(backbone=FAMILIES[toy.family].toy_backbone, **(model or {}), prelude_layers=p, core_layers=s,
+                   train_loops=k, coda_layers=c, **toy.conditioning.model_fields(),
                    activation_checkpointing=execution["activation_checkpointing"], compile=execution["compile"]),
         train={**TOY_TRAIN, "micro_batch_size": execution["micro_batch_size"],
                "deepspeed_config": execution["deepspeed_config"], **(train or {}),
@@ -137,10 +138,14 @@ def render_run(run: Run) -> str:
 
 def toy_copies(study: Study) -> list[tuple[ToyRun, str, int | None]]:
     """(twin, run name, seed) of every model tools/small_study.sh trains: each twin once, or once
-    per seed of the study as ``NAME-seedS`` (seed by seed: an interrupted study has whole seeds)."""
+    per seed of the study as ``NAME-seedS`` (seed by seed: an interrupted study has whole seeds; a
+    paired study's primary model first, then the others seed by seed)."""
     if not study.seeds:
         return [(toy, toy.name, None) for toy in study.toys()]
-    return [(toy, f"{toy.name}-seed{seed}", seed) for seed in study.seeds for toy in study.toys()]
+    copies = [(toy, f"{toy.name}-seed{seed}", seed) for seed in study.seeds for toy in study.toys()]
+    if study.paired is not None:  # the pre-registered primary model's seeds first: a study cut short still tests it
+        copies.sort(key=lambda copy: copy[0].name != study.paired.primary)
+    return copies
 
 
 def render_toy(toy: ToyRun, run_dir: str, study: Study, name: str | None = None, seed: int | None = None) -> str:
@@ -149,4 +154,4 @@ def render_toy(toy: ToyRun, run_dir: str, study: Study, name: str | None = None,
     header = [f"CPU twin {name or toy.name}{twin} ({study.paper or study.name}, study '{study.name}')",
               GENERATED_NOTE.replace("edit the registry, not this file", "written by tools/small_study.sh")]
     train = dict(study.toy_train, **({"seed": seed} if seed is not None else {}))
-    return dump_yaml(toy_config(toy, run_dir, train, name), header)
+    return dump_yaml(toy_config(toy, run_dir, train, name, dict(study.toy_model)), header)

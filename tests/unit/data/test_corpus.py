@@ -65,8 +65,26 @@ def _solve_arith(query: str) -> str:
     return str(value % 10)
 
 
+def _solve_pointer(query: str) -> str:
+    values = dict(re.findall(r" (\w) = (\w)\.", query.split("\nQuestion:")[0]))
+    var = re.search(r"What is (\w)\?", query).group(1)
+    while not var.isdigit():
+        var = values[var]
+    return var
+
+
+def _solve_compose(query: str) -> str:
+    from megatron_loop.data.corpus_templates import COMPOSE_MOVES
+
+    start, moves = re.fullmatch(r"(\d) ([a-z ]+) =", query).groups()
+    value = int(start)
+    for move in moves.split():
+        value = COMPOSE_MOVES[move][value]
+    return str(value)
+
+
 SOLVERS = {"tracking": _solve_tracking, "proofwriter": _solve_proofwriter, "clutrr": _solve_clutrr,
-           "arith": _solve_arith}
+           "arith": _solve_arith, "pointer": _solve_pointer, "compose": _solve_compose}
 
 
 @pytest.mark.parametrize("task", sorted(GENERATORS))
@@ -79,15 +97,18 @@ def test_generated_answers_match_independent_solver(task):
             assert item.depth == depth
             assert SOLVERS[task](item.query) == item.choices[item.gold]
             assert len(set(item.choices)) == len(item.choices) >= 2
-            # a one-hop chain / one-step computation has no intermediate
-            assert item.follow_ups or (task in ("clutrr", "arith") and depth == 1)
+            # a one-hop chain / one-step computation has no intermediate; compose has no follow-ups
+            assert item.follow_ups or (task in ("clutrr", "arith") and depth == 1) or task == "compose"
             assert len({q for q, _ in item.follow_ups}) == len(item.follow_ups)
             for question, answer in item.follow_ups:
                 assert question != item.question
                 assert SOLVERS[task](f"{item.context}\nQuestion: {question}\nAnswer:") == answer
             text = item.training_text(follow_ups=2)
             assert text.startswith(f"{item.query} {item.choices[item.gold]}")
-            assert text.count("\nAnswer: ") == 1 + min(2, len(item.follow_ups))
+            if task == "compose":
+                assert text == f"{item.query} {item.choices[item.gold]}" and item.choices == tuple("0123456789")
+            else:
+                assert text.count("\nAnswer: ") == 1 + min(2, len(item.follow_ups))
 
 
 def test_clutrr_answer_gender_follows_last_person():
@@ -223,3 +244,61 @@ def test_make_corpus_and_train_tokenizer_clis(tmp_path):
     assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
     bad = run_tool("make_corpus.py", "--output-dir", str(tmp_path / "d"), "--eval-max-depth", "0")
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: corpus depths must be >= 1")
+
+
+def test_paired_study_corpus(tmp_path):
+    """finding1_paired's corpus: compose items with digit answers at depths 1-6 (depths 1-4 trained,
+    every context of them in the training (or validation) documents and marked ``seen``, depths 5-6
+    never), and the facts asked in
+    the paraphrase each person's biographies never use: every fact stated in exactly
+    ``knowledge_mentions`` biographies, in the other paraphrases, and the item's query nowhere in train."""
+    spec = CorpusSpec(seed=2, prose_docs=0, reasoning_tasks=("compose",), reasoning_docs_per_task=3000,
+                      train_max_depth=4, eval_max_depth=6, eval_items_per_depth=50, valid_docs=40,
+                      knowledge_people=30, knowledge_mentions=5, knowledge_qa_fraction=0.0, knowledge_eval="template")
+    manifest = generate_corpus(tmp_path, spec)
+    read = lambda name: [json.loads(line) for line in (tmp_path / name).open()]  # noqa: E731
+    train, items, facts = read("train.jsonl"), read("eval/compose.jsonl"), read("eval/facts.jsonl")
+    contexts = {d["text"].rsplit(" ", 1)[0] for d in train + read("valid.jsonl") if d["source"] == "compose"}
+    by_depth = {h: [d for d in items if d["depth"] == h] for h in range(1, 7)}
+    assert [len(by_depth[h]) for h in range(1, 7)] == [30, 50, 50, 50, 50, 50]  # depth 1 has 10 x 3 contexts
+    for h, docs in by_depth.items():
+        assert len({d["query"] for d in docs}) == len(docs)
+        assert all(d["seen"] == (d["query"] in contexts) for d in docs)
+        assert all(d["choices"] == [str(i) for i in range(10)] and _solve_compose(d["query"]) == str(d["gold"])
+                   for d in docs)
+    assert not any(d["seen"] for d in by_depth[5] + by_depth[6])
+    assert manifest["eval_items"] == {"looplm_compose_local": 280, "looplm_facts_local": 90}
+    bios = [d["text"] for d in train if d["source"] == "facts"]
+    assert len(bios) == 30 * 5 and not any("Question" in b for b in bios)
+    sentences = [s for b in bios for s in re.split(r"(?<=\.) ", b)]
+    for item in facts:
+        gold = item["choices"][item["gold"]]
+        stated = [s for s in sentences if item["person"] in s and gold in s]
+        assert len(stated) == item["exposures"] == 5  # every biography states it once
+        assert not any(s.startswith(item["query"] + " ") for s in sentences)  # never in the held-out paraphrase
+        assert item["person"] in item["query"] and len(set(item["choices"])) == 4
+
+
+@pytest.mark.parametrize("kind, kwargs, digest", [
+    ("demo", dict(seed=0, prose_docs=60, reasoning_docs_per_task=25, valid_docs=40, eval_items_per_depth=6,
+                  train_max_depth=2, eval_max_depth=3, knowledge_people=12),
+     "7ac382d4777fdc96476e83564ee11e1f13a31875deee8b299dbc28b81f7b1a96"),
+    ("finding1", dict(seed=0, prose_docs=0, reasoning_tasks=("clutrr",), reasoning_docs_per_task=40, valid_docs=30,
+                      eval_items_per_depth=5, train_max_depth=4, eval_max_depth=4, knowledge_people=10,
+                      knowledge_mentions=0, knowledge_qa_fraction=1.0, knowledge_eval="trained",
+                      knowledge_qa_mentions=3),
+     "68972e6b521e67f19786cd3fa2ffb2845c8707ae83d0957094772768747cb754"),
+])
+def test_existing_corpora_are_byte_identical(tmp_path, kind, kwargs, digest):
+    """The generators added for finding1_paired (compose, pointer, held-out-template knowledge) leave
+    every existing corpus as it was: the demo's kind (prose, the three default generators, held-out
+    knowledge) and finding1's (kinship chains, trained facts), at small sizes, hash to what the
+    generator wrote before them (the demo's scores in the docs depend on its corpus)."""
+    import hashlib
+
+    generate_corpus(tmp_path, CorpusSpec(**kwargs))
+    h = hashlib.sha256()
+    for path in sorted(tmp_path.rglob("*.jsonl")):
+        h.update(path.relative_to(tmp_path).as_posix().encode())
+        h.update(path.read_bytes())
+    assert h.hexdigest() == digest, kind

@@ -311,3 +311,23 @@ def test_seeded_study_twins(tmp_path, capsys):
     assert env["STUDY_DEFAULT_STEPS"] == "800" and "--reasoning-tasks clutrr" in env["STUDY_CORPUS_ARGS"]
     assert generate_configs.main(["--study", "toy", "--toy-env"]) == 0
     assert "STUDY_SEEDS=''" in capsys.readouterr().out
+
+
+def test_every_study_lists_a_run_once_and_the_pilot_evaluates_its_own_suite():
+    """A study's commands train each run once (Fig. 23 lists H+LG among the pairs, not again); the
+    optimizer pilot (Table 7) sweeps App. D.1's ten benchmarks, not App. C.3's eleven."""
+    for study in registry.STUDY_LIST:
+        assert len(set(study.runs)) == len(study.runs), study.name
+    with pytest.raises(ValueError, match="listed twice"):
+        registry.Study("x", "", "x", ("llama_4x5", "llama_4x5"))
+    lines = generate_configs.study_commands(registry.STUDIES["fig23"])
+    assert sum(line.startswith("deepspeed pretrain_loop.py") for line in lines) == 7
+    suite = "arc_easy,arc_challenge,sciq,mmlu,hellaswag,openbookqa,piqa,race,winogrande,commonsense_qa"
+    evals = [line for line in generate_configs.study_commands(registry.STUDIES["table7"]) if "eval_loops.py" in line]
+    assert len(evals) == 12 and all(f"--tasks {suite} " in line for line in evals)
+    assert not any("--tasks" in line for line in generate_configs.study_commands(registry.STUDIES["fig2"]))
+    from megatron_loop.eval.tasks import resolve_tasks
+
+    specs = resolve_tasks(suite.split(","))
+    assert [s.key for s in specs] == suite.split(",") and len(specs[3].lm_eval_tasks) == 57
+    assert {s.key for s in specs if s.group == "extra"} == set()  # Overall = the mean of all ten (Table 7's Avg.)
