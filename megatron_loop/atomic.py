@@ -149,7 +149,7 @@ def clean_leftovers(output: Path) -> list[str]:
             continue
         if not output.exists():
             os.replace(retired, output)
-            done.append(f"restored the previous export {output} from {retired.name}")
+            done.append(f"restored the previous {output} from {retired.name}")  # an export or a sweep's outputs
         else:
             shutil.rmtree(retired, ignore_errors=True)
             done.append(f"removed {retired}")

@@ -32,6 +32,9 @@ Modes (each case of a mode runs in this one process, side by side):
   loss             LM head + cross-entropy alone: chunked torch reference vs Liger's fused kernel (CUDA)
   backprop         truncated backpropagation: backprop_loops 1, K/2, K vs full at K loops
   exit-decode      greedy decode tokens/s of an HF export: fixed r vs per-token adaptive exit
+  sweep            a loop sweep's forwards over r = --sweep-loops of the HF export: one forward at the
+                   largest r reading out every r (loop_readouts) vs one forward per r; and the eval
+                   start-up: lm-eval's TaskManager over local tasks only vs with its stock tasks
   tp               tensor-parallel step time of --config's model at each --tp size, per GPU, with the TP
                    bytes the byte model predicts (under a launcher: torchrun --nproc_per_node 2 ...)
 CPU mode shrinks the models (same block structure, small widths, short sequences); CUDA mode
@@ -74,6 +77,7 @@ MODES = {
     "loss": "loss",
     "backprop": "backprop",
     "exit-decode": "exit_decode",
+    "sweep": "loop_sweep",
     "tp": "tensor_parallel",
 }
 # "all": every side-by-side mode in this process (train starts its own engine: run it alone;
@@ -101,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--loops", default=None,
                     help="K values for checkpointing (default 5,10 cuda, 2,4,8 cpu); backprop, recompute: the last")
     ap.add_argument("--eval-loops", default="1,2,4,8", help="r values for the eval mode")
+    ap.add_argument("--sweep-loops", default="1,2,3,4,5,6,7,8,9,10", help="r values of the sweep mode")
+    ap.add_argument("--startup-repeats", type=int, default=5,
+                    help="sweep mode: interleaved builds of lm-eval's TaskManager each way")
     ap.add_argument("--accumulation", type=int, default=None,
                     help="micro-batches of the measured accumulated step (default 6 cuda, 4 cpu)")
     ap.add_argument("--data-input", default=None, help="documents for the data mode (default: generated corpus)")
@@ -144,6 +151,7 @@ def resolve_lists(args: argparse.Namespace) -> None:
     args.families = args.families.split(",") if args.families else (["llama", "qwen"] if cuda else ["llama"])
     args.loops = [int(k) for k in (args.loops or ("5,10" if cuda else "2,4,8")).split(",")]
     args.eval_loops = [int(r) for r in args.eval_loops.split(",")]
+    args.sweep_loops = sorted({int(r) for r in args.sweep_loops.split(",")})
     args.tp = [int(t) for t in args.tp.split(",")]
 
 

@@ -16,6 +16,13 @@ task x r table (score ± standard error) and writes results.json, results.csv, p
 and PNG plots into --output (default: <model>_eval next to the model folder); --compare adds
 other runs' results.json to the shared figures.
 
+Where the model's recurrent trajectory does not depend on r (no timestep conditioning, or the
+``prefix`` timestep grid with r <= K), every r comes from one forward per batch at the largest r
+that reads the Coda and the head after each requested loop (bitwise the numbers of one pass per r;
+``megatron_loop/eval/one_pass.py``); otherwise (the ``rescaled`` grid: t_l = l/r) one pass per r.
+The sweep prints which (``loop sweep: ...``) and records it in results.json ``sweep_passes``;
+``--per-r`` forces one pass per r.
+
 Per-token adaptive exit (``model/adaptive_exit.py``): ``--exit-criterion kl|cosine --exit-thresholds 1e-4,1e-3``
 evaluates the same suite once per threshold with r capped at --exit-max-loops (default: the
 largest --loops) and adds, per threshold, the mean loops per token, the effective depth it
@@ -36,6 +43,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from megatron_loop.atomic import clean_leftovers  # noqa: E402
 from megatron_loop.cli import parse_loop_counts, run_cli  # noqa: E402
 from megatron_loop.errors import LoopConfigError  # noqa: E402
 
@@ -80,14 +88,19 @@ def _run(argv: Sequence[str] | None) -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
     ap.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
-    ap.add_argument("--output", default=None, help="results folder (default: <model>_eval next to the model); "
-                                                    "results.json is written after each r, and a sweep interrupted "
-                                                    "or run again with the same settings resumes from it")
+    ap.add_argument("--output", default=None, help="results folder (default: <model>_eval next to the model), "
+                                                    "replaced whole when the sweep finishes; meanwhile results.json "
+                                                    "is written to OUTPUT.partial after each r, and a sweep "
+                                                    "interrupted or run again with the same settings resumes from it")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace the results of another sweep in --output instead of stopping")
     ap.add_argument("--label", default=None, help="legend label of this model")
     ap.add_argument("--compare", action="append", default=[], help="another run's results.json for the figures")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--per-r", action="store_true",
+                    help="one pass per r even where one forward could serve every r (the trajectory does not "
+                         "depend on r: no timestep conditioning, or the prefix grid with r <= K); the numbers are "
+                         "the same, bitwise, only slower")
     ap.add_argument("--exit-criterion", default="none", choices=("none", "kl", "cosine"),
                     help="per-token adaptive exit criterion (default none: fixed r only)")
     ap.add_argument("--exit-thresholds", default=None, help="comma-separated exit thresholds, e.g. 1e-4,1e-3")
@@ -101,7 +114,8 @@ def _run(argv: Sequence[str] | None) -> int:
     from megatron_loop.eval.adaptive import (check_adaptive, format_adaptive_table, parse_thresholds,
                                              run_adaptive_sweep, write_adaptive_outputs)
     from megatron_loop.eval.plots import write_all_plots
-    from megatron_loop.eval.report import check_output, format_table, read_results, write_results, write_results_json
+    from megatron_loop.eval.report import (check_output, format_table, partial_folder, publish, read_results,
+                                           write_results, write_results_json)
     from megatron_loop.eval.sweep import (SweepSettings, export_config, open_session, resolve_seq_length, run_sweep,
                                           sweep_fingerprint)
     from megatron_loop.eval.tasks import resolve_tasks
@@ -111,7 +125,7 @@ def _run(argv: Sequence[str] | None) -> int:
                              include_paths=args.include_path, valid_prefix=args.valid_prefix,
                              seq_length=args.seq_length, valid_sequences=args.valid_sequences,
                              batch_size=args.batch_size, progress=not args.no_progress, device=args.device,
-                             dtype=args.dtype)
+                             dtype=args.dtype, one_pass=not args.per_r)
     others = [read_results(p) for p in args.compare]
     thresholds = None
     if args.exit_criterion != "none" or args.exit_thresholds is not None:
@@ -121,13 +135,16 @@ def _run(argv: Sequence[str] | None) -> int:
     for line in resolve_seq_length(settings, args.model, export_config(args.model)):
         print(line, file=sys.stderr)
     # The output before any work: a finished or interrupted sweep there is resumed or refused, never lost.
+    # The sweep writes into OUTPUT.partial and swaps it in for OUTPUT, whole, when done (report.publish).
     output = Path(args.output) if args.output else default_output(args.model)
+    for note in clean_leftovers(output):  # a publish killed between its two renames: the old set put back
+        print(note, file=sys.stderr)
     fingerprint = sweep_fingerprint(args.model, settings)
-    previous = check_output(output, fingerprint, args.overwrite)
+    previous, source = check_output(output, fingerprint, args.overwrite)
     if previous is not None:
         kept = [r for r in previous["loops"] if r in settings.loops]
         extra = [r for r in previous["loops"] if r not in settings.loops]
-        print(f"resuming the sweep in {output / 'results.json'}: r = {', '.join(map(str, kept)) or 'none'} already "
+        print(f"resuming the sweep in {source}: r = {', '.join(map(str, kept)) or 'none'} already "
               "done" + (f"; keeping r = {', '.join(map(str, extra))} from the earlier sweep" if extra else ""),
               file=sys.stderr)
     todo = [r for r in settings.loops if previous is None or r not in previous["loops"]]
@@ -138,17 +155,21 @@ def _run(argv: Sequence[str] | None) -> int:
         max_loops = max(settings.loops) if args.exit_max_loops is None else args.exit_max_loops
         check_adaptive(session, args.exit_criterion, max_loops)  # before the fixed-r sweep spends any time
 
-    def save(partial: dict) -> None:
-        write_results_json({**partial, "sweep_settings": fingerprint}, output)
+    staging = partial_folder(output)
 
-    results = run_sweep(session, settings, label=args.label, previous=previous, on_result=save)
+    def save(partial: dict) -> None:
+        write_results_json({**partial, "sweep_settings": fingerprint}, staging)
+
+    results = run_sweep(session, settings, label=args.label, previous=previous, on_result=save,
+                        on_passes=lambda passes: print(passes.line(), file=sys.stderr))
     results["sweep_settings"] = fingerprint
     if thresholds is not None:
         results["adaptive"] = run_adaptive_sweep(session, settings, args.exit_criterion, thresholds, max_loops)
-    paths = write_results(results, output)
-    plots = write_all_plots(results, output, others)
-    if thresholds is not None:
-        plots += write_adaptive_outputs(results, output, others)
+    paths = write_results(results, staging)
+    plots = write_all_plots(results, staging, others)
+    if results.get("adaptive"):  # also kept from an earlier call: the folder is replaced whole
+        plots += write_adaptive_outputs(results, staging, others)
+    publish(output)
     print(f"\n{results['layout']} (K={results['train_loops']}, L(r) = effective depth), "
           f"scores in % ± standard error, limit {results['limit']}")
     print(format_table(results))

@@ -2,7 +2,8 @@
 
 Every document is encoded without BOS (``add_special_tokens=False``) and terminated with the
 tokenizer's EOS; one indexed sequence per document. Encoding is batched and spread over
-``workers`` processes (``Pool.imap`` keeps document order). Token ids are stored as uint16
+``workers`` processes of one thread each (``Pool.imap`` keeps document order; the tokenizer's own
+Rust thread pool is off, so ``workers`` is the number of cores used). Token ids are stored as uint16
 when the vocabulary fits (megatron-core ``DType.optimal_dtype``), else int32.
 
 Outputs for ``--output-prefix P``:
@@ -73,15 +74,27 @@ def _batches(docs: Iterable[str], batch_size: int) -> Iterator[list[str]]:
 
 
 def _map_ordered(fn, batches: Iterable[list[str]], tok, workers: int) -> Iterator:
-    """``fn`` over ``batches`` in order, in-process (workers <= 1) or in a forked pool."""
+    """``fn`` over ``batches`` in order, in-process (workers <= 1) or in a forked pool.
+
+    Each encoding process runs one thread, so ``workers`` is the number of cores used: a fast
+    tokenizer's batch call otherwise spreads over every core through its Rust thread pool (unless
+    ``TOKENIZERS_PARALLELISM=false``), and ``--workers 1`` would use them all while its throughput
+    reads as one core's. The variable is set for the run (inherited by the forked workers) and
+    restored after it, so a process that goes on to train is not left single-threaded."""
     _set_tokenizer(tok)
-    if workers <= 1:
-        yield from map(fn, batches)
-        return
-    # One Rust thread per process: N processes already use the N cores.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    with mp.get_context("fork").Pool(workers) as pool:
-        yield from pool.imap(fn, batches, chunksize=1)
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by the tokenizers library at every batch call
+    try:
+        if workers <= 1:
+            yield from map(fn, batches)
+            return
+        with mp.get_context("fork").Pool(workers) as pool:
+            yield from pool.imap(fn, batches, chunksize=1)
+    finally:
+        if previous is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
 class _PrefixWriter:
@@ -274,7 +287,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokenizer", required=True, help="HF hub name or local tokenizer folder")
     ap.add_argument("--output-prefix", required=True, help="writes PREFIX.bin/.idx/.stats.json")
     ap.add_argument("--json-key", default="text", help="text field of json/jsonl/parquet/HF rows")
-    ap.add_argument("--workers", type=int, default=1, help="encoding processes")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="encoding processes, one thread each (so N cores in all; 1: single-threaded)")
     ap.add_argument("--batch-size", type=int, default=1000, help="documents per encode batch")
     ap.add_argument("--validation-documents", type=int, default=0,
                     help=f"hold out the first N documents as PREFIX{VALID_SUFFIX}.bin/.idx")

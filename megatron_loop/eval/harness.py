@@ -41,36 +41,44 @@ class TaskResults:
     subtask_averages: dict[str, dict] = field(default_factory=dict)
 
 
-def task_manager(include_paths: list[str] | None = None):
-    """lm-eval's ``TaskManager`` over its stock tasks, ours and ``include_paths``. Indexing every
-    task YAML takes seconds, so one manager per set of folders is kept for the process."""
-    return _task_manager(tuple(str(Path(p).resolve()) for p in include_paths or []))
+def task_manager(include_paths: list[str] | None = None, names=None):
+    """lm-eval's ``TaskManager`` over ours (``eval/tasks``), ``include_paths`` and its stock tasks.
+
+    With ``names`` (the lm-eval tasks a sweep asks for) all found among ours and ``include_paths``,
+    the ~14,700 stock task YAMLs are not indexed (``include_defaults=False``): indexing them costs
+    seconds of every sweep's start-up (docs/BENCHMARKS.md). One manager per set of folders is kept
+    for the process."""
+    paths = tuple(str(Path(p).resolve()) for p in include_paths or [])
+    if names is not None:
+        local = _task_manager(paths, include_defaults=False)
+        if set(names) <= set(local.all_tasks):
+            return local
+    return _task_manager(paths, include_defaults=True)
 
 
 @functools.lru_cache(maxsize=8)
-def _task_manager(include_paths: tuple[str, ...]):
+def _task_manager(include_paths: tuple[str, ...], include_defaults: bool):
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=[str(TASKS_DIR), *include_paths])
+    return TaskManager(include_path=[str(TASKS_DIR), *include_paths], include_defaults=include_defaults)
 
 
 def make_lm(model, tokenizer, batch_size: int = 8, progress: bool = True):
-    """lm-eval's ``HFLM`` around the loaded model; ``progress=False`` also silences the per-request
-    bars that lm-eval's evaluator cannot switch off (it never passes ``disable_tqdm``)."""
+    """lm-eval's ``HFLM`` around the loaded model, as :class:`~megatron_loop.eval.sweep_lm.LoopSweepLM`
+    (which can serve every r of a sweep from one forward per batch); ``progress=False`` also silences
+    the per-request bars that lm-eval's evaluator cannot switch off (it never passes ``disable_tqdm``)."""
     from lm_eval.models.huggingface import HFLM
 
-    class QuietHFLM(HFLM):
-        def loglikelihood(self, requests, disable_tqdm: bool = False):
-            return super().loglikelihood(requests, disable_tqdm=True)
+    from megatron_loop.eval.sweep_lm import LoopSweepLM
 
-    cls = HFLM if progress else QuietHFLM
     # HFLM warns that an already-built model skips its loading arguments: exactly what is meant here.
     logger = logging.getLogger(HFLM.__module__)
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
         # trust_remote_code: the model is our own export (already loaded); without it lm-eval asks on stdin.
-        return cls(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, trust_remote_code=True)
+        return LoopSweepLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, trust_remote_code=True,
+                           progress=progress)
     finally:
         logger.setLevel(level)
 

@@ -11,13 +11,18 @@
      "per_depth": {task: {r: {depth: {"accuracy", "stderr", "chance", "n"}}}},
      "depth_axes": {task: what its depth counts}, "trained_depths": {task: [depths seen in training]},
      "heldout": {r: {"loss", "stderr", "perplexity", "sequences"}}, "limit", "lm_eval_tasks": {task: [...]},
-     "subtask_averages": {task: {r: {"mean", "size_weighted", "subtasks": {name: {"accuracy", "n"}}}}} }
+     "subtask_averages": {task: {r: {"mean", "size_weighted", "subtasks": {name: {"accuracy", "n"}}}}},
+     "sweep_passes": [{"mode": "one-pass" | "per-r", "loops": [r...], "reason"}] (one per call),
+     "sweep_settings": {...} (what a resumed call must match) }
 
 ``tasks`` holds BBH's ``mean`` (the paper's unweighted mean of the 14 subtasks); ``size_weighted``
 is lm-eval's group number (subtasks weighted by their item counts).
 
 Standard errors are lm-eval's (closed form for the mean accuracy), propagated through unweighted
 means as sqrt(sum se^2) / n; ``null`` where lm-eval has none (a single item).
+
+A sweep writes into ``OUTPUT.partial`` (results.json after each r, then the whole set) and
+:func:`publish` swaps that folder in for ``--output`` when it is done.
 
 ``results.csv``: one row per task / group / loss / perplexity, each followed by its standard-error
 row (metric ``<metric>_stderr``), one column per r (header ``r=R (L=...)``), a last ``chance``
@@ -28,12 +33,14 @@ column, plus a first row with the effective depths. ``per_depth.csv``: long form
 from __future__ import annotations
 
 import csv
+import fnmatch
 import io
 import json
 import os
+import shutil
 from pathlib import Path
 
-from megatron_loop.atomic import write_atomic
+from megatron_loop.atomic import publish_folder, write_atomic
 from megatron_loop.cli import check_output_folder, read_tool_json
 from megatron_loop.errors import LoopConfigError, LoopDataError
 
@@ -64,34 +71,82 @@ def _rows(results: dict):
         yield ("heldout_perplexity", "heldout", "perplexity", {r: v["perplexity"] for r, v in held.items()}, {}, None)
 
 
-def check_output(output: str | Path, fingerprint: dict, overwrite: bool = False) -> dict | None:
-    """``--output`` checked before any work: a folder (or one that can be created) that is writable.
-    Returns the results of an earlier sweep there with the same ``fingerprint``
-    (:func:`megatron_loop.eval.sweep.sweep_fingerprint`) to resume; results of another sweep are
-    refused unless ``overwrite``, so a finished sweep is never replaced by accident."""
+# What a sweep writes into its --output folder (results.json, the CSV tables, the PNG figures): the set
+# it publishes whole, and all a folder it replaces may hold.
+OUTPUT_PATTERNS = ("results.json", "*.csv", "*.png")
+PARTIAL_SUFFIX = ".partial"
+
+
+def partial_folder(output: str | Path) -> Path:
+    """``OUTPUT.partial`` next to ``--output``: a sweep in progress keeps its results there (results.json
+    after each r, then the whole set), and :func:`publish` swaps it in for ``--output`` when the sweep
+    is done. A sweep interrupted leaves it, and the same call resumes from it; ``--output`` keeps the
+    previous sweep's outputs, whole, until then."""
+    out = Path(output)
+    return out.with_name(out.name + PARTIAL_SUFFIX)
+
+
+def _read_results(path: Path, out: Path) -> dict:
+    try:
+        return _num_keys(json.loads(path.read_text()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LoopDataError(f"--output {out}: {path.name} there is not readable JSON ({' '.join(str(e).split())}); "
+                            "pass --overwrite to replace it, or choose another --output") from None
+
+
+def _matching(previous, fingerprint: dict, out: Path, where: str) -> dict:
+    """``previous`` if it was written with ``fingerprint`` (``sweep_settings``), else the one-line refusal."""
+    recorded = previous.get("sweep_settings") if isinstance(previous, dict) else None
+    if not isinstance(recorded, dict):
+        raise LoopConfigError(f"--output {out}: {where} there was written without its sweep settings, so it "
+                              "cannot be resumed; pass --overwrite to replace it, or choose another --output")
+    wanted = json.loads(json.dumps(fingerprint))
+    differs = [k for k in wanted if recorded.get(k) != wanted[k]]
+    if differs:
+        raise LoopConfigError(f"--output {out}: {where} there holds another sweep (different "
+                              f"{', '.join(differs)}); pass --overwrite to replace it, or choose another --output")
+    return previous
+
+
+def check_output(output: str | Path, fingerprint: dict, overwrite: bool = False) -> tuple[dict | None, Path | None]:
+    """``--output`` checked before any work: a folder (or one that can be created) that is writable and
+    holds nothing but a sweep's outputs (:data:`OUTPUT_PATTERNS`: the sweep replaces it whole).
+    Returns the results of an earlier sweep with the same ``fingerprint``
+    (:func:`megatron_loop.eval.sweep.sweep_fingerprint`) to resume, and the file they came from: an
+    interrupted sweep's (:func:`partial_folder`), else the published ``results.json``. Results of
+    another sweep are refused unless ``overwrite`` (which also discards an interrupted sweep's), so a
+    finished sweep is never replaced by accident."""
     out = Path(output)
     check_output_folder(out, "--output", "results.json, the CSV tables and the plots")
     existing = next(p for p in (out, *out.absolute().parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise LoopDataError(f"--output {out}: cannot write in {existing}; expected a writable folder")
-    path = out / RESULTS_NAME
-    if overwrite or not path.exists():
-        return None
-    try:
-        previous = _num_keys(json.loads(path.read_text()))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LoopDataError(f"--output {out}: {RESULTS_NAME} there is not readable JSON ({' '.join(str(e).split())}); "
-                            "pass --overwrite to replace it, or choose another --output") from None
-    recorded = previous.get("sweep_settings") if isinstance(previous, dict) else None
-    if not isinstance(recorded, dict):
-        raise LoopConfigError(f"--output {out}: {RESULTS_NAME} there was written without its sweep settings, so it "
-                              "cannot be resumed; pass --overwrite to replace it, or choose another --output")
-    wanted = json.loads(json.dumps(fingerprint))
-    differs = [k for k in wanted if recorded.get(k) != wanted[k]]
-    if differs:
-        raise LoopConfigError(f"--output {out}: {RESULTS_NAME} there holds another sweep (different "
-                              f"{', '.join(differs)}); pass --overwrite to replace it, or choose another --output")
-    return previous
+    partial = partial_folder(out)
+    check_output_folder(partial, "--output", "an interrupted sweep's results", given=out)
+    if out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir()
+                         if not (p.is_file() and any(fnmatch.fnmatch(p.name, g) for g in OUTPUT_PATTERNS)))
+        if foreign:
+            raise LoopConfigError(f"--output {out}: holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}"
+                                  ", which a loop sweep does not write (it replaces the folder whole when it "
+                                  "finishes); expected a sweep's folder or a new one: choose another --output")
+    if overwrite:
+        shutil.rmtree(partial, ignore_errors=True)
+        return None, None
+    for path, where in ((partial / RESULTS_NAME, f"{partial.name}/{RESULTS_NAME}"), (out / RESULTS_NAME, RESULTS_NAME)):
+        if path.is_file():
+            return _matching(_read_results(path, out), fingerprint, out, where), path
+    return None, None
+
+
+def publish(output: str | Path) -> Path:
+    """Put the finished sweep's outputs (written into :func:`partial_folder`) in place of ``--output``
+    as one set: the folder is swapped whole (``atomic.publish_folder``), so a kill at any moment leaves
+    the previous set or the new one, never a mix."""
+    partial = partial_folder(output)
+    for leftover in partial.glob(".*.tmp-*"):  # a write killed half-way (atomic.write_atomic's temporary)
+        leftover.unlink()
+    return publish_folder(partial, Path(output))
 
 
 def write_results_json(results: dict, output: str | Path) -> Path:

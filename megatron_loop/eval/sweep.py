@@ -4,6 +4,7 @@ against effective depth L(r) = p + r·s + c."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -14,6 +15,7 @@ from typing import Any, Callable
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.eval import heldout  # module-qualified: tests interrupt a sweep through heldout.heldout_loss
 from megatron_loop.eval.harness import evaluate_tasks, load_tasks, make_lm, task_manager, trained_depths
+from megatron_loop.eval.one_pass import SweepPasses, sweep_passes
 from megatron_loop.eval.tasks import GROUPS, TaskSpec, aggregate, aggregate_stderr
 
 
@@ -30,6 +32,7 @@ class SweepSettings:
     progress: bool = True
     device: str | None = None  # default: cuda when available, else cpu
     dtype: str = "float32"     # float32 | bfloat16 | float16
+    one_pass: bool = True      # every r from one forward per batch where the trajectory allows (one_pass.py)
 
     def __post_init__(self) -> None:
         """Bad settings stop here, before the model or any dataset is loaded (messages name the CLI flags)."""
@@ -160,7 +163,7 @@ def open_session(model_dir: str | Path, settings: SweepSettings) -> SweepSession
         transformers.utils.logging.disable_progress_bar()
     manager = tasks = None
     if settings.tasks:  # before the model: a task that cannot be loaded (offline hub) fails fast
-        manager = task_manager(settings.include_paths)
+        manager = task_manager(settings.include_paths, names={t for s in settings.tasks for t in s.lm_eval_tasks})
         tasks = load_tasks(settings.tasks, manager)  # once: datasets read once for every r
     model, tokenizer = load_hf_model(model_dir, settings.device, settings.dtype)
     for r in settings.loops:  # refuse before spending any time
@@ -188,12 +191,15 @@ def sweep_fingerprint(model_dir: str | Path, settings: SweepSettings) -> dict:
 
 
 def run_sweep(session: SweepSession | None, settings: SweepSettings, label: str | None = None,
-              previous: dict | None = None, on_result: Callable[[dict], None] | None = None) -> dict:
+              previous: dict | None = None, on_result: Callable[[dict], None] | None = None,
+              on_passes: Callable[[SweepPasses], None] | None = None) -> dict:
     """The fixed-r sweep. ``previous``: the results of an interrupted (or shorter) sweep with the
     same :func:`sweep_fingerprint`; its loop counts are kept and not evaluated again (``session``
-    may be None when none is left). ``on_result`` receives the results after each new r."""
-    from tqdm.auto import tqdm
+    may be None when none is left). ``on_result`` receives the results after each new r.
 
+    Where the export's trajectory does not depend on r, every r comes from one forward per batch
+    (``one_pass.py``; the numbers are bitwise those of one pass per r), else one pass per r;
+    ``on_passes`` receives which (also appended to results ``sweep_passes``)."""
     done = sorted(previous["loops"]) if previous else []
     todo = [r for r in settings.loops if r not in done]
     if previous:
@@ -203,10 +209,31 @@ def run_sweep(session: SweepSession | None, settings: SweepSettings, label: str 
         results = _empty_results(session, settings, label)
     if not todo:
         return results
-    model, manager, tasks, lm = session.model, session.manager, session.tasks, session.lm
+    model, lm = session.model, session.lm
     k = results["train_loops"]
     if settings.tasks and not previous:
-        results["trained_depths"] = trained_depths(settings.tasks, tasks)
+        results["trained_depths"] = trained_depths(settings.tasks, session.tasks)
+    passes = sweep_passes(model, todo, settings.one_pass)
+    if on_passes is not None:
+        on_passes(passes)
+    results["sweep_passes"] = [*results.get("sweep_passes", []), passes.record()]
+    with contextlib.ExitStack() as stack:
+        if passes.one_pass and lm is not None:
+            stack.enter_context(lm.one_pass(todo))
+        _sweep_loops(results, session, settings, todo, passes.one_pass, on_result)
+    if model.config.model_type == "looplm":
+        set_loops(model, k)
+    return results
+
+
+def _sweep_loops(results: dict, session: SweepSession, settings: SweepSettings, todo: list[int], one_pass: bool,
+                 on_result: Callable[[dict], None] | None) -> None:
+    """Evaluate ``todo`` into ``results``, one r after the other (with ``one_pass`` the first r's
+    forwards serve them all)."""
+    from tqdm.auto import tqdm
+
+    model, manager, tasks, lm = session.model, session.manager, session.tasks, session.lm
+    held = None  # one-pass: the held-out loss of every r, from the first r's forwards
     for r in tqdm(todo, desc="loop sweep", unit="r", disable=not settings.progress):
         set_loops(model, r)
         results["effective_depth"][r] = results["prelude_layers"] + r * results["core_layers"] + results["coda_layers"]
@@ -227,14 +254,17 @@ def run_sweep(session: SweepSession | None, settings: SweepSettings, label: str 
                 results["per_depth"].setdefault(key, {})[r] = strata
                 results["depth_axes"][key] = next(t.depth_axis for t in settings.tasks if t.key == key) or "depth"
         if settings.valid_prefix:
-            results["heldout"][r] = heldout.heldout_loss(model, settings.valid_prefix, settings.seq_length,
-                                                 settings.valid_sequences, batch_size=settings.batch_size)
+            if not one_pass:
+                results["heldout"][r] = heldout.heldout_loss(model, settings.valid_prefix, settings.seq_length,
+                                                             settings.valid_sequences, batch_size=settings.batch_size)
+            else:
+                if held is None:
+                    held = heldout.heldout_loss(model, settings.valid_prefix, settings.seq_length,
+                                                settings.valid_sequences, batch_size=settings.batch_size, loops=todo)
+                results["heldout"][r] = held[r]
         results["loops"] = sorted([*results["loops"], r])
         if on_result is not None:
             on_result(results)
-    if model.config.model_type == "looplm":
-        set_loops(model, k)
-    return results
 
 
 def _empty_results(session: SweepSession, settings: SweepSettings, label: str | None) -> dict:

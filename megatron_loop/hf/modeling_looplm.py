@@ -47,6 +47,12 @@ loop t, the exited token's keys/values of layer k from the last loop it computed
 of skipped loops are written with exactly those keys/values, so the cache stays one rectangular
 slot per block occurrence and cached decoding equals cache-free decoding. Compute is saved when
 every token of a forward has exited (the remaining loops are skipped); the cache is not smaller.
+
+One-pass readouts (``LoopLMForCausalLM.loop_readouts``, ``readout_loops`` of ``LoopLMModel.forward``):
+where the trajectory h^1, h^2, ... does not depend on r (no timestep conditioning, or the ``prefix``
+grid with r <= K; ``readout_obstacle``), one forward at r_max that runs the Coda, the final norm and
+the head on h^r after loop r gives the logits of every r, each bitwise those of a forward at r: a
+loop sweep r = 1..R then costs R loops instead of R(R+1)/2 (``tools/eval_loops.py`` uses it).
 """
 
 from __future__ import annotations
@@ -428,11 +434,39 @@ def timestep_features(num_loops: int, train_loops: int, grid: str, device=None,
         horizon = train_loops
     else:
         raise ValueError(f"timestep_grid={grid!r}: expected one of {TIMESTEP_GRIDS}")
-    t = torch.arange(num_loops, dtype=torch.float64) / horizon
+    # Over the whole horizon, then the first r rows: the prefix grid's psi_l is then the same
+    # computation (bitwise) whatever r is, which one-pass readouts (``LoopLMModel.forward``'s
+    # ``readout_loops``) rely on; rescaled has horizon = r, so nothing changes there.
+    t = torch.arange(horizon, dtype=torch.float64) / horizon
     dt = torch.full_like(t, 1.0 / horizon)
     psi = torch.stack([t, dt, t * t, dt * dt, t * dt, torch.sin(math.pi * t),
-                       torch.cos(math.pi * t) - 1, torch.sin(2 * math.pi * t)], dim=-1)
+                       torch.cos(math.pi * t) - 1, torch.sin(2 * math.pi * t)], dim=-1)[:num_loops]
     return psi.to(device=device, dtype=dtype)
+
+
+def readout_obstacle(config: LoopLMConfig, loops, timestep_grid: str | None = None) -> str | None:
+    """Why one forward at r_max = max(loops) cannot give the logits of every r in ``loops``
+    (None when it can: ``LoopLMForCausalLM.loop_readouts``).
+
+    forward(num_loops=r) reads coda + head from h^r. The trajectory h^0, h^1, ... depends on r only
+    through psi_l (Eq. timestep_features): the initial-state and history injections read h^0 and
+    past states only (Eqs. initial_state_injection_variants, history_state_injection), and adaptive
+    exit decides from successive states, with r a cap. So h^r of the run at r is h^r of the run at
+    r_max exactly when psi_0..psi_{r-1} do not depend on r: always without timestep conditioning;
+    on the ``prefix`` grid (t_l = l / K, App. C.1) for r <= K; never on the ``rescaled`` grid with
+    two loop counts (t_l = l / r, dt = 1 / r for Loop Gating, Branch Gating and AdaLN alike).
+    """
+    loops = sorted({int(r) for r in loops})
+    grid = timestep_grid or config.timestep_grid
+    if config.timestep == "none" or len(loops) < 2:
+        return None
+    if grid == "prefix":
+        if loops[-1] > config.train_loops:
+            return (f"the prefix timestep grid has no step for r = {loops[-1]} > K = {config.train_loops} "
+                    "(App. C.1)")
+        return None
+    return (f"timestep conditioning ({config.timestep}) on the rescaled grid: t_l = l/r and dt = 1/r depend on r "
+            "(Eq. timestep_features, App. C.1), so each r has its own trajectory")
 
 
 def history_window(completed: list[torch.Tensor], window: int) -> list[torch.Tensor]:
@@ -653,9 +687,23 @@ class LoopLMBlock(nn.Module):
 
 @dataclass
 class LoopLMModelOutput(BaseModelOutputWithPast):
-    """``BaseModelOutputWithPast`` plus ``exit_loops`` [b, s]: loops each token ran (adaptive exit)."""
+    """``BaseModelOutputWithPast`` plus ``exit_loops`` [b, s]: loops each token ran (adaptive exit), and
+    ``readout_states``: the normed Coda outputs of each of ``readout_loops`` (one-pass readouts)."""
 
     exit_loops: torch.LongTensor | None = None
+    readout_states: tuple[torch.Tensor, ...] | None = None
+
+
+def _checked_readout_loops(loops, num_loops) -> list[int]:
+    """``readout_loops`` as increasing distinct ints >= 1 whose last is ``num_loops`` (when given)."""
+    values = list(loops)
+    if (not values or any(isinstance(r, bool) or not isinstance(r, numbers.Integral) or r < 1 for r in values)
+            or sorted(set(values)) != values):
+        raise ValueError(f"readout_loops={values!r}: expected distinct loop counts >= 1 in increasing order")
+    if num_loops is not None and int(num_loops) != values[-1]:
+        raise ValueError(f"readout_loops={values!r} with num_loops={num_loops}: the forward runs to the largest "
+                         "readout; pass num_loops=None or its value")
+    return [int(r) for r in values]
 
 
 @dataclass
@@ -777,10 +825,26 @@ class LoopLMModel(LoopLMPreTrainedModel):
                 inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
                 num_loops: int | None = None, timestep_grid: str | None = None,
                 output_hidden_states: bool | None = None, exit_criterion: str | None = None,
-                exit_threshold: float | None = None, exit_readout=None, **kwargs) -> LoopLMModelOutput:
+                exit_threshold: float | None = None, exit_readout=None, readout_loops=None,
+                **kwargs) -> LoopLMModelOutput:
         """``exit_criterion`` / ``exit_threshold`` override the config per call; ``exit_readout``
-        maps normed states to logits for the ``kl`` criterion (``LoopLMForCausalLM`` passes its head)."""
+        maps normed states to logits for the ``kl`` criterion (``LoopLMForCausalLM`` passes its head).
+
+        ``readout_loops`` (loop counts r_1 < ... < r_n): one forward at r_n that also runs the Coda and
+        the final norm on h^{r_i} after loop r_i; ``readout_states`` holds them, each bitwise equal to
+        ``last_hidden_state`` of a forward at ``num_loops=r_i`` (refused where the trajectory depends
+        on r: :func:`readout_obstacle`). No KV cache: a cache has one layout per r."""
         cfg = self.config
+        readouts = None
+        if readout_loops is not None:
+            readouts = _checked_readout_loops(readout_loops, num_loops)
+            obstacle = readout_obstacle(cfg, readouts, timestep_grid)
+            if obstacle is not None:
+                raise ValueError(f"readout_loops={readouts}: {obstacle}; run forward(num_loops=r) for each r")
+            if _take_cache(past_key_values, dict(kwargs)) is not None:
+                raise ValueError("readout_loops reads several loop counts out of one forward and keeps no KV cache; "
+                                 "pass no past_key_values / cache with it")
+            num_loops, use_cache = readouts[-1], False
         r = cfg.loops if num_loops is None else int(num_loops)
         if r < 1:
             raise ValueError(f"num_loops={num_loops}: expected an integer >= 1")
@@ -824,6 +888,7 @@ class LoopLMModel(LoopLMPreTrainedModel):
         w = cfg.history_window if cfg.history_injection != "none" else 0
         token_exit = (None if criterion == "none" else
                       TokenExit(criterion, threshold, h0, lambda x: exit_readout(self.norm(x))))
+        read: dict[int, torch.Tensor] = {}  # loop count -> Coda + norm of its state (readout_loops)
         for step in range(r):
             past_states = history_window(completed, w) if w else []  # h_{l-1}, ..., h_{l-m_l}
             psi = psi_all[step] if psi_all is not None else None
@@ -833,19 +898,29 @@ class LoopLMModel(LoopLMPreTrainedModel):
                 completed = completed[-w:] + [h]
             if trajectory is not None:
                 trajectory.append(h)
-            if token_exit is not None and token_exit.done:  # every token exited: skip the remaining loops
+            done = token_exit is not None and token_exit.done
+            if readouts is not None and (step + 1 in readouts or done):
+                out = self._coda(h, rope, mask, None, step + 1)
+                # every token exited: the state stays h, so every later r reads the same
+                read.update({t: out for t in readouts if t == step + 1 or (done and t > step + 1)})
+            if done:  # every token exited: skip the remaining loops
                 if cache is not None:
                     token_exit.fill(cache, self._first_core_slot, range(step + 1, r))
                 break
-        coda_slot = cfg.prelude_layers + r * cfg.core_layers
-        for j, block in enumerate(self.coda):
-            h = block(h, rope, mask, cache, coda_slot + j)
-        h = self.norm(h)
+        h = read[r] if readouts is not None else self._coda(h, rope, mask, cache, r)
         # ``hidden_states`` is the recurrent trajectory (h^0, ..., h^r), not per-block outputs (with
         # adaptive exit: up to the last loop any token ran).
         return LoopLMModelOutput(last_hidden_state=h, **{CACHE_FIELD: cache},
                                  hidden_states=tuple(trajectory) if trajectory is not None else None,
-                                 exit_loops=None if token_exit is None else token_exit.loops)
+                                 exit_loops=None if token_exit is None else token_exit.loops,
+                                 readout_states=None if readouts is None else tuple(read[t] for t in readouts))
+
+    def _coda(self, h: torch.Tensor, rope, mask, cache: Cache | None, r: int) -> torch.Tensor:
+        """C(h^r) and the final norm; the Coda's cache slots follow the r loops' (p + r·s + j)."""
+        coda_slot = self.config.prelude_layers + r * self.config.core_layers
+        for j, block in enumerate(self.coda):
+            h = block(h, rope, mask, cache, coda_slot + j)
+        return self.norm(h)
 
 
 class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
@@ -899,10 +974,28 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
         return LoopLMCausalLMOutput(loss=loss, logits=logits, **{CACHE_FIELD: getattr(out, CACHE_FIELD)},
                                     hidden_states=out.hidden_states, exit_loops=out.exit_loops)
 
+    def readout_obstacle(self, loops, timestep_grid: str | None = None) -> str | None:
+        """Why :meth:`loop_readouts` cannot serve ``loops`` (None: it can); :func:`readout_obstacle`."""
+        return readout_obstacle(self.config, loops, timestep_grid)
+
+    def loop_readouts(self, input_ids: torch.LongTensor, loops, attention_mask: torch.Tensor | None = None,
+                      timestep_grid: str | None = None, exit_criterion: str | None = None,
+                      exit_threshold: float | None = None) -> dict[int, torch.Tensor]:
+        """Logits [b, s, V] of every r in ``loops`` from one forward at max(loops), each bitwise equal to
+        ``forward(input_ids, num_loops=r).logits``: the Coda and the head read h^r after loop r (a loop
+        sweep r = 1..R then costs R loops, not R(R+1)/2). Refused (ValueError) where the trajectory
+        depends on r, e.g. timestep conditioning on the rescaled grid (:func:`readout_obstacle`)."""
+        loops = sorted(set(loops))
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                         timestep_grid=timestep_grid, exit_criterion=exit_criterion, exit_threshold=exit_threshold,
+                         exit_readout=self.lm_head, readout_loops=loops)
+        return {int(r): self.lm_head(h) for r, h in zip(loops, out.readout_states)}
+
 
 LoopLMConfig.register_for_auto_class()
 LoopLMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
 __all__ = ["LoopLMConfig", "LoopLMModel", "LoopLMForCausalLM", "LoopLMPreTrainedModel", "timestep_features",
+           "readout_obstacle",
            "history_window", "modulated_residual", "InitialStateInjection", "HistoryStateInjection", "LoopGating", "BranchGating", "AdaLN",
            "TokenExit", "exit_distance"]

@@ -138,6 +138,14 @@ def speed_ratios(a: dict, b: dict) -> dict:
             "ratio_paired": paired}
 
 
+def paired_ratios(a: dict, b: dict) -> dict:
+    """``harness.speed_ratios`` of ``a`` over ``b`` (speed, > 1: ``a`` faster) with the interquartile
+    range of the per-round paired ratio."""
+    paired = [tb / ta for ta, tb in zip(a["_step_times"], b["_step_times"])]
+    q1, _, q3 = statistics.quantiles(paired, n=4, method="inclusive") if len(paired) > 1 else paired * 3
+    return {**speed_ratios(a, b), "ratio_paired_q1": q1, "ratio_paired_q3": q3}
+
+
 def release(setup: Setup) -> None:
     """Give cached device memory back between modes, so the next one's peak starts clean."""
     if setup.cuda:

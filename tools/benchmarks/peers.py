@@ -35,8 +35,8 @@ from megatron_loop.config import ModelConfig
 from megatron_loop.model import build_model
 from megatron_loop.parallel.parallelize import parallelize
 
-from .harness import (Case, ModelFlops, Row, Setup, count_host_syncs, mfu, peak_memory_delta, release,
-                      speed_ratios)
+from .harness import (Case, ModelFlops, Row, Setup, count_host_syncs, mfu, paired_ratios, peak_memory_delta,
+                      release)
 from .models import FAMILIES, build, loop_shape, model_config, train_step
 from .synthetic import random_tokens
 
@@ -137,14 +137,6 @@ def measure_shuffled(cases: dict[str, Case], setup: Setup) -> dict[str, dict]:
                 m["host_sync_sites"] = sorted(set(where))
         out[name] = m
     return out
-
-
-def paired_ratios(a: dict, b: dict) -> dict:
-    """``harness.speed_ratios`` of ``a`` over ``b`` (speed, > 1: ``a`` faster) with the interquartile
-    range of the per-round paired ratio."""
-    paired = [tb / ta for ta, tb in zip(a["_step_times"], b["_step_times"])]
-    q1, _, q3 = statistics.quantiles(paired, n=4, method="inclusive") if len(paired) > 1 else paired * 3
-    return {**speed_ratios(a, b), "ratio_paired_q1": q1, "ratio_paired_q3": q3}
 
 
 def shapes(family: str, setup: Setup) -> list[tuple[int, int]]:

@@ -115,7 +115,8 @@ def test_output_that_is_a_file_or_another_sweep_is_refused_before_any_work(expor
 def test_each_r_is_written_as_it_completes_and_an_interrupted_sweep_resumes(export, tmp_path, monkeypatch):
     from megatron_loop.eval import heldout
 
-    valid = ["--valid-prefix", data_assets().prefix + "_valid"]
+    # one pass per r (this model's trajectory does not depend on r, so by default one forward serves all r)
+    valid = ["--valid-prefix", data_assets().prefix + "_valid", "--per-r"]
     out = tmp_path / "sweep"
     calls = []
     real = heldout.heldout_loss
@@ -129,9 +130,11 @@ def test_each_r_is_written_as_it_completes_and_an_interrupted_sweep_resumes(expo
     monkeypatch.setattr(heldout, "heldout_loss", interrupted_at_r3)
     with pytest.raises(KeyboardInterrupt):
         _run(["--model", str(export), "--loops", "1,2,3", *valid, "--output", str(out), *VALID])
-    partial = json.loads((out / "results.json").read_text())
+    staged = tmp_path / "sweep.partial"  # the sweep in progress; --output appears only when it is done
+    partial = json.loads((staged / "results.json").read_text())
     assert partial["loops"] == [1, 2] and sorted(partial["heldout"]) == ["1", "2"]
-    assert not list(out.glob("*.tmp"))  # written through a temporary file and a rename
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["sweep.partial"]
+    assert [p.name for p in staged.iterdir()] == ["results.json"]  # written through a temporary file and a rename
 
     monkeypatch.setattr(heldout, "heldout_loss", real)
     counted = []
@@ -139,7 +142,8 @@ def test_each_r_is_written_as_it_completes_and_an_interrupted_sweep_resumes(expo
                         or real(model, *a, **k))
     code, printed, err = _run(["--model", str(export), "--loops", "1,2,3,4", *valid, "--output", str(out), *VALID])
     assert code == 0 and counted == [3, 4], err  # r = 1, 2 are not evaluated again
-    assert f"resuming the sweep in {out / 'results.json'}: r = 1, 2 already done" in err
+    assert f"resuming the sweep in {staged / 'results.json'}: r = 1, 2 already done" in err
+    assert not staged.exists()  # published: swapped in for --output
     final = json.loads((out / "results.json").read_text())
     assert final["loops"] == [1, 2, 3, 4]
     assert final["heldout"]["1"] == partial["heldout"]["1"] and final["heldout"]["2"] == partial["heldout"]["2"]
@@ -181,3 +185,48 @@ def test_hub_tasks_without_network_fail_fast_naming_them(export, tmp_path):
     assert "or evaluate local tasks (--tasks facts,clutrr=looplm_clutrr_local" in errors[0]
     assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
     assert elapsed < 120, elapsed  # task indexing and imports; no per-task network retries
+
+
+def test_outputs_are_published_as_one_set_and_a_killed_overwrite_keeps_the_old_set(export, tmp_path, monkeypatch):
+    """The finished sweep's results.json, CSV tables and figures replace --output together (a folder swap);
+    a sweep killed meanwhile, even with --overwrite, leaves the previous set whole and its own results in
+    OUTPUT.partial (resumed by the same call; a write killed half-way there is never published); a folder
+    holding files a sweep does not write is refused before any work."""
+    from megatron_loop.eval import heldout
+
+    valid = ["--valid-prefix", data_assets().prefix + "_valid", "--per-r"]
+    out = tmp_path / "sweep"
+    assert _run(["--model", str(export), "--loops", "1,2", *valid, "--output", str(out), *VALID])[0] == 0
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert {"results.json", "results.csv", "per_depth.csv", "loss_vs_loops.png"} <= set(old)
+
+    real = heldout.heldout_loss
+
+    def killed_at_r2(model, *args, **kwargs):
+        if model.config.num_loops == 2:
+            raise KeyboardInterrupt
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(heldout, "heldout_loss", killed_at_r2)
+    other = ["--valid-sequences", "2", *VALID[:2], "--no-progress"]
+    with pytest.raises(KeyboardInterrupt):
+        _run(["--model", str(export), "--loops", "1,2", *valid, "--output", str(out), "--overwrite", *other])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == old  # the previous set, whole and alone
+    staged = tmp_path / "sweep.partial"
+    assert json.loads((staged / "results.json").read_text())["loops"] == [1]
+    (staged / ".results.json.tmp-1-abcdef.json").write_text("{")  # as a write killed half-way leaves it
+
+    monkeypatch.setattr(heldout, "heldout_loss", real)
+    code, _, err = _run(["--model", str(export), "--loops", "1,2", *valid, "--output", str(out), *other])
+    assert code == 0 and f"resuming the sweep in {staged / 'results.json'}: r = 1 already done" in err
+    assert "loop sweep: one pass per r for r = 2 (--per-r)" in err.splitlines()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]  # no partial, no hidden leftover
+    assert set(p.name for p in out.iterdir()) == set(old)
+    assert json.loads((out / "results.json").read_text())["sweep_settings"]["valid_sequences"] == 2
+
+    (out / "notes.txt").write_text("mine")
+    code, _, err = _run(["--model", str(export), "--loops", "1", *valid, "--output", str(out), "--overwrite", *VALID])
+    assert code == 2 and err.splitlines() == [
+        f"error: --output {out}: holds notes.txt, which a loop sweep does not write (it replaces the folder whole "
+        "when it finishes); expected a sweep's folder or a new one: choose another --output"]
+    assert (out / "notes.txt").read_text() == "mine"

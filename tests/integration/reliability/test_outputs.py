@@ -70,7 +70,7 @@ def test_folder_leftovers_of_a_dead_writer_are_cleaned_and_a_live_writers_are_ke
     finally:
         live.kill()
         live.wait()
-    assert done == [f"restored the previous export {out} from .hf.old-{dead.pid}-abc123",
+    assert done == [f"restored the previous {out} from .hf.old-{dead.pid}-abc123",
                     f"removed the unfinished export {tmp_path / f'.hf.tmp-{dead.pid}-def456'}"]
     assert (out / "config.json").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == [f".hf.tmp-{live.pid}-0a1b2c", "hf"]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from data_fixtures import data_assets, run_tool, write_jsonl
+from data_fixtures import REPO, data_assets, run_tool, write_jsonl
 from megatron_loop.data.preprocess import PreprocessOptions, measure_preprocess_throughput, preprocess
 from megatron_loop.data.sources import iter_documents
 from megatron_loop.errors import LoopDataError
@@ -234,3 +237,37 @@ def test_cli_tokenizer_path_missing(tmp_path, capsys, monkeypatch, name, message
     assert run_cli(main, args) == 2
     assert capsys.readouterr().err.strip().splitlines() == [message.format(tmp=tmp_path)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+# Threads of a fresh process before and after encoding the fixture corpus 20 times over through the
+# pipeline's encoder (``workers`` 1), then after the tokenizer's own batch call (the control: its Rust
+# thread pool starts one thread per core).
+_THREADS = """
+import json, os, sys
+from transformers import AutoTokenizer
+from megatron_loop.data.preprocess import _batches, _map_ordered, encode_batch
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+texts = [json.loads(line)["text"] for line in open(sys.argv[2])] * 20
+threads = lambda: len(os.listdir("/proc/self/task"))
+before = threads()
+list(_map_ordered(encode_batch, _batches(texts, 64), tok, 1))
+after = threads()
+variable = os.environ.get("TOKENIZERS_PARALLELISM")
+tok(texts)
+print(before, after, variable, threads())
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2,
+                    reason="counts the threads of a process in /proc on a machine with several cores")
+def test_one_worker_encodes_on_one_thread():
+    """``--workers 1`` is single-threaded: the tokenizer's Rust pool (one thread per core, which its
+    batch call starts otherwise) never starts, and TOKENIZERS_PARALLELISM is restored afterwards."""
+    a = data_assets()
+    env = {k: v for k, v in os.environ.items() if k != "TOKENIZERS_PARALLELISM"}
+    out = subprocess.run([sys.executable, "-c", _THREADS, str(a.tokenizer), str(a.corpus / "valid.jsonl")],
+                         capture_output=True, text=True, env={**env, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after, variable, control = out.stdout.split()
+    assert after == before and variable == "None"
+    assert int(control) > int(after)  # the control: the measurement sees the pool when it starts
