@@ -5,6 +5,7 @@ share (output folders, loop lists, the JSON files the tools write)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -17,8 +18,47 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     try:
         return main(argv)
     except (LoopConfigError, LoopDataError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(str(e))
         return 2
+
+
+def print_error(message: str) -> None:
+    """Print ``error: message`` on stderr, once per job on each host: under a launcher every rank
+    usually reaches the same error (a config error, rank 0's decision the others follow, a save
+    failure every rank was told about) and the first rank of this host to reach it prints it; a
+    rank with another message (another cause) prints its own."""
+    line = f"error: {message}"
+    if _first_to_report(line):
+        print(line, file=sys.stderr, flush=True)
+
+
+def _first_to_report(line: str) -> bool:
+    """Whether no other rank of this launch on this host printed ``line`` yet: an exclusively
+    created marker file named after the launch (the launcher process every local rank shares:
+    torchrun's agent, DeepSpeed's launch.py, slurmstepd; its pid and start time) and the line."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return True
+    try:
+        import hashlib
+        import tempfile
+        import time
+
+        import psutil
+
+        parent = psutil.Process().parent()
+        launch = f"{parent.pid}-{parent.create_time()}" if parent is not None else os.environ.get("MASTER_PORT", "")
+        folder = Path(tempfile.gettempdir()) / f"megatron_loop-errors-{os.getuid()}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        for old in folder.iterdir():  # markers of launches long over
+            if old.stat().st_mtime < time.time() - 3600:
+                old.unlink(missing_ok=True)
+        marker = folder / hashlib.sha256(f"{launch}\0{line}".encode()).hexdigest()[:32]
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        return True
+    except FileExistsError:
+        return False
+    except Exception:  # no marker possible (psutil missing, /tmp unwritable): every rank prints
+        return True
 
 
 def check_output_folder(path: str | Path, flag: str, what: str, given: str | Path | None = None) -> None:

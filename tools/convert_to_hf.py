@@ -29,7 +29,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tag", help="checkpoint tag (default: the one in 'latest'); a named checkpoint must verify")
     ap.add_argument("--tokenizer", help="tokenizer folder or hub name (default: data.tokenizer of the run)")
     ap.add_argument("--max-shard-size", default="2GB", help="safetensors shard size, e.g. 500MB")
-    ap.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace an earlier export in --output (only a folder this tool exported, with nothing "
+                         "added since; never a run folder, a checkpoint or a folder with other files)")
     args = ap.parse_args(argv)
 
     # Cheap checks first: the conversion imports DeepSpeed and megatron-core (seconds).

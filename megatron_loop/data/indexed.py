@@ -26,6 +26,7 @@ from megatron.core.datasets.indexed_dataset import (
 )
 
 from megatron_loop.atomic import write_atomic
+from megatron_loop.data.prefix_files import prefix_file_problem
 from megatron_loop.errors import LoopDataError
 
 _HEADER_BYTES = len(_INDEX_HEADER) + 8 + 1 + 8 + 8  # magic, version, dtype code, two counts
@@ -64,9 +65,9 @@ def open_indexed(prefix: str | os.PathLike) -> IndexedDataset:
     """megatron-core ``IndexedDataset`` for ``prefix`` after checking both files are complete."""
     prefix = str(prefix)
     idx_path, bin_path = get_idx_path(prefix), get_bin_path(prefix)
-    missing = [p for p in (idx_path, bin_path) if not os.path.isfile(p)]
-    if missing:
-        raise LoopDataError(f"indexed dataset prefix '{prefix}': missing {' and '.join(missing)}; "
+    problem = prefix_file_problem(prefix, (".idx", ".bin"))
+    if problem:
+        raise LoopDataError(f"indexed dataset prefix '{prefix}': {problem}; "
                             "expected P.bin and P.idx written by tools/preprocess_data.py")
     dtype, _, _ = _read_header(idx_path)
     ds = IndexedDataset(prefix, mmap=True)

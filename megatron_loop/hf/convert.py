@@ -34,6 +34,7 @@ from megatron_loop.checkpoint.weights import read_weights
 from megatron_loop.config import ModelConfig, build_model_config
 from megatron_loop.data.tokenizer import open_tokenizer, tokenizer_fingerprint
 from megatron_loop.errors import LoopDataError, write_failure
+from megatron_loop.hf.output_folder import check_not_in_a_checkpoint, check_replaceable, write_export_record
 from megatron_loop.model.roles import GateUpSplit, QKVSplit
 from megatron_loop.training.lock import ExportLock
 
@@ -234,14 +235,35 @@ def _prepare_output(output: Path, overwrite: bool) -> None:
         print(f"note: {note}", file=sys.stderr)
     if output.exists() and not output.is_dir():
         raise LoopDataError(f"{output}: exists and is not a folder; expected an empty or new output folder")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise LoopDataError(f"{output}: output folder is not empty; pass --overwrite to replace it")
+    check_not_in_a_checkpoint(output)
+    if output.is_dir() and any(output.iterdir()):
+        if not overwrite:
+            raise LoopDataError(f"{output}: output folder is not empty; pass --overwrite to replace it")
+        check_replaceable(output)
+
 
 
 def _load_tokenizer(tokenizer: str | None, source: str | None = None):
     if tokenizer is None:
         return None
     return open_tokenizer(tokenizer, source)
+
+
+def decoder_tokenizer(tok, max_length: int):
+    """Make ``tok`` (saved into the export) pad as a decoder-only model generates: on the left, so
+    that every prompt of a batch ends at the last position and the next token follows its own text
+    (right padding makes ``generate`` continue the shorter prompts after their pad tokens). A
+    tokenizer without a pad token pads with EOS (as Llama-3 exports do; the attention mask hides
+    the pads). ``model_max_length`` becomes the length the model was trained on (``train.seq_length``,
+    else ``max_position_embeddings``) instead of transformers' "no limit" (1e30), so that
+    ``truncation=True`` cuts prompts to what the model saw."""
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    tok.model_max_length = int(max_length)
+    # save_pretrained writes init_kwargs, not the attributes: record both settings there too.
+    tok.init_kwargs.update(padding_side="left", model_max_length=int(max_length))
+    return tok
 
 
 def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: str | os.PathLike,
@@ -264,6 +286,8 @@ def _export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output:
 
     _prepare_output(output, overwrite)
     tok = _load_tokenizer(tokenizer, tokenizer_source)
+    if tok is not None:
+        decoder_tokenizer(tok, train_seq_length or cfg.max_position_embeddings)
     token_ids = {}
     if tok is not None:
         token_ids = {k: getattr(tok, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -295,6 +319,7 @@ def _export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output:
         if tok is not None:
             tok.save_pretrained(tmp)
         _write_readme(tmp, cfg, with_tokenizer=tok is not None)
+        write_export_record(tmp)
     except Exception as e:  # a full disk or a file-size limit (safetensors raises SafetensorError)
         why = write_failure(e, tmp)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -305,6 +330,12 @@ def _export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if output.is_dir() and any(output.iterdir()):
+        try:  # again: the folder may have changed while the export was written
+            check_replaceable(output)
+        except LoopDataError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return publish_folder(tmp, output)
 
 

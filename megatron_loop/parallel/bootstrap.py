@@ -6,7 +6,8 @@ Everything else reads the groups that exist (:mod:`megatron_loop.parallel.groups
 * :func:`init_world` -- the launcher's world (``deepspeed``, ``torchrun``, bare SLURM ``srun``; plain
   ``python`` becomes a world of one on a free local port) through DeepSpeed, which picks the backend
   (nccl on GPU, gloo on CPU). ``timeout_s`` (``train.collective_timeout_s``) bounds every collective
-  of the world group and of DeepSpeed's clone of it.
+  of the world group and of DeepSpeed's clone of it. Under ``torchrun`` each attempt (``--max-restarts``)
+  rendezvous in its own namespace of torchrun's store, so that a restarted job starts afresh.
 * :func:`init_model_parallel` -- megatron-core's tensor- and data-parallel groups over that world,
   bounded by the same timeout (megatron-core's default is 30 minutes).
 * :func:`ensure_groups` -- what a model built outside a launcher needs (tests, export, probes): the
@@ -71,6 +72,28 @@ def _skip_cpu_shm_extension() -> None:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
+def _init_torchrun_attempt(timeout: timedelta) -> None:
+    """The world of one torchrun attempt (``--max-restarts``: after a rank failed, torchrun starts
+    every rank again on the same MASTER_PORT, whose store -- its own, with static rendezvous --
+    still holds the previous attempt's keys: the gloo addresses of ranks that are gone, the counts
+    of its group barriers; the new ranks read them and connect to dead ports or wait forever). The
+    ranks rendezvous through that store under a prefix of this attempt
+    (``TORCHELASTIC_RESTART_COUNT``), as ``env://`` would without the prefix; DeepSpeed then finds
+    the world initialised. The restarted job resumes from its latest checkpoint (``train.resume``)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE); otherwise rank 0 does
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent_store and rank == 0, timeout=timeout)
+    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    extra = {}
+    if torch.cuda.is_available() and world > 1:  # as DeepSpeed binds it (its TorchBackend)
+        extra["device_id"] = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timeout, rank=rank,
+                            world_size=world, store=dist.PrefixStore(f"megatron_loop/attempt_{attempt}", store),
+                            **extra)
+
+
 def _bound_deepspeed_world_group(timeout: timedelta) -> None:
     """ZeRO reduces gradients over DeepSpeed's clone of the world group, which torch's
     ``new_group`` creates with the backend's default timeout (30 minutes for gloo), whatever
@@ -96,6 +119,8 @@ def init_world(timeout_s: float | None = None) -> None:
         if "RANK" not in os.environ:  # plain python: a world of one
             os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(free_port()))
+        if "TORCHELASTIC_RESTART_COUNT" in os.environ:  # torchrun: this attempt's own rendezvous namespace
+            _init_torchrun_attempt(timeout or timedelta(minutes=30))
         import deepspeed
 
         deepspeed.init_distributed(dist_backend=None, auto_mpi_discovery=False,

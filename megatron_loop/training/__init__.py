@@ -17,8 +17,6 @@ launcher watch; the groups themselves are :mod:`megatron_loop.parallel.bootstrap
 
 from __future__ import annotations
 
-import sys
-
 
 def main(cfg, args) -> int:
     """Entry point behind ``pretrain_loop.py``; returns the exit code.
@@ -32,20 +30,21 @@ def main(cfg, args) -> int:
     """
     # Here, not at the top: the light modules of this package (preflight, lock, metrics) are
     # imported by --dry-run, which must not pay for torch, DeepSpeed and megatron-core.
+    from megatron_loop.cli import print_error
     from megatron_loop.training.loop import (EXIT_FAILED, EXIT_NONFINITE, CollectiveFailure, LoaderFailure,
                                              NonFiniteStop, train)
 
     try:
         return train(cfg, resume=getattr(args, "resume", None))
     except NonFiniteStop as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(str(e))
         return EXIT_NONFINITE
     except (CollectiveFailure, LoaderFailure) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(str(e))
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print("error: interrupted (SIGINT): stopped without saving; the latest published checkpoint is "
-              "unchanged (SIGTERM or SIGUSR1 stop after the step with a checkpoint)", file=sys.stderr)
+        print_error("interrupted (SIGINT): stopped without saving; the latest published checkpoint is "
+                    "unchanged (SIGTERM or SIGUSR1 stop after the step with a checkpoint)")
         return 130
     finally:
         _shutdown()

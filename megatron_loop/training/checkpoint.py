@@ -26,11 +26,13 @@ DeepSpeed classes its optimizer state pickles
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -60,9 +62,12 @@ def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.
     """Atomically save ``engine`` + ``state`` + RNG as ``global_step{state.step}``; returns the tag.
 
     ``settings`` (:func:`megatron_loop.training.resume.run_settings`) go into the manifest: what a
-    resume compares with its new config. A write failure on any rank (full disk, quota, I/O
-    error) removes the partial folder and raises :class:`LoopDataError` naming the condition;
-    the previous checkpoint stays published.
+    resume compares with its new config. A write failure on any rank (full disk, quota, file-size
+    limit, read-only mount, I/O error) does not interrupt DeepSpeed's save on that rank
+    (:func:`_write_failures_deferred`): every rank goes through the save's collectives as the
+    others do, then one exchange tells every rank which rank failed on which file and why; the
+    partial folder is removed and every rank raises the same :class:`LoopDataError`. The
+    previous checkpoint stays published.
     """
     tag = tag_for(state.step)
     partial = root / (tag + PARTIAL)
@@ -75,15 +80,27 @@ def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.
             error = f"rank 0: {write_failure(e, root)}"
     D.barrier()
     if error is None:
-        try:
-            engine.save_checkpoint(str(root), tag=partial.name, client_state=state.client_state(),
-                                   save_latest=False)
-            torch.save(capture_rng(), partial / RNG_FILE.format(rank=info.rank))
-        except (OSError, RuntimeError) as e:  # torch's zip writer reports a full disk as RuntimeError
-            error = f"rank {info.rank}: {write_failure(e, partial if partial.is_dir() else root)}"
-    failed = D.all_reduce_max([1.0 if error else 0.0])[0] > 0
+        with _write_failures_deferred(engine) as failures:
+            try:
+                engine.save_checkpoint(str(root), tag=partial.name, client_state=state.client_state(),
+                                       save_latest=False)
+            except OSError as e:  # a write of DeepSpeed's own, outside its checkpoint engine (a folder)
+                failures.append((Path(e.filename or partial), e))
+        if not failures:
+            rng_file = partial / RNG_FILE.format(rank=info.rank)
+            try:
+                torch.save(capture_rng(), rng_file)
+            except (OSError, RuntimeError) as e:  # torch's zip writer reports a full disk as RuntimeError
+                failures.append((rng_file, e))
+        if failures:
+            path, e = failures[0]
+            error = f"rank {info.rank}: {write_failure(e, path.parent if path.parent.is_dir() else root)}"
+            if str(path) not in error:
+                error += f" (writing {path})"
+    # The save's one exchange: every rank learns at once whether, where and why another failed.
+    errors = [e for e in D.all_gather_object(error) if e]
     publish_error = None
-    if not failed and info.is_main:
+    if not errors and info.is_main:
         try:
             write_manifest(partial, {"tag": tag, "step": state.step, "consumed_samples": state.consumed_samples,
                                      "model": model_signature(cfg), **settings,
@@ -93,17 +110,54 @@ def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.
         except OSError as e:
             publish_error = f"rank 0: {write_failure(e, root)}"
     publish_error = D.broadcast_object(publish_error)
-    if failed or publish_error:
+    if errors or publish_error:
         if info.is_main:
             shutil.rmtree(partial, ignore_errors=True)
-        previous = read_latest(root) if root.is_dir() else None
-        reason = error or publish_error or "on another rank"
+        D.barrier()  # the same answer on every rank: read after rank 0 cleaned up
+        previous = _latest_or_none(root)
+        reason = "; ".join(errors) if errors else publish_error
         raise LoopDataError(f"{partial}: writing the checkpoint failed ({reason}); nothing was "
                             f"published, the latest checkpoint is still {previous or 'none'}")
     if info.is_main:
         prune(root, cfg.train.keep_last)
     D.barrier()
     return tag
+
+
+@contextmanager
+def _write_failures_deferred(engine) -> Iterator[list[tuple[Path, BaseException]]]:
+    """While DeepSpeed saves: a file its checkpoint engine fails to write (``OSError``, or torch's
+    zip writer's ``RuntimeError`` on a full disk) is recorded in the yielded list instead of
+    raised, and the rank's later files are skipped. Raised, the error would leave this rank out of
+    the collectives DeepSpeed runs during and after the writes (ZeRO-3's gathers, its final
+    barrier) while the other ranks wait there: the job would hang for ``collective_timeout_s``
+    and end with an unrelated timeout instead of the real cause."""
+    ckpt_engine = engine.checkpoint_engine
+    save = ckpt_engine.save
+    failures: list[tuple[Path, BaseException]] = []
+
+    def deferred(state_dict, path, *args, **kwargs):
+        if failures:
+            return None
+        try:
+            return save(state_dict, path, *args, **kwargs)
+        except (OSError, RuntimeError) as e:
+            failures.append((Path(path), e))
+            return None
+
+    ckpt_engine.save = deferred
+    try:
+        yield failures
+    finally:
+        del ckpt_engine.save  # the instance attribute: the class's method again
+
+
+def _latest_or_none(root: Path) -> str | None:
+    """The tag ``latest`` names, for messages; a damaged pointer is reported as such, not raised."""
+    try:
+        return read_latest(root) if root.is_dir() else None
+    except LoopDataError:
+        return "unreadable (a damaged 'latest')"
 
 
 def set_aside_newer(root: Path, point: SelectedCheckpoint, metrics: Path | None) -> Path | None:
@@ -116,8 +170,7 @@ def set_aside_newer(root: Path, point: SelectedCheckpoint, metrics: Path | None)
     newer = [tag for s, tag in complete_tags(root) if s > step or (outside and s == step)]
     dest = None
     if newer:
-        dest = root / SET_ASIDE / f"{time.strftime('%Y%m%d-%H%M%S')}-resumed-{point.tag}"
-        dest.mkdir(parents=True, exist_ok=True)
+        dest = _new_set_aside_folder(root / SET_ASIDE, f"{time.strftime('%Y%m%d-%H%M%S')}-resumed-{point.tag}")
         for tag in newer:
             os.replace(root / tag, dest / tag)
         if metrics is not None and metrics.is_file():
@@ -126,9 +179,28 @@ def set_aside_newer(root: Path, point: SelectedCheckpoint, metrics: Path | None)
         fsync_path(root)
     if outside:  # the branch point becomes this folder's: an automatic restart resumes this lineage
         adopt_checkpoint(point.path, root)
-    if read_latest(root) != point.tag:
+    try:
+        current = read_latest(root)
+    except LoopDataError:  # a damaged pointer, already skipped by the choice of ``point``: replaced
+        current = None
+    if current != point.tag:
         write_atomic(root / LATEST, point.tag, durable=True)
     return dest
+
+
+def _new_set_aside_folder(parent: Path, name: str) -> Path:
+    """A new folder ``parent/name``, or ``name-2``, ``name-3``, ... when a branch was already set
+    aside under that name (two rollbacks to one step within a second, or a clock that stood still):
+    a second branch never merges into, or fails on, the first one's folder."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        dest = parent / (name if n == 1 else f"{name}-{n}")
+        try:
+            dest.mkdir()
+            return dest
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
 
 
 def load_checkpoint(engine, point: SelectedCheckpoint, info: D.DistInfo,

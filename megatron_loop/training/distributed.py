@@ -70,6 +70,13 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
+def all_gather_object(obj) -> list:
+    """Every rank's Python object, in rank order, on every rank (each rank tells the others)."""
+    box = [None] * dist.get_world_size()
+    dist.all_gather_object(box, obj)
+    return box
+
+
 def barrier() -> None:
     dist.barrier()
 
@@ -158,7 +165,10 @@ def collective_failure(error: BaseException, timeout_s: float | None, started: b
     if "Connection refused" in text or "ECONNREFUSED" in text:  # checked first: such errors also say "timeout"
         return (f"a rank could not connect to another rank (connection refused: no process listening there, "
                 f"e.g. a rank that exited, or an old address after a torchrun restart; seen: {seen})")
-    if "Timed out" in text or "timed out" in text or "Timeout" in text or "wait timeout" in text:
+    # gloo: "Timed out waiting ...", "Application timeout caused pair closure" (a peer's own
+    # timeout closed the connection while this rank waited on it)
+    if any(s in text for s in ("Timed out", "timed out", "Timeout", "wait timeout", "timeout caused pair closure",
+                               "Connect timeout")):
         if not started:
             return (f"the ranks did not all start within train.collective_timeout_s={timeout_s:g} s (a rank "
                     f"failed, or started much later than the others; seen: {seen})")

@@ -175,6 +175,25 @@ class RunLock:
             pass
 
 
+def run_lock_holder(output_dir: Path) -> str | None:
+    """Who holds ``output_dir/run.lock`` now (host, pid, start), or None when no live run holds
+    it (no file, or a holder line left by a run that ended): a shared ``flock`` is refused while a
+    run holds its exclusive one."""
+    try:
+        fd = os.open(Path(output_dir) / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        return _holder_text(_read_holder(fd)) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 class ExportLock:
     """One writer per export folder (``tools/convert_to_hf.py --output``): an exclusive ``flock``
     on a hidden ``.NAME.lock`` next to the output, held from the first check to the publish and

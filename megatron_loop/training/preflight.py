@@ -17,6 +17,7 @@ from typing import Any
 
 from megatron_loop.config import Config
 from megatron_loop.config.deepspeed import check_deepspeed_config
+from megatron_loop.data.prefix_files import prefix_file_problem
 from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
 from megatron_loop.training.lock import LOCK_NAME
 from megatron_loop.training.metrics import METRICS_NAME
@@ -51,12 +52,12 @@ def check_input_files(cfg: Config, accumulation: int = 1, data_parallel_size: in
     valid = cfg.data.validation_prefixes() if cfg.train.eval_interval else []  # only what the run opens
     for key, prefixes in (("train_prefixes", cfg.data.train_prefixes), ("valid_prefixes", valid)):
         for i, prefix in enumerate(prefixes):
-            missing = [f"{prefix}{ext}" for ext in (".bin", ".idx") if not os.path.isfile(f"{prefix}{ext}")]
-            if missing:
+            problem = prefix_file_problem(prefix)
+            if problem:
                 where = "" if os.path.isabs(prefix) else f" (relative to {cwd})"
-                raise LoopDataError(f"data.{key}[{i}]: indexed dataset prefix '{prefix}': missing "
-                                    f"{' and '.join(missing)}{where}; expected P.bin and P.idx written by "
-                                    "tools/preprocess_data.py")
+                raise LoopDataError(f"data.{key}[{i}]: indexed dataset prefix '{prefix}': "
+                                    f"{problem}{where}; expected P.bin and P.idx written "
+                                    "by tools/preprocess_data.py")
     tok = cfg.data.tokenizer
     if tok and not os.path.exists(tok) and not is_hub_name(tok):
         raise LoopDataError(f"data.tokenizer={tok!r}: no such tokenizer folder or file (relative to {cwd}); "
@@ -74,9 +75,17 @@ def is_hub_name(name: str) -> bool:
 def _tokenizer_vocab(tokenizer: str) -> tuple[Path, int] | None:
     """Vocabulary size of a local tokenizer folder (hub names are not fetched here)."""
     path = Path(tokenizer)
+    if not path.exists():
+        return None  # a hub name (check_input_files refuses a missing local path)
     file = path / "tokenizer.json" if path.is_dir() else path
-    if not file.is_file() or file.suffix != ".json":
-        return None
+    if path.is_dir() and not file.is_file():
+        if (path / "tokenizer_config.json").is_file():
+            return None  # a tokenizer transformers builds from its other files (vocab/merges, sentencepiece)
+        raise LoopDataError(f"data.tokenizer={tokenizer!r}: a folder without tokenizer.json or tokenizer_config.json; "
+                            "expected a tokenizer folder saved with save_pretrained (tools/train_tokenizer.py)")
+    if file.suffix != ".json":
+        raise LoopDataError(f"data.tokenizer={tokenizer!r}: not a tokenizer ({file.name} is not a tokenizer.json); "
+                            "expected a tokenizer folder saved with save_pretrained or its tokenizer.json")
     from tokenizers import Tokenizer
 
     try:

@@ -15,7 +15,8 @@ ranks). A resume compares them with the new config before DeepSpeed reads a byte
 * refused with one line naming the key: the architecture (``model:`` without execution keys),
   ``train.seq_length``, ``train.global_batch_size``, ``train.seed`` (each fixes which tokens a step
   reads), ``train.precision`` and the ZeRO stage (different optimizer state layouts), the training
-  data (sizes and weights), and another data-parallel size under ZeRO 3;
+  data (sizes, weights and a sampled content hash), the tokenizer's files (a folder retrained in
+  place), and another data-parallel size under ZeRO 3;
 * everything else (intervals, retention, validation, logging, workers, paths) simply takes effect.
 """
 
@@ -153,7 +154,22 @@ def decide_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_
         if key in saved.get("model", {}) and before != after:
             plan.other.append(f"model.{key} {_show(before)} -> {_show(after)}")
     _check_data(where, manifest.get("data"), data_fingerprint(cfg), plan)
+    _check_tokenizer(where, manifest.get("tokenizer"), tokenizer_fingerprint(cfg.data.tokenizer))
     return plan
+
+
+def _check_tokenizer(where: Path, saved: dict | None, current: dict | None) -> None:
+    """The same tokenizer files (by content, wherever the folder now is): a folder retrained in
+    place gives the same token ids other text, and the next save would record the new hash, so
+    the export's own check (``hf/convert.check_tokenizer_identity``) would then pass it."""
+    if not saved or not current or not saved.get("sha256") or not current.get("sha256"):
+        return  # a hub name (recorded by name; a changed name is a changed data.tokenizer), or none
+    if saved["sha256"] != current["sha256"]:
+        raise LoopConfigError(
+            f"{where}: data.tokenizer={current['name']!r}: other files than the tokenizer the checkpoint trained "
+            f"with (sha256 of its files: {saved['sha256'][:12]} then ({saved.get('name')}), {current['sha256'][:12]} "
+            "now); its token ids would mean other text: resume with the tokenizer of training or start a new "
+            "train.output_dir")
 
 
 def _check_data(where: Path, saved: list | None, current: list, plan: ResumeDecision) -> None:

@@ -77,3 +77,23 @@ def test_read_tool_json_reads_a_file_or_its_folder_and_names_what_is_wrong(tmp_p
             file.write_text(text)
         with pytest.raises(LoopDataError, match=r"^--results .*" + message):
             read_tool_json(file, "--results", "results.json", "tools/eval_loops.py", ["loops"])
+
+
+def test_the_same_error_of_several_ranks_of_a_launch_is_printed_once(tmp_path):
+    """Under a launcher (``WORLD_SIZE`` > 1, the ranks children of one launcher process: here this
+    test) the ranks that reach the same error print its line once; another message is printed too."""
+    import os
+    import subprocess
+    import sys
+
+    from testpaths import REPO
+
+    code = "import sys\nfrom megatron_loop.cli import print_error\nprint_error(sys.argv[1])"
+    same, other = f"{tmp_path}: the same failure", f"{tmp_path}: another failure"
+    env = dict(os.environ, WORLD_SIZE="2")
+    printed = [subprocess.run([sys.executable, "-c", code, message], env=env, cwd=REPO, capture_output=True,
+                              text=True, timeout=60).stderr for message in (same, same, other)]
+    assert printed == [f"error: {same}\n", "", f"error: {other}\n"]
+    alone = subprocess.run([sys.executable, "-c", code, same], env=dict(os.environ, WORLD_SIZE="1"), cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+    assert alone.stderr == f"error: {same}\n"  # a world of one always prints

@@ -188,12 +188,16 @@ def test_cli_errors_are_one_line(assets, tmp_path):
 def test_overwrite_replaces_folder_atomically(assets, tmp_path):
     from megatron_loop.errors import LoopDataError
     from megatron_loop.hf.convert import convert_checkpoint
+    from megatron_loop.hf.output_folder import write_export_record
 
     out = tmp_path / "hf"
     out.mkdir()
     (out / "stale.txt").write_text("old")
     with pytest.raises(LoopDataError, match="not empty"):
         convert_checkpoint(assets.checkpoints["nonloop_llama"], out)
+    with pytest.raises(LoopDataError, match="not an export written by convert_to_hf.py"):
+        convert_checkpoint(assets.checkpoints["nonloop_llama"], out, overwrite=True)  # never a folder of others
+    write_export_record(out)  # as an earlier export left it: --overwrite replaces it
     convert_checkpoint(assets.checkpoints["nonloop_llama"], out, overwrite=True)
     assert not (out / "stale.txt").exists() and (out / "config.json").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left behind

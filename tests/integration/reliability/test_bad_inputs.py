@@ -8,6 +8,7 @@ its own result. Cases raised by the config, data, model I/O and training code al
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -70,6 +71,12 @@ def _cases(root: Path) -> dict[str, Case]:
     short_bin = _copy_prefix(assets.prefix, root / "shortbin" / "p")
     Path(short_bin + ".bin").write_bytes(Path(short_bin + ".bin").read_bytes()[:1000])
     big_ids = _copy_prefix(assets.prefix, root / "ids" / "p")  # no stats.json: the scan must catch it
+    fifo = _copy_prefix(assets.prefix, root / "fifo" / "p")
+    os.unlink(fifo + ".bin")
+    os.mkfifo(fifo + ".bin")  # exists, but a named pipe: reading it would block forever
+    device = _copy_prefix(assets.prefix, root / "device" / "p")
+    os.unlink(device + ".bin")
+    os.symlink("/dev/zero", device + ".bin")  # endless zeros, no size
 
     previous = copy_run(reference_run().run_dir, root / "previous")
     other_arch = copy_run(reference_run().run_dir, root / "other_arch")
@@ -120,6 +127,10 @@ def _cases(root: Path) -> dict[str, Case]:
         "no_train_data": c(["data.train_prefixes=[]"], r"data\.train_prefixes: empty; expected"),
         "missing_data": c(data(str(root / "nowhere" / "p")),
                           rf"prefix '{re.escape(str(root / 'nowhere' / 'p'))}': missing .*\.bin and .*\.idx"),
+        "data_is_a_fifo": c(data(fifo), rf"prefix '{re.escape(fifo)}': {re.escape(fifo)}\.bin is a named pipe "
+                                         r"\(FIFO\), not a regular file; expected P\.bin and P\.idx"),
+        "data_is_a_device": c(data(device), rf"{re.escape(device)}\.bin \(a link to /dev/zero\) is a character "
+                                            r"device, not a regular file; expected"),
         "wrong_magic": c(data(bad_magic), rf"{re.escape(bad_magic)}\.idx: not a Megatron index; expected magic"),
         "truncated_idx": c(data(short_idx), rf"{re.escape(short_idx)}\.idx: truncated"),
         "short_bin": c(data(short_bin), rf"{re.escape(short_bin)}\.bin: 1000 bytes, but .* describes"),
@@ -166,6 +177,11 @@ def _cases(root: Path) -> dict[str, Case]:
         "metrics_not_writable_on_resume": _with(
             resume("metrics_locked", fault=f"oserror@EACCES:{runs['metrics_locked'] / 'metrics.jsonl'}"),
             r"metrics\.jsonl: cannot be written \(permission denied \(EACCES\)\); the run appends"),
+        "convert_overwrite_of_a_live_run": Case(  # a run holds the folder (the fixture's lock)
+            ["--checkpoint", str(runs["in_use"] / "checkpoints"), "--output", str(runs["in_use"]), "--overwrite"],
+            rf"--output {re.escape(str(runs['in_use']))}: holds a training run or checkpoints \(run\.lock, "
+            r"metrics\.jsonl, checkpoints\); a run is training there \(host .+, pid \d+, started .+\); --overwrite "
+            r"replaces only an export", script=str(REPO / "tools" / "convert_to_hf.py"), untouched=[runs["in_use"]]),
         "convert_corrupt_named_checkpoint": Case(
             ["--checkpoint", str(corrupt_tag), "--output", str(root / "hf_corrupt")],
             rf"{re.escape(str(shard))}: sha256 differs from .*manifest\.json \(corrupt file\)",
@@ -202,12 +218,12 @@ def outcomes(tmp_path_factory):
 CASE_NAMES = [
     "unknown_key", "wrong_type", "wrong_bool", "bad_override", "unknown_choice", "impossible_heads", "no_core",
     "batch_not_divisible", "loops_below_one", "prefix_grid_beyond_k", "seq_beyond_context", "too_few_tokens",
-    "missing_ds_config", "no_train_data", "missing_data", "wrong_magic", "truncated_idx", "short_bin",
+    "missing_ds_config", "no_train_data", "missing_data", "data_is_a_fifo", "data_is_a_device", "wrong_magic", "truncated_idx", "short_bin",
     "token_ids_beyond_vocab", "tokenizer_vocab_mismatch", "data_vocab_mismatch", "output_not_empty",
     "previous_run_without_resume", "checkpoint_other_architecture", "resume_path_missing", "config_missing",
     "config_not_yaml", "convert_missing_checkpoint", "collective_timeout_not_positive", "output_dir_in_use",
     "resume_seq_length_changed", "resume_zero_stage_changed", "output_dir_read_only",
-    "metrics_not_writable_on_resume", "convert_corrupt_named_checkpoint",
+    "metrics_not_writable_on_resume", "convert_overwrite_of_a_live_run", "convert_corrupt_named_checkpoint",
 ]
 
 

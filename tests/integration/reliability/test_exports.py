@@ -100,6 +100,47 @@ def test_overwrite_killed_mid_swap_keeps_the_old_export(tmp_path):
     assert _modes(hf) == ({0o755}, {0o644})
 
 
+def test_overwrite_replaces_only_an_export_never_a_run_or_a_checkpoint(tmp_path):
+    """``--overwrite`` with ``--output`` naming the run folder while a run holds its lock, its
+    ``checkpoints/``, a ``global_stepN`` or a folder inside one, or an export someone added a file
+    to: one line each, nothing touched (before: rc 0 and every checkpoint, metrics.jsonl and
+    run.lock gone; done while the run trained, the run died)."""
+    import re
+
+    from megatron_loop.training.lock import RunLock
+
+    ckpt, hf, old = _exported(tmp_path)
+    run_dir = ckpt.parent
+
+    def tree():
+        return {str(p.relative_to(tmp_path)): p.stat().st_size for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+
+    lock = RunLock(run_dir).acquire()  # a live run trains in the folder
+    try:
+        before = tree()
+        result = run_cli("--checkpoint", str(ckpt), "--output", str(run_dir), "--overwrite",
+                         script="tools/convert_to_hf.py")
+        assert result.returncode == 2, result.stderr[-3000:]
+        (line,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
+        assert re.fullmatch(rf"error: --output {re.escape(str(run_dir))}: holds a training run or checkpoints "
+                            r"\(run\.lock, metrics\.jsonl, checkpoints\); a run is training there \(host .+, pid "
+                            rf"{os.getpid()}, started .+\); --overwrite replaces only an export written by "
+                            r"convert_to_hf\.py: choose another --output \(e\.g\. RUN/hf\)", line), line
+        assert lock.still_ours()
+        for target, what in ((ckpt, r"\(latest, looplm_config\.json, global_step10\)"),
+                             (ckpt / "global_step10", r"\(manifest\.json\)"),
+                             (ckpt / "global_step10" / "hf", "inside the checkpoint folder")):
+            with pytest.raises(LoopDataError, match=what):
+                convert_checkpoint(ckpt, target, overwrite=True)
+        (hf / "notes.txt").write_text("mine")  # an export with a file of someone else's
+        with pytest.raises(LoopDataError, match=rf"holds {re.escape(str(hf / 'notes.txt'))} that the export did "
+                                                "not write; --overwrite would delete them"):
+            convert_checkpoint(ckpt, hf, overwrite=True)
+        assert tree() == {**before, "hf/notes.txt": 4} and _hidden(tmp_path) == []
+    finally:
+        lock.release()
+
+
 @pytest.mark.timeout(300)
 def test_a_second_export_to_the_same_folder_is_refused_while_one_runs(tmp_path):
     """Two exports to one --output at once: the second stops with one error naming the first

@@ -198,13 +198,19 @@ def test_output_folder_vanishing_mid_run_stops_with_an_error(tmp_path):
 
 
 @pytest.mark.distributed
-def test_stopped_rank_makes_the_others_fail_within_the_collective_timeout(tmp_path):
+@pytest.mark.parametrize("stall, parallel", [
+    ("stall@1:3", ()),  # data parallel: DeepSpeed's gradient all-reduce
+    # TP = 2 + SP: one of megatron-core's tensor-parallel collectives, whose groups get the timeout from
+    # parallel/bootstrap.py (before: gloo's and NCCL's 30-minute default; no error after 300 s)
+    ("stall@1:5", ("parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true")),
+], ids=["data_parallel", "tensor_parallel"])
+def test_stopped_rank_makes_the_others_fail_within_the_collective_timeout(tmp_path, stall, parallel):
     """Rank 1 is stopped (SIGSTOP, not killed) in its second step: rank 0 gives one clear error
-    after train.collective_timeout_s instead of waiting DeepSpeed's default 30 minutes. (The
+    after train.collective_timeout_s instead of waiting the backend's default 30 minutes. (The
     timeout also bounds the start-up rendezvous, hence 15 s: on a loaded machine one rank may
     finish its imports seconds after the other.)"""
     run_dir = tmp_path / "run"
-    cmd = command("stall@1:3", *_common(run_dir, "train.collective_timeout_s=15"), nproc=2, launcher="torchrun",
+    cmd = command(stall, *_common(run_dir, "train.collective_timeout_s=15", *parallel), nproc=2, launcher="torchrun",
                   script=str(FAULTS))
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, env=dict(env(), TORCH_ELASTIC_SHUTDOWN_TIMEOUT="1"),
@@ -220,7 +226,8 @@ def test_stopped_rank_makes_the_others_fail_within_the_collective_timeout(tmp_pa
 def test_data_and_tokenizer_replaced_in_place_are_caught(tmp_path):
     """Same names and sizes, other content: the training data reversed in place is refused at
     resume (sampled-block + index hash); the tokenizer folder retrained in place is refused at
-    export (its files' hash, recorded in the checkpoint manifest)."""
+    resume and at export (its files' hash, recorded in the checkpoint manifest; before, a resume
+    recorded the new hash and the export then passed)."""
     import numpy as np
 
     from data_fixtures import data_assets
@@ -251,6 +258,13 @@ def test_data_and_tokenizer_replaced_in_place_are_caught(tmp_path):
     bin_file.write_bytes(original)
 
     train_bpe_tokenizer(assets.documents[:50], tok, vocab_size=300)  # retrained in place
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    resumed = run_cli(*args, "--set", "train.max_steps=4")  # refused: the next save would record the new hash
+    assert resumed.returncode == 2, resumed.stderr[-3000:]
+    assert re.fullmatch(rf"error: {re.escape(str(run_dir))}/checkpoints/global_step2/manifest\.json: data\.tokenizer="
+                        rf"'{re.escape(str(tok))}': other files than the tokenizer the checkpoint trained with \(sha256 "
+                        r"of its files: [0-9a-f]{12} then \(.*\), [0-9a-f]{12} now\); .*", resumed.stderr.splitlines()[-1])
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
     export = run_cli("--checkpoint", str(run_dir / "checkpoints"), "--output", str(tmp_path / "hf"),
                      script="tools/convert_to_hf.py")
     assert export.returncode == 2, export.stderr[-3000:]

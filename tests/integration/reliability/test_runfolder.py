@@ -237,3 +237,20 @@ def test_connection_refused_is_not_reported_as_a_start_up_timeout():
     why = collective_failure(RuntimeError(seen), 60, started=False)
     assert why == ("a rank could not connect to another rank (connection refused: no process listening there, "
                    f"e.g. a rank that exited, or an old address after a torchrun restart; seen: {seen})")
+
+
+def test_gloo_timeouts_are_reported_as_the_collective_timeout():
+    """gloo's own words for a peer that stopped: the rank that waited on it in DeepSpeed's save
+    barrier (a data-parallel rank stopped at its shard open mid-save: "Application timeout caused
+    pair closure", before printed raw) and a connection that never came up ("Connect timeout")."""
+    from megatron_loop.training.distributed import collective_failure
+
+    seen = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:41289: Application "
+            "timeout caused pair closure")
+    assert collective_failure(RuntimeError(seen), 600) == (
+        "a collective operation did not complete within train.collective_timeout_s=600 s: another rank stopped, "
+        "hung or died")
+    seen = "Gloo connectFullMesh failed with [../gloo/transport/tcp/pair.h:311] Connect timeout [none]"
+    assert collective_failure(RuntimeError(seen), 60, started=False) == (
+        "the ranks did not all start within train.collective_timeout_s=60 s (a rank failed, or started much later "
+        f"than the others; seen: {seen})")

@@ -9,8 +9,8 @@ FAULT is one of
                          (A: micro-batches per step on this rank, i.e. accumulation steps)
   kill_before_publish@N  SIGKILL this process on the N-th save, after every shard is written
                          and verified but before the checkpoint is published
-  enospc_on_save@N       the N-th save fails with "No space left on device" half-way through
-                         its first shard (torch.save, as DeepSpeed calls it)
+  enospc_on_save@[RANK:]N  the N-th save (of rank RANK only, if given) fails with "No space left
+                         on device" half-way through its first shard (torch.save, as DeepSpeed calls it)
   slow@SECONDS           every training forward sleeps SECONDS (time to deliver a signal mid-run)
   oserror@NAME:PATH      every open/mkdir of PATH or a path under it fails with errno NAME
                          (EROFS: a read-only mount, EACCES: no permission, ENOSPC: a full disk)
@@ -27,6 +27,8 @@ FAULT is one of
   metrics@remove:N       after the N-th train record, metrics.jsonl is deleted (rm under a run)
   kill_in_swap           SIGKILL an HF export right after its old folder was moved aside, before
                          the new one is renamed into place
+
+Under ``torchrun --max-restarts``, faults are injected in the first attempt only.
 """
 
 from __future__ import annotations
@@ -86,10 +88,12 @@ def kill_before_publish(nth: int) -> None:
     checkpoint.publish = patched
 
 
-def enospc_on_save(nth: int) -> None:
+def enospc_on_save(rank: int | None, nth: int) -> None:
     """The first file of the nth checkpoint is half written, then the disk is full."""
     import torch
 
+    if rank is not None and int(os.environ.get("RANK", "0")) != rank:
+        return
     save = torch.save
     seen: list[str] = []
 
@@ -279,7 +283,8 @@ def apply(fault: str) -> None:
     elif kind == "kill_before_publish":
         kill_before_publish(int(arg))
     elif kind == "enospc_on_save":
-        enospc_on_save(int(arg))
+        rank, _, nth = arg.rpartition(":")
+        enospc_on_save(int(rank) if rank else None, int(nth))
     elif kind == "slow":
         slow(float(arg))
     elif kind == "oserror":
@@ -310,8 +315,9 @@ def main() -> int:
     launcher_args = [a for a in sys.argv[1:] if a.startswith("--local_rank")]
     rest = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
     faults, argv = rest[0], launcher_args + rest[1:]
-    for fault in faults.split("+"):
-        apply(fault)
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":  # a torchrun restart runs clean
+        for fault in faults.split("+"):
+            apply(fault)
     if argv and argv[0] == "convert_to_hf.py":
         sys.path.insert(0, str(REPO / "tools"))
         import convert_to_hf

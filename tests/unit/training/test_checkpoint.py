@@ -98,6 +98,38 @@ def test_start_branch_sets_newer_checkpoints_and_their_metrics_aside(tmp_path):
     assert start_branch(root, again, out, RANK0) is None  # nothing newer: no branch, nothing moved
 
 
+def test_a_second_rollback_to_the_same_step_within_one_second_gets_its_own_folder(tmp_path, monkeypatch):
+    """A frozen clock (or two rollbacks within a second): the second branch's folder gets a suffix
+    instead of failing on the first one's name (ENOTEMPTY) or merging into it."""
+    out = tmp_path / "run"
+    root = out / "checkpoints"
+    monkeypatch.setattr(checkpoint.time, "strftime", lambda fmt, *a: "20261126-090000")
+    names = []
+    for _ in range(2):
+        for step in (2, 4):
+            if not (root / f"global_step{step}").exists():
+                _save(root, step)
+        point = choose_resume_point(root, str(root / "global_step2"), True, RANK0)
+        names.append(start_branch(root, point, out, RANK0).name)
+    assert names == ["20261126-090000-resumed-global_step2", "20261126-090000-resumed-global_step2-2"]
+    assert all((root / SET_ASIDE / n / "global_step4").is_dir() for n in names)
+
+
+def test_a_damaged_latest_is_skipped_and_replaced_by_the_branch_point(tmp_path):
+    """Automatic resume with bytes that are not a tag in ``latest`` (RELIABILITY.md row 41): the
+    newest complete checkpoint is chosen with the reason, and starting its branch rewrites
+    ``latest`` instead of failing on the damaged pointer a second time."""
+    out = tmp_path / "run"
+    root = out / "checkpoints"
+    for step in (2, 4):
+        _save(root, step)
+    (root / LATEST).write_bytes(bytes(range(256)))
+    point = choose_resume_point(root, None, True, RANK0)
+    assert point.tag == "global_step4" and point.notes[0].startswith(f"skipping checkpoint latest: {root / LATEST}")
+    assert start_branch(root, point, out, RANK0) is None
+    assert read_latest(root) == "global_step4"
+
+
 def test_universal_copy_writes_a_partial_folder_next_to_the_checkpoint(tmp_path, monkeypatch):
     root = tmp_path / "checkpoints"
     _save(root, 2)

@@ -1,0 +1,39 @@
+"""What is wrong with the two files of an indexed dataset prefix (``P.bin``, ``P.idx``) before they
+are opened, in words: missing, or there but not a regular file. A named pipe (FIFO) or a device
+such as ``/dev/zero`` in their place exists, so calling it "missing" would send the user looking
+for a file that is there; it cannot be memory-mapped or sized, so it is refused as what it is.
+Standard library only: ``--dry-run`` and the checks before training use it without torch."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def file_problem(path: str) -> str | None:
+    """None for a regular file (or a link to one); else ``missing PATH`` or ``PATH is a named pipe
+    (FIFO), not a regular file`` (a link says where it points)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"missing {path}" + (f" (a link to the missing {os.readlink(path)})" if os.path.islink(path) else "")
+    except OSError as e:
+        return f"{path}: cannot be read ({e.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+    target = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
+    return f"{path}{target} is {kind}, not a regular file"
+
+
+def prefix_file_problem(prefix: str, extensions: tuple[str, ...] = (".bin", ".idx")) -> str | None:
+    """What is wrong with ``P.bin`` and ``P.idx`` (in the order of ``extensions``), as one phrase:
+    ``missing P.bin and P.idx`` when both are simply missing, else each :func:`file_problem`
+    joined by "and"; None when both are regular files."""
+    problems = [p for p in (file_problem(f"{prefix}{ext}") for ext in extensions) if p]
+    if len(problems) == 2 and all(p.startswith("missing ") and " (" not in p for p in problems):
+        return f"{problems[0]} and {problems[1][len('missing '):]}"
+    return " and ".join(problems) or None
