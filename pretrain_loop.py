@@ -3,6 +3,7 @@
 
     deepspeed pretrain_loop.py --config examples/llama_4x5.yaml [--set key.path=value ...]
     python pretrain_loop.py --config FILE --dry-run [--data-parallel-size 8]   # checks + one JSON line
+    python pretrain_loop.py --config FILE --dry-run --skip-data-check   # a paper config without its data
     python pretrain_loop.py --config FILE --print-config [--set ...]  # the resolved config, then exit
     python pretrain_loop.py --list-configs               # the paper's runs (megatron_loop/registry/)
     torchrun --nproc_per_node 2 pretrain_loop.py --config FILE        # also: plain python, srun
@@ -30,7 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", help="YAML config (see examples/)")
     p.add_argument("--list-configs", action="store_true",
                    help="print every paper run of the registry (configs indexed in examples/paper/README.md): "
-                        "layout, parameters, figure/table")
+                        "layout, parameters, figure/table, YAML file")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a config value, e.g. --set model.train_loops=3 (repeatable)")
     p.add_argument("--dry-run", action="store_true",
@@ -39,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config (YAML + --set overrides + backbone preset + defaults) as JSON, "
                         "as training prints it at start, and exit without training")
+    p.add_argument("--skip-data-check", action="store_true",
+                   help="with --dry-run: do not check the data prefixes and the tokenizer files (plan a paper config "
+                        "before its tokenised data exists); everything else is checked")
     p.add_argument("--data-parallel-size", type=int, default=None, metavar="N",
                    help="with --dry-run: plan for N data-parallel ranks (default: $WORLD_SIZE, $SLURM_NTASKS or 1)")
     p.add_argument("--resume", default=None, metavar="PATH",
@@ -48,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.data_parallel_size is not None and not args.dry_run:
         p.error("--data-parallel-size: only with --dry-run (training takes the launcher's world size)")
+    if args.skip_data_check and not args.dry_run:
+        p.error("--skip-data-check: only with --dry-run (training reads the data)")
     return args
 
 
@@ -73,7 +79,7 @@ def _main(argv: list[str] | None = None) -> int:
         print_to_pipe(cfg.dumps())
         return 0
     if args.dry_run:
-        print(json.dumps(dry_run_report(cfg, args.data_parallel_size)))
+        print(json.dumps(dry_run_report(cfg, args.data_parallel_size, check_data=not args.skip_data_check)))
         return 0
     return train_main(cfg, args)
 

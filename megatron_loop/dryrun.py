@@ -1,7 +1,8 @@
 """``pretrain_loop.py --dry-run``: what a config would train, checked and counted in well under a second.
 
-The numbers come from :mod:`megatron_loop.plan` (token budget, steps, WSD split, accumulation,
-parameter count, data epochs), the same functions training uses, so a dry run imports neither
+The numbers come from :func:`megatron_loop.training.banner.run_summary` (token budget, steps, WSD
+split, accumulation, parameter count, data epochs, from :mod:`megatron_loop.plan`), the dict whose
+start-up statement training prints, so a dry run imports neither
 torch nor megatron-core: it reads the YAML, checks the files the run would open (DeepSpeed JSON,
 data prefixes, tokenizer) with the same preflight checks as training, and prints one JSON line.
 """
@@ -12,10 +13,11 @@ import os
 import sys
 
 from megatron_loop.config import Config
+from megatron_loop.config.deepspeed import check_deepspeed_config
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.parallel.plan import tensor_parallel_plan
-from megatron_loop.plan import accumulation_steps, check_train_steps, count_parameters, data_epochs, training_plan
+from megatron_loop.plan import accumulation_steps, check_train_steps, training_plan
 from megatron_loop.training import preflight
+from megatron_loop.training.banner import run_summary
 
 # Repeating data up to about four epochs costs almost nothing against fresh data; beyond that the
 # returns fall quickly (Muennighoff et al., 2023, "Scaling Data-Constrained Language Models").
@@ -34,7 +36,7 @@ def default_data_parallel_size() -> int:
     return int(os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or 1)
 
 
-def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
+def dry_run_report(cfg: Config, data_parallel_size: int | None = None, check_data: bool = True) -> dict:
     """The JSON line of ``--dry-run`` after the checks training runs before it writes anything.
 
     Raises :class:`~megatron_loop.errors.LoopConfigError` / ``LoopDataError`` (one ``error:``
@@ -43,6 +45,9 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
     prefix or tokenizer, a tokenizer larger than the model's vocabulary, or a budget below one
     step. Prints a ``warning:`` line on stderr per train prefix read more than
     :data:`DATA_REUSE_WARN_EPOCHS` times; ``data_epochs`` and ``eval_loops`` are in the JSON.
+    ``check_data`` False (``--skip-data-check``): the data prefixes and a tokenizer that is not there
+    are not checked (a paper config planned before its tokenised data exists); ``data_checked`` in
+    the JSON says which.
     """
     # the launcher's world holds tensor-parallel x data-parallel ranks (config/parallel.py)
     world = (default_data_parallel_size() if data_parallel_size is None
@@ -52,29 +57,17 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None) -> dict:
         raise LoopConfigError(f"--data-parallel-size={dp}: expected a positive number of data-parallel ranks")
     accumulation = accumulation_steps(cfg, dp)
     preflight.check_eval_loops(cfg)
-    files = preflight.check_input_files(cfg, accumulation, dp)
+    if check_data:
+        files = preflight.check_input_files(cfg, accumulation, dp)
+    else:
+        cfg.data.train_blend()  # an empty train list is still an error
+        files = {**check_deepspeed_config(cfg, accumulation, dp), "train_prefixes": list(cfg.data.train_prefixes),
+                 "valid_prefixes": cfg.data.validation_prefixes() if cfg.train.eval_interval else [],
+                 "tokenizer": cfg.data.tokenizer}
+    files["data_checked"] = check_data
     preflight.check_vocabulary(cfg)
-    plan = training_plan(cfg)
-    check_train_steps(cfg, plan["train_steps"])
-    epochs = data_epochs(cfg, plan["train_steps"])
-    for line in data_reuse_warnings(epochs):
+    check_train_steps(cfg, training_plan(cfg)["train_steps"])
+    report = run_summary(cfg, dp, accumulation, files)
+    for line in data_reuse_warnings(report["data_epochs"]):
         print(line, file=sys.stderr)
-    params, backbone = count_parameters(cfg.model)
-    return dict(
-        layout=cfg.model.layout,
-        params=params,
-        params_backbone=backbone,
-        physical_depth=cfg.model.physical_depth,
-        effective_depth=cfg.model.effective_depth(),
-        **plan,
-        global_batch=cfg.train.global_batch_size,
-        micro_batch=cfg.train.micro_batch_size,
-        data_parallel_size=dp,
-        **tensor_parallel_plan(cfg, params, dp),
-        accumulation=accumulation,
-        seq_length=cfg.train.seq_length,
-        **files,
-        data_epochs=epochs,
-        eval_interval=cfg.train.eval_interval,
-        eval_loops=list(cfg.train.eval_loops or []) if cfg.train.eval_interval else [],
-    )
+    return report

@@ -93,13 +93,60 @@ def training_plan(cfg: Config) -> dict:
 
 
 def check_train_steps(cfg: Config, steps: int) -> int:
-    """At least one optimizer step in the token budget."""
+    """At least one optimizer step in the token budget, and a plan this host can hold
+    (:func:`check_fits_host`)."""
     if steps < 1:
         t = cfg.train
         raise LoopConfigError(
             f"train.train_tokens={t.train_tokens}: less than one global batch of "
             f"{t.global_batch_size} x {t.seq_length} tokens; expected at least one step")
+    check_fits_host(cfg, steps)
     return steps
+
+
+# Bytes per training sample of the data plan the loaders build (data/blend.py, data/packed.py): the
+# blend's dataset index (int16) and sample index (int64), the packing index's document and offset
+# (int64 each) and the sample starts it is computed from (int64): 34, rounded down so that only a
+# plan that surely cannot fit is refused.
+INDEX_BYTES_PER_SAMPLE = 32
+# The model is built in fp32 on the host before the engine moves it (model.build_model).
+PARAMETER_BYTES = 4
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this host (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_fits_host(cfg: Config, steps: int, memory: int | None = None) -> None:
+    """Refuse, before anything is built, a plan whose data index (``steps x global_batch_size``
+    samples, :data:`INDEX_BYTES_PER_SAMPLE` each) or whose parameters (:func:`count_parameters`
+    over the tensor-parallel ranks, fp32) need more than the host's physical memory ``memory``
+    (default: :func:`host_memory_bytes`). These are the numbers ``--dry-run`` prints."""
+    memory = host_memory_bytes() if memory is None else memory
+    if not memory:
+        return
+    t, m = cfg.train, cfg.model
+    gib = 2**30
+    samples = steps * t.global_batch_size
+    if samples * INDEX_BYTES_PER_SAMPLE > memory:
+        given = f"train.max_steps={t.max_steps}" if t.max_steps is not None else f"{steps:,} steps"
+        raise LoopConfigError(
+            f"{given} x train.global_batch_size={t.global_batch_size} = {samples:,} samples: the data plan's index "
+            f"needs about {samples * INDEX_BYTES_PER_SAMPLE / gib:,.0f} GiB ({INDEX_BYTES_PER_SAMPLE} bytes per "
+            f"sample), more than this host's {memory / gib:,.0f} GiB of memory; expected fewer steps or a smaller "
+            "global batch")
+    tp = cfg.parallel.tensor_model_parallel_size
+    params = count_parameters(m).total
+    if params // tp * PARAMETER_BYTES > memory:
+        raise LoopConfigError(
+            f"model.vocab_size={m.vocab_size}, hidden_size={m.hidden_size}, {m.physical_depth} blocks: "
+            f"{params:,} parameters ({params // tp:,} per tensor-parallel rank) need "
+            f"{params // tp * PARAMETER_BYTES / gib:,.0f} GiB in fp32, more than this host's {memory / gib:,.0f} GiB "
+            "of memory; expected a smaller model (or more tensor-parallel ranks)")
 
 
 def total_train_steps(cfg: Config) -> int:

@@ -111,7 +111,8 @@ DESCRIPTIONS: dict[str, str] = {
     "logging.wandb_mode": "`auto` (online with WANDB_API_KEY, else offline), `online`, `offline`, `disabled`.",
     "logging.progress_bar": "tqdm progress bar on rank 0 (the step lines are printed either way).",
     "logging.tensorboard": "TensorBoard event files in OUTPUT_DIR/tensorboard (the scalars of metrics.jsonl).",
-    "logging.peak_tflops": "Per-device peak TFLOP/s for MFU (`null`: 989 on GPU, a measured fp32 matmul rate on CPU).",
+    "logging.dynamics_interval": "Every N steps, the loop dynamics on the first held-out batch (per-loop state norms and relative updates, loss at r = K - 1, K, K + 1, timestep gates: `training/dynamics.py`); 0 = off; needs a validation set.",
+    "logging.peak_tflops": "Per-device peak TFLOP/s for MFU (`null`: 989 on GPU; on CPU no MFU is logged, since a measured matmul rate moves with the machine's load).",
     # ---- parallel (docs/PARALLELISM.md)
     "parallel.tensor_model_parallel_size": "t: ranks that split every block's heads, query groups and MLP columns and the vocabulary (megatron-core tensor parallelism); must divide those, and the world size (data-parallel size = world / t). TP groups are consecutive ranks, so t <= GPUs per node keeps them inside a node.",
     "parallel.sequence_parallel": "Also split the activations between the TP matmuls (norms, residual stream, conditioning) along the sequence over the TP group: all-reduces become reduce-scatter + all-gather, activation memory of those tensors / t. Needs t > 1 and `train.seq_length` divisible by t.",

@@ -5,7 +5,9 @@ gradient norm, throughput and MFU, one colour per run, several runs on one figur
     python tools/plot_metrics.py runs/tiny_2x3 --output runs/tiny_2x3/curves.png
     python tools/plot_metrics.py runs/a runs/b/metrics.jsonl --labels "2x3,1+2x3+1" --x tokens --output cmp.png
 
-Each RUN is a training output folder (train.output_dir) or its metrics.jsonl.
+Each RUN is a training output folder (train.output_dir) or its metrics.jsonl. Runs that recorded loop
+dynamics (logging.dynamics_interval) also get OUTPUT_dynamics.png: per-loop relative updates and
+state norms, the held-out batch loss at r = K - 1, K, K + 1, and the timestep gates per loop.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", metavar="RUN", help="run folder (train.output_dir) or metrics.jsonl")
-    ap.add_argument("--output", default="metrics.png", help="PNG to write (default: metrics.png)")
+    ap.add_argument("--output", default="metrics.png", help="figure to write: .png, .pdf or .svg (default: metrics.png)")
     ap.add_argument("--labels", default=None,
                     help="comma-separated legend labels, one per RUN "
                          "(default: the run folder names, NAME for runs/NAME/train)")
@@ -30,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # after parsing: --help and usage errors answer without importing matplotlib
     from megatron_loop.errors import LoopConfigError, LoopDataError
-    from megatron_loop.training.curves import plot_runs, read_run, save_figure
+    from megatron_loop.training.curves import plot_dynamics, plot_runs, read_run, save_figure
 
     try:
         labels = args.labels.split(",") if args.labels else [None] * len(args.runs)
@@ -39,10 +41,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "expected one per RUN")
         runs = [read_run(path, label) for path, label in zip(args.runs, labels)]
         out = save_figure(plot_runs(runs, args.x), args.output)
+        dynamics = plot_dynamics(runs)
+        if dynamics is not None:
+            dynamics_out = save_figure(dynamics, out.with_name(f"{out.stem}_dynamics.png"))
     except (LoopConfigError, LoopDataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out} ({', '.join(r.label for r in runs)})")
+    if dynamics is not None:
+        print(f"wrote {dynamics_out} (loop dynamics of {', '.join(r.label for r in runs if r.dynamics)})")
     return 0
 
 

@@ -1,12 +1,14 @@
-"""Loading a config: YAML (a key given twice is an error) -> ``--set key.path=value`` overrides ->
-typed sections (each value checked against its field's annotation) -> validation -> absolute paths.
-Every error names the key and what was expected."""
+"""Loading a config: YAML (read by :mod:`megatron_loop.config.yaml_reader`: plain data only) ->
+``--set key.path=value`` overrides -> typed sections (each value checked against its field's
+annotation) -> validation -> absolute paths. Every error names the key and what was expected."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import types
+from decimal import Decimal
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -16,7 +18,14 @@ import yaml
 from megatron_loop.config.paths import resolve_paths
 from megatron_loop.config.presets import BACKBONES
 from megatron_loop.config.sections import SECTIONS, Config, ModelConfig
+from megatron_loop.config.validation import CHOICES
+from megatron_loop.config.yaml_reader import read_yaml, yaml_problem
 from megatron_loop.errors import LoopConfigError
+
+
+# "1e9", "2.5E+3": numbers YAML 1.1 reads as strings (its floats need a dot); accepted where the
+# field is a number and the value is one
+_SCIENTIFIC = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def _type_name(tp: Any) -> str:
@@ -49,6 +58,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         raise LoopConfigError(f"{key}={value!r}: expected a boolean (true/false)")
     if tp is int:
+        if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
+            value = Decimal(value.strip())  # YAML 1.1 reads "1e9" (no dot) as a string; exact, unlike float
+        if isinstance(value, Decimal):
+            if value != value.to_integral_value():
+                raise LoopConfigError(f"{key}={str(value)!r}: expected an integer")
+            return int(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (
                 isinstance(value, float) and not value.is_integer()):
             raise LoopConfigError(f"{key}={value!r}: expected an integer")
@@ -66,7 +81,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise LoopConfigError(f"{key}={value!r}: expected a string")
+            choices = f"one of {CHOICES[key]}" if key in CHOICES else "a string"
+            # YAML 1.1 reads an unquoted on/off/yes/no as a boolean
+            hint = " (YAML reads an unquoted on/off/yes/no as a boolean: quote it)" if isinstance(value, bool) else ""
+            raise LoopConfigError(f"{key}={value!r}: expected {choices}{hint}")
         return value
     if tp is dict or origin is dict:
         if not isinstance(value, dict):
@@ -94,33 +112,14 @@ def build_model_config(values: dict, section: str = "model") -> ModelConfig:
         if backbone not in BACKBONES:
             raise LoopConfigError(
                 f"{section}.backbone={backbone!r}: unknown backbone; expected one of {sorted(BACKBONES)}")
-        values = {**BACKBONES[backbone], **values}
+        preset = BACKBONES[backbone]
+        # a mapping given for a mapping field of the preset (rope_scaling: {factor: 4}, or
+        # --set model.rope_scaling.factor=4) updates the preset's keys; null replaces it
+        values = {**preset, **values, **{k: {**preset[k], **v} for k, v in values.items()
+                                         if isinstance(v, dict) and isinstance(preset.get(k), dict)}}
     cfg = _build_section(ModelConfig, values, section)
     cfg.validate(section)
     return cfg
-
-
-def _yaml_problem(e: yaml.YAMLError) -> str:
-    """PyYAML's message on one line: the problem and where (its own text spans several lines)."""
-    mark = getattr(e, "problem_mark", None)
-    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
-    keeps the last silently, so an edit lower in the file would override one higher up)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise LoopConfigError(f"duplicate key {key!r} at line {line} (first at line {seen[key]}); "
-                                      "expected each key once in a mapping")
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -131,9 +130,11 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     if len(path) < 2 or not all(path):
         raise LoopConfigError(f"--set {text!r}: expected section.key=value (e.g. model.train_loops=3)")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = read_yaml(raw, path) if raw.strip() else ""
+    except LoopConfigError as e:
+        raise LoopConfigError(f"--set {text!r}: {e}") from None
     except yaml.YAMLError as e:
-        raise LoopConfigError(f"--set {text!r}: value is not valid YAML ({_yaml_problem(e)})") from None
+        raise LoopConfigError(f"--set {text!r}: value is not valid YAML ({yaml_problem(e)})") from None
     return path, value
 
 
@@ -147,7 +148,9 @@ def config_from_dict(raw: dict, source: str = "<dict>", overrides: list[str] | N
         path, value = _parse_override(ov)
         node = raw
         for part in path[:-1]:
-            nxt = node.setdefault(part, {})
+            if node.get(part) is None:  # absent or null (rope_scaling: null): the override starts it
+                node[part] = {}
+            nxt = node[part]
             if not isinstance(nxt, dict):
                 raise LoopConfigError(f"--set {ov!r}: {part!r} is not a section")
             node = nxt
@@ -176,11 +179,15 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     if not path.is_file():
         raise LoopConfigError(f"{path}: config file not found")
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+        raw = read_yaml(path.read_text(encoding="utf-8"))
     except LoopConfigError as e:
         raise LoopConfigError(f"{path}: {e}") from None
     except UnicodeDecodeError:
         raise LoopConfigError(f"{path}: not a text file; expected a YAML config (UTF-8)") from None
     except yaml.YAMLError as e:
-        raise LoopConfigError(f"{path}: not valid YAML ({_yaml_problem(e)})") from None
-    return resolve_paths(config_from_dict(raw, source=str(path), overrides=overrides))
+        raise LoopConfigError(f"{path}: not valid YAML ({yaml_problem(e)})") from None
+    cfg = config_from_dict(raw, source=str(path), overrides=overrides)
+    try:
+        return resolve_paths(cfg)
+    except LoopConfigError as e:  # two spellings of one prefix, found once the paths are real
+        raise LoopConfigError(f"{path}: {e}") from None

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_loop.config.deepspeed import locate
+from megatron_loop.config.validation import check_prefixes
 
 if TYPE_CHECKING:
     from megatron_loop.config.sections import Config
@@ -55,4 +56,5 @@ def resolve_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
     if d.tokenizer:
         d.tokenizer = absolute(d.tokenizer, os.path.exists)
     t.deepspeed_config = locate(t.deepspeed_config, base)
+    check_prefixes(d, os.path.realpath)  # two spellings of one file (relative/absolute, a symlink)
     return cfg

@@ -226,8 +226,11 @@ class LoggingConfig:
     # TensorBoard event files in OUTPUT_DIR/tensorboard (the same scalars as metrics.jsonl).
     tensorboard: bool = False
     # Per-device peak FLOP/s (in TFLOP/s) for the MFU estimate; null: 989 (H100/H200 dense
-    # bf16) on GPU, a measured fp32 matmul throughput on CPU.
+    # bf16) on GPU, no MFU on CPU (a measured matmul rate moves with the machine's load).
     peak_tflops: float | None = None
+    # Loop dynamics (training/dynamics.py) every N steps on the first held-out batch: per-loop state
+    # norms and relative updates, the loss at r = K - 1, K, K + 1, the timestep gates; 0 = off.
+    dynamics_interval: int = 250
 
     def validate(self, prefix: str = "logging") -> None:
         validate_logging(self, prefix)

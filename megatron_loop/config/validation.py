@@ -7,6 +7,7 @@ their ``validate`` methods (:mod:`megatron_loop.config.sections`).
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Callable
 
 from megatron_loop.config.presets import BACKBONES
@@ -28,6 +29,26 @@ LOOP_GATING_REFERENCES = ("state", "injected")
 OPTIMIZERS = ("muon_adamw", "adamw")
 DATA_ORDERS = ("shuffled", "stream")
 LOOP_SAMPLINGS = ("fixed", "poisson_lognormal", "uniform")  # train.loop_sampling (training/loop_sampling.py)
+# The string keys with a fixed set of values: "<section>.<key>" -> its choices (the type check names
+# them too, when YAML read an unquoted off/no as a boolean).
+CHOICES = {
+    "model.initial_injection": INITIAL_INJECTIONS, "model.history_injection": HISTORY_INJECTIONS,
+    "model.timestep": TIMESTEPS, "model.timestep_grid": TIMESTEP_GRIDS,
+    "model.activation_checkpointing": CHECKPOINTING, "model.loss_implementation": LOSS_IMPLEMENTATIONS,
+    "model.loop_gating_reference": LOOP_GATING_REFERENCES, "train.optimizer": OPTIMIZERS,
+    "train.loop_sampling": LOOP_SAMPLINGS, "train.precision": ("auto", "bf16", "fp32"),
+    "train.nan_policy": ("skip", "stop"), "train.muon_scale": ("match_rms_adamw", "original"),
+    "data.order": DATA_ORDERS, "logging.wandb_mode": ("auto", "online", "offline", "disabled"),
+}
+# Largest loop count a config may train or validate at: L(r) = p + r s block applications per
+# token, so r is a cost factor; the paper trains K <= 8 and extrapolates to a few K. A bound keeps a
+# typo (an extra digit, 10^22) a clear error instead of a run that never finishes a step.
+MAX_LOOPS = 1024
+# Longest wait a timeout key takes (7 days): beyond it a hung rank would block for longer than
+# any job runs, and far beyond it the value overflows the timedelta / thread timeouts it becomes.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+# Seeds seed numpy's global generator (App. C.2 seed 42), which takes 0 <= seed < 2^32.
+MAX_SEED = 2**32 - 1
 
 
 def _checker(section: Any, prefix: str) -> Callable[[bool, str, str], None]:
@@ -49,6 +70,8 @@ def validate_model(model: ModelConfig, prefix: str = "model") -> None:
     need(model.coda_layers >= 0, "coda_layers", "an integer >= 0")
     need(model.core_layers >= 1, "core_layers", "an integer >= 1 (the shared core needs a block)")
     need(model.train_loops >= 1, "train_loops", "an integer >= 1")
+    need(model.train_loops <= MAX_LOOPS, "train_loops", f"at most {MAX_LOOPS} (L(K) = p + K s block applications "
+         "per token)")
     for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                 "head_dim", "vocab_size", "max_position_embeddings"):
         need(getattr(model, key) >= 1, key, "a positive integer")
@@ -57,7 +80,9 @@ def validate_model(model: ModelConfig, prefix: str = "model") -> None:
     need(model.head_dim % 2 == 0, "head_dim", "an even number (rotary embedding)")
     need(model.rms_norm_eps > 0, "rms_norm_eps", "a positive float")
     need(model.rope_theta > 0, "rope_theta", "a positive float")
-    need(model.initializer_range > 0, "initializer_range", "a positive float")
+    # the std of the normal initialisation (0.02, App. C.1); above 1 every logit saturates at the
+    # first step (loss ln V, gradient 0): a typo, not a setting
+    need(0 < model.initializer_range <= 1, "initializer_range", "a float in (0, 1] (a standard deviation, 0.02)")
     need(model.initial_injection in INITIAL_INJECTIONS, "initial_injection", f"one of {INITIAL_INJECTIONS}")
     need(model.history_injection in HISTORY_INJECTIONS, "history_injection", f"one of {HISTORY_INJECTIONS}")
     need(model.history_window >= 1, "history_window", "an integer >= 1")
@@ -92,6 +117,28 @@ def validate_model(model: ModelConfig, prefix: str = "model") -> None:
              "original_max_position_embeddings}")
         for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
             need(k in model.rope_scaling, "rope_scaling", f"a llama3 rule with key {k!r}")
+        check_rope_scaling(model.rope_scaling, f"{prefix}.rope_scaling")
+
+
+def check_rope_scaling(rule: dict, prefix: str) -> None:
+    """The numbers of a llama3 RoPE rule (App. C.1): factor >= 1 stretches the low frequencies (0
+    would divide by zero: every step NaN), 0 < low_freq_factor < high_freq_factor bound the band
+    that is interpolated, the original context is a positive integer."""
+    def number(key: str) -> float | None:
+        value = rule[key]
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    factor, low, high = number("factor"), number("low_freq_factor"), number("high_freq_factor")
+    original = rule["original_max_position_embeddings"]
+    for key, ok, expected in (
+            ("factor", factor is not None and factor >= 1, "a number >= 1 (how far the low frequencies are stretched)"),
+            ("low_freq_factor", low is not None and low > 0, "a positive number"),
+            ("high_freq_factor", high is not None and low is not None and high > low,
+             f"a number > low_freq_factor={rule['low_freq_factor']!r}"),
+            ("original_max_position_embeddings", isinstance(original, int) and not isinstance(original, bool)
+             and original >= 1, "a positive integer (the context the rule extends)")):
+        if not ok:
+            raise LoopConfigError(f"{prefix}.{key}={rule[key]!r}: expected {expected}")
 
 
 def validate_train(train: TrainConfig, prefix: str = "train") -> None:
@@ -132,6 +179,10 @@ def validate_train(train: TrainConfig, prefix: str = "train") -> None:
     need(train.eval_interval >= 0, "eval_interval", "an integer >= 0 (0 disables periodic validation)")
     need(train.eval_loops is None or all(r >= 1 for r in train.eval_loops), "eval_loops",
          "null or a list of loop counts >= 1")
+    need(train.eval_loops is None or all(r <= MAX_LOOPS for r in train.eval_loops), "eval_loops",
+         f"loop counts of at most {MAX_LOOPS} (a validation at r runs L(r) = p + r s block applications per token)")
+    need(train.eval_loops is None or train.eval_loops == sorted(set(train.eval_loops)), "eval_loops",
+         f"distinct loop counts in increasing order, e.g. {sorted(set(train.eval_loops or []))}")
     need(train.eval_loops is None or len(train.eval_loops) > 0, "eval_loops",
          "null (K/2, K, 2K) or a non-empty list of loop counts; to train without validation set "
          "train.eval_interval: 0")
@@ -141,11 +192,17 @@ def validate_train(train: TrainConfig, prefix: str = "train") -> None:
          "null or a positive number of seconds")
     need(train.exit_interval is None or train.exit_interval >= 1, "exit_interval", "null or a positive integer")
     need(train.collective_timeout_s > 0, "collective_timeout_s", "a positive number of seconds")
+    need(train.collective_timeout_s <= MAX_TIMEOUT_S, "collective_timeout_s",
+         f"at most {MAX_TIMEOUT_S:,.0f} seconds (7 days)")
+    need(0 <= train.seed <= MAX_SEED, "seed", f"an integer in [0, 2^32 - 1 = {MAX_SEED}] (numpy's seed range)")
     need(train.loop_sampling in LOOP_SAMPLINGS, "loop_sampling", f"one of {LOOP_SAMPLINGS}")
     need(train.loop_sampling_sigma > 0, "loop_sampling_sigma", "a positive float (log-normal sigma)")
     need(train.loop_sampling_min >= 1, "loop_sampling_min", "an integer >= 1")
+    need(train.loop_sampling_min <= MAX_LOOPS, "loop_sampling_min", f"at most {MAX_LOOPS}")
     need(train.loop_sampling_max is None or train.loop_sampling_max >= train.loop_sampling_min, "loop_sampling_max",
          f"null or an integer >= loop_sampling_min={train.loop_sampling_min}")
+    need(train.loop_sampling_max is None or train.loop_sampling_max <= MAX_LOOPS, "loop_sampling_max",
+         f"null or at most {MAX_LOOPS}")
     need(train.backprop_loops is None or train.backprop_loops >= 1, "backprop_loops",
          "null (backpropagate through every loop) or an integer >= 1")
     if train.loop_sampling == "fixed":  # the sampling settings would be silently unused
@@ -170,9 +227,34 @@ def validate_data(data: DataConfig, prefix: str = "data") -> None:
     if not data.worker_timeout_s > 0:
         raise LoopConfigError(f"{prefix}.worker_timeout_s={data.worker_timeout_s}: expected a positive number "
                               "of seconds")
+    if data.worker_timeout_s > MAX_TIMEOUT_S:
+        raise LoopConfigError(f"{prefix}.worker_timeout_s={data.worker_timeout_s}: expected at most "
+                              f"{MAX_TIMEOUT_S:,.0f} seconds (7 days)")
+    check_prefixes(data, os.path.normpath, prefix)
+
+
+def check_prefixes(data: DataConfig, same: Callable[[str], str], prefix: str = "data") -> None:
+    """Each prefix once, and validation data that is not training data (a validation prefix that is a
+    train prefix would report the training loss as the held-out one). ``same`` names a prefix's
+    files: the path as written here, the real path once the paths are resolved (config/paths.py)."""
+    for key, prefixes in (("train_prefixes", data.train_prefixes), ("valid_prefixes", data.valid_prefixes or [])):
+        seen = [same(p) for p in prefixes]
+        twice = next((i for i, p in enumerate(seen) if p in seen[:i]), None)
+        if twice is not None:
+            hint = " (data.train_weights sets how much of each is read)" if key == "train_prefixes" else ""
+            raise LoopConfigError(f"{prefix}.{key}[{twice}]={prefixes[twice]!r}: listed twice; expected each "
+                                  f"prefix once{hint}")
+    trained = {same(p) for p in data.train_prefixes}
+    for i, p in enumerate(data.valid_prefixes or []):
+        if same(p) in trained:
+            raise LoopConfigError(f"{prefix}.valid_prefixes[{i}]={p!r}: also a train prefix; expected held-out "
+                                  "data (tools/preprocess_data.py --validation-documents writes P_valid)")
 
 
 def validate_logging(logging: LoggingConfig, prefix: str = "logging") -> None:
+    if not isinstance(logging.dynamics_interval, int) or logging.dynamics_interval < 0:
+        raise LoopConfigError(f"{prefix}.dynamics_interval={logging.dynamics_interval!r}: expected an integer >= 0 "
+                              f"(0 = off)")
     if logging.peak_tflops is not None and logging.peak_tflops <= 0:
         raise LoopConfigError(f"{prefix}.peak_tflops={logging.peak_tflops!r}: expected null or a positive number")
     if logging.wandb_mode not in ("auto", "online", "offline", "disabled"):
@@ -214,6 +296,19 @@ def check_loop_sampling(cfg: Config) -> None:
             f"and Parcae use, or train.backprop_loops {no_truncation}")
 
 
+def check_history_window(cfg: Config) -> None:
+    """A training step with r loops reads at most r - 2 past states (m_l = min(w, max(l - 1, 0)),
+    Eq. history_state_injection), so lags far past the largest training loop count are parameters
+    no step ever trains; refused beyond that loop count (w <= K, or the largest r loop sampling draws)."""
+    m = cfg.model
+    high = loop_range(cfg.train, m.train_loops)[1]
+    if m.history_injection != "none" and high is not None and m.history_window > high:
+        raise LoopConfigError(
+            f"model.history_window={m.history_window}: expected at most the largest training loop count {high} "
+            f"(model.train_loops={m.train_loops}): a step of r loops reads at most r - 2 past states "
+            "(m_l = min(w, max(l - 1, 0))), so the lags beyond are never trained")
+
+
 def validate_config(cfg: Config) -> None:
     """Every section, then the checks across sections; fills ``train.eval_loops`` when null
     (K/2, K, 2K; the prefix grid cannot extrapolate past K, App. C.1)."""
@@ -228,6 +323,7 @@ def validate_config(cfg: Config) -> None:
             f"train.seq_length={cfg.train.seq_length}: expected at most the model's maximum context "
             f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
     check_loop_sampling(cfg)
+    check_history_window(cfg)
     if cfg.train.eval_loops is None:
         k = cfg.model.train_loops
         loops = {max(1, k // 2), k, 2 * k}

@@ -8,13 +8,16 @@
 Writes ``geometry.json`` (every metric, per loop count) and the PNG figures; ``--replot`` redraws
 them (and recomputes the summaries and the comparison) from an existing ``geometry.json``.
 The sample defaults to the paper's: 49 sequences of 2,048 tokens, exactly 100,000 selected
-positions. Project errors print one ``error: ...`` line and exit 2
+positions (every position, with a note, when a smaller sample holds fewer). With
+``--reference-json`` the sample is checked against the reference's before the model runs: a
+comparison needs identical examples (App. C.4), and a mismatch names the setting that differs. Project errors print one ``error: ...`` line and exit 2
 (``megatron_loop.cli.run_cli``).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -45,14 +48,22 @@ def _int_list(text: str, flag: str) -> list[int]:
     return values
 
 
-def _num_positions(text: str) -> int | None:
-    """``--num-positions``: an integer, or ``all`` for every position of the N sequences."""
+def _num_positions(text: str, available: int | None = None) -> int | None:
+    """``--num-positions``: an integer, ``all`` for every position of the N sequences (``None``), or
+    ``paper`` (the default): the paper's 100,000, or every position when the ``available`` N x (S - 1)
+    are fewer (a small validation set; the run says so)."""
     if text == "all":
         return None
+    if text == "paper":
+        if available is not None and available < PAPER_NUM_POSITIONS:
+            print(f"note: --num-positions paper: the sample holds {available:,} positions, fewer than the paper's "
+                  f"{PAPER_NUM_POSITIONS:,} (App. C.4); using all of them", file=sys.stderr)
+            return None
+        return PAPER_NUM_POSITIONS
     try:
         return int(text)
     except ValueError:
-        raise LoopConfigError(f"--num-positions {text!r}: expected an integer or 'all'") from None
+        raise LoopConfigError(f"--num-positions {text!r}: expected an integer, 'all' or 'paper'") from None
 
 
 def _sources(text: str) -> str | list[int]:
@@ -73,9 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--valid-prefix", help="indexed validation prefix (P.bin / P.idx); required unless --replot")
     p.add_argument("--loops", default="1,2,4,8", help="inference loop counts r, comma-separated, increasing")
     p.add_argument("--num-sequences", type=int, default=49, help="packed sequences read (N)")
-    p.add_argument("--num-positions", default=str(PAPER_NUM_POSITIONS),
-                   help="selected next-token positions |T| (default: the paper's 100000; 'all': every "
-                        "position of the N sequences)")
+    p.add_argument("--num-positions", default="paper",
+                   help="selected next-token positions |T|: an integer, 'all' (every position of the N "
+                        "sequences) or 'paper' (default: the paper's 100000, or all when the sample holds fewer)")
     p.add_argument("--seq-length", type=int, default=2048, help="packed window length in tokens")
     p.add_argument("--seed", type=int, default=0, help="document-order seed of the packing")
     p.add_argument("--output", required=True, help="output folder for geometry.json and the figures")
@@ -116,6 +127,20 @@ def _reference(path: str | None) -> dict | None:
     return None if path is None else read_report(path, "--reference-json")
 
 
+def check_reference_sample(reference: dict, sample, seq_length: int, path: str) -> None:
+    """Refuse, before any model runs, a ``--reference-json`` whose probe sample is not this one
+    (App. C.4 compares identical examples and masks), naming the settings that differ."""
+    theirs = reference["sampling"]
+    if theirs.get("fingerprint") == sample.fingerprint():
+        return
+    ours = {"num_sequences": sample.num_sequences, "num_positions": sample.num_positions, "seq_length": seq_length}
+    flags = {"num_sequences": "--num-sequences", "num_positions": "--num-positions", "seq_length": "--seq-length"}
+    differ = [f"{flags[k]} {theirs[k]} there, {ours[k]} here" for k in flags if k in theirs and theirs[k] != ours[k]]
+    why = "; ".join(differ) if differ else ("the same sizes on other tokens: --valid-prefix or --seed differ")
+    raise LoopConfigError(f"--reference-json {path}: its probe sample differs from this one ({why}); expected "
+                          "the same sample (App. C.4 compares identical examples and masks)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     lag_sets = parse_lag_sets(args.lag_sets) if args.lag_sets else None
@@ -127,11 +152,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.valid_prefix:
         raise LoopConfigError("--valid-prefix: required with --checkpoint or --model (the probe sample)")
     loops = parse_loop_counts(args.loops)
-    num_positions = _num_positions(args.num_positions)
     settings = ProbeSettings(loops=loops, sources=_sources(args.interaction_sources), batch_size=args.batch_size,
                              skip_batch=args.skip_batch, progress=not args.no_progress)
     check_source(args.checkpoint, args.model)
+    num_positions = _num_positions(args.num_positions, args.num_sequences * (args.seq_length - 1))
     sample = load_probe_sample(args.valid_prefix, args.seq_length, args.num_sequences, num_positions, args.seed)
+    if reference is not None:  # before the model runs: a mismatch found after would waste the whole probe
+        check_reference_sample(reference, sample, args.seq_length, args.reference_json)
     model = load_model(args.checkpoint, args.model)
     check_token_ids(args.valid_prefix, model.config.vocab_size)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

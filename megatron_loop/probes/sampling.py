@@ -87,9 +87,8 @@ def select_positions(num_sequences: int, predictions_per_sequence: int, num_posi
         num_positions = available
     if not 1 <= num_positions <= available:
         raise LoopDataError(f"--num-positions {num_positions}: {num_sequences} sequences of "
-                            f"{predictions_per_sequence} predictions hold {available}; expected 1..{available} "
-                            "or 'all' (the default is 100000 as in the paper, App. C.4, which needs e.g. 49 sequences of 2048 "
-                            "tokens)")
+                            f"{predictions_per_sequence} predictions hold {available}; expected 1..{available}, "
+                            "'all' or 'paper' (the paper's 100000, App. C.4, needs e.g. 49 sequences of 2048 tokens)")
     flat = torch.arange(available) < num_positions
     return flat.reshape(num_sequences, predictions_per_sequence)
 

@@ -1,5 +1,5 @@
 """The table ``pretrain_loop.py --list-configs`` prints: every run with its layout, parameter
-count, loop sweep and the paper figures and tables it belongs to."""
+count, loop sweep, the paper figures and tables it belongs to and its YAML file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from megatron_loop.config import build_model_config
 from megatron_loop.plan import count_parameters
-from megatron_loop.registry.example_files import EXAMPLES, HEADLINE_RUNS, INDEX, PAPER_EXAMPLES
+from megatron_loop.registry.example_files import EXAMPLES, HEADLINE_RUNS, INDEX, PAPER_EXAMPLES, example_path
 from megatron_loop.registry.pilot import PILOT_ASSUMPTIONS, PILOT_BUDGET, is_pilot
 from megatron_loop.registry.runs import RUNS
 from megatron_loop.registry.studies import STUDIES, STUDY_LIST, paper_refs
@@ -22,7 +22,8 @@ def parameter_counts(model_fields: dict[str, Any]) -> tuple[int, int]:
 
 def list_configs() -> str:
     """The table ``pretrain_loop.py --list-configs`` prints."""
-    rows = [("name", "family", "kind", "layout", "L_phys", "L(K)", "conditioning", "params", "loop sweep", "paper")]
+    rows = [("name", "family", "kind", "layout", "L_phys", "L(K)", "conditioning", "params", "loop sweep", "paper",
+             "config")]
     for run in RUNS.values():
         params, _ = parameter_counts(run.model_fields())
         rows.append((run.name, run.recipe.label, run.kind, f"{run.prelude}+{run.core}x{run.loops}+{run.coda}",
@@ -30,7 +31,7 @@ def list_configs() -> str:
                      sweep_summary(run.layout_tuple, run_depth_multiple(run.name)),
                      (", ".join(paper_refs(run.name)) or "— (" + ", ".join(
                          s.name for s in STUDY_LIST if run.name in s.runs) + ")")
-                     + (" (assumed recipe*)" if is_pilot(run) else "")))
+                     + (" (assumed recipe*)" if is_pilot(run) else ""), str(example_path(run.name))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     figures = {ref for run in RUNS for ref in paper_refs(run)}

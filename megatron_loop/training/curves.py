@@ -21,6 +21,7 @@ from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.training.metrics import METRICS_NAME, read_records
 
 X_AXES = {"step": "step", "tokens": "tokens (M)"}
+FIGURE_FORMATS = (".png", ".pdf", ".svg")
 MARKERS = "osD^v<>ph*"
 
 
@@ -30,6 +31,7 @@ class RunCurves:
     path: Path
     train: list[dict] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
+    dynamics: list[dict] = field(default_factory=list)  # training/dynamics.py records
 
 
 def read_run(path: str | os.PathLike, label: str | None = None) -> RunCurves:
@@ -47,6 +49,8 @@ def read_run(path: str | os.PathLike, label: str | None = None) -> RunCurves:
             run.train.append(record)
         elif record.get("event") == "eval":
             run.evals.append(record)
+        elif record.get("event") == "dynamics":
+            run.dynamics.append(record)
     if not run.train:
         raise LoopDataError(f"{file}: no training steps recorded; expected 'train' records written by "
                             "pretrain_loop.py")
@@ -84,7 +88,8 @@ def plot_runs(runs: list[RunCurves], x: str = "step"):
         muon, adamw = ([r.get(k, math.nan) for r in run.train] for k in ("lr_muon", "lr_adamw"))
         # one schedule drives both groups (App. C.2); draw AdamW's only where it differs
         split = any(a != m for a, m in zip(adamw, muon) if not (math.isnan(a) and math.isnan(m)))
-        lr_ax.plot(xs, muon, color=color, label=f"{run.label}: Muon learning rate" if split else None)
+        lr_ax.plot(xs, muon, color=color, label=f"{run.label}: " + ("Muon learning rate" if split else
+                                                                     "learning rate (Muon = AdamW)"))
         if split:
             lr_ax.plot(xs, adamw, color=color, linestyle=":", label=f"{run.label}: AdamW learning rate")
         for ax, key, scale in ((grad_ax, "grad_norm", 1), (speed_ax, "tokens_per_s", 1), (mfu_ax, "mfu", 100)):
@@ -113,15 +118,75 @@ def plot_runs(runs: list[RunCurves], x: str = "step"):
     return fig
 
 
+DYNAMICS_PANELS = (  # (key prefix, title, y label, log y)
+    ("relative_update_l", "Relative update per loop l", "||h_l - h_(l-1)|| / ||h_(l-1)||", True),
+    ("state_norm_l", "State norm per loop l (l = 0: Prelude output)", "per-token RMS of h_l", False),
+    ("batch_loss_r", "Held-out batch loss at r = K - 1, K, K + 1", "cross-entropy (nats / token)", False),
+    ("gate", "Timestep gates per loop l (at r = K)", "gate value g_l", False),
+)
+
+
+def _series(records: list[dict], prefix: str) -> dict[str, list[tuple[float, float]]]:
+    """Every key of ``records`` that starts with ``prefix`` (``gate``: any gate) -> its points."""
+    keys = sorted({k for r in records for k in r
+                   if (k.startswith(prefix) if prefix != "gate" else "_gate_l" in k or k.startswith("adaln_scale"))},
+                  key=lambda k: (k.rstrip("0123456789"), int(k[len(k.rstrip("0123456789")):])))
+    return {k: [(r["step"], r[k]) for r in records if k in r] for k in keys}
+
+
+def _dynamics_label(key: str) -> str:
+    """``batch_loss_r3`` -> ``r = 3``; ``relative_update_l2`` -> ``relative update l = 2``."""
+    if key.startswith("batch_loss_r"):
+        return f"r = {key[len('batch_loss_r'):]}"
+    name, _, loop = key.rpartition("_l")
+    return f"{name.replace('_', ' ')} l = {loop}"
+
+
+def plot_dynamics(runs: list[RunCurves]):
+    """The loop dynamics of ``training/dynamics.py`` over steps: one colour per loop l (or r), one
+    line style per run; ``None`` when no run recorded any (``logging.dynamics_interval``)."""
+    runs = [run for run in runs if run.dynamics]
+    if not runs:
+        return None
+    import matplotlib.pyplot as plt
+
+    from megatron_loop import plotting  # matplotlib, as above
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8))
+    styles = ("-", "--", ":", "-.")
+    cmap = plt.get_cmap("viridis")
+    for ax, (prefix, title, ylabel, log) in zip(axes.flat, DYNAMICS_PANELS):
+        for i, run in enumerate(runs):
+            series = _series(run.dynamics, prefix)
+            for j, (key, pts) in enumerate(series.items()):
+                name = _dynamics_label(key)
+                ax.plot(*zip(*pts), color=cmap(j / max(len(series) - 1, 1)), linestyle=styles[i % len(styles)],
+                        marker=".", label=f"{run.label}: {name}" if len(runs) > 1 else name)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.get_lines():
+            ax.legend(fontsize=7, ncol=2)
+            if log and all(min(line.get_ydata()) > 0 for line in ax.get_lines()):
+                plotting.log_y(ax)
+        else:
+            ax.text(0.5, 0.5, "not recorded (no timestep conditioning)" if prefix == "gate" else "not recorded",
+                    ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    return fig
+
+
 def _nan(value) -> float:
     return math.nan if value is None else value
 
 
 def save_figure(fig, output: str | os.PathLike) -> Path:
-    """Write the PNG through a temporary file in the same folder (nothing half-written)."""
+    """Write the figure (PNG, or PDF / SVG for papers: matplotlib picks the format from the suffix)
+    through a temporary file in the same folder (nothing half-written)."""
     out = Path(output)
-    if out.suffix.lower() != ".png":
-        raise LoopConfigError(f"--output {str(out)!r}: expected a .png file")
+    if out.suffix.lower() not in FIGURE_FORMATS:
+        raise LoopConfigError(f"--output {str(out)!r}: expected a .png, .pdf or .svg file")
     with atomic_path(out) as tmp:  # created by savefig, with the user's umask
         fig.savefig(tmp, dpi=120)
     return out

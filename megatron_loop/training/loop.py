@@ -33,6 +33,7 @@ from megatron_loop.errors import LoopDataError, os_error_text
 from megatron_loop.flops import mfu
 from megatron_loop.model.recompute import new_loop_schedules
 from megatron_loop.training import checkpoint, distributed, signals
+from megatron_loop.training.dynamics import loop_dynamics
 from megatron_loop.training.loop_sampling import sample_train_loops
 from megatron_loop.training.metrics import MetricsLogger, memory_stats
 from megatron_loop.training.setup import Run, build_run
@@ -115,9 +116,9 @@ def _log_step(run: Run, state: TrainState, logger: MetricsLogger, loss: float, g
         "tokens": state.consumed_samples * t.seq_length, "loss": loss, "grad_norm": grad_norm,
         "lr_muon": lrs.get("lr_muon"), "lr_adamw": lrs.get("lr_adamw"), "tokens_per_s": tokens_per_s,
         # MFU per device over the executed work of this step: forward of its `loops` loops, backward
-        # of the graphed ones (megatron_loop/flops.py)
-        "mfu": mfu(tokens_per_s / run.info.world_size, run.cfg.model, t.seq_length, run.peak_flops, loops,
-                   t.backprop_loops),
+        # of the graphed ones (megatron_loop/flops.py); null where no peak is known (training/setup.py)
+        "mfu": None if run.peak_flops is None else mfu(tokens_per_s / run.info.world_size, run.cfg.model,
+                                                       t.seq_length, run.peak_flops, loops, t.backprop_loops),
         "step_time_s": step_s, **memory_stats(), "update_applied": applied,
         "skipped_updates": state.skipped_updates, "train_loops": loops})
 
@@ -173,6 +174,10 @@ def train(cfg: Config, resume: str | None = None) -> int:
                 _on_nonfinite(run, state, before, logger, loss, grad_norm, applied)
             if run.valid_batches and t.eval_interval and (last or state.step % t.eval_interval == 0):
                 logger.log({"event": "eval", "step": state.step, **evaluate(run)})
+            every = cfg.logging.dynamics_interval
+            if run.valid_batches and every and state.step % every == 0:  # the recurrence, not only the loss
+                tokens = run.valid_batches[0]["tokens"].to(run.engine.device)
+                logger.log({"event": "dynamics", "step": state.step, **loop_dynamics(run.engine, run.engine.module, tokens)})
             reason = stopper.poll(step_s)  # collective: every rank agrees
             if reason in signals.ERROR_REASONS:
                 raise LoopDataError(

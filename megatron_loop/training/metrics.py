@@ -118,7 +118,7 @@ def format_train_line(record: dict[str, Any], total_steps: int, eta_s: float | N
         parts.append(f"grad norm {r['grad_norm']:.3f}")
     if "tokens_per_s" in r:
         parts.append(f"{r['tokens_per_s']:,.0f} tok/s")
-    if "mfu" in r:
+    if r.get("mfu") is not None:  # null on CPU without logging.peak_tflops
         parts.append(f"MFU {100 * r['mfu']:.2f}%")
     if "mem_gib" in r:
         parts.append(f"mem {r['mem_gib']:.2f} GiB (peak {r.get('mem_peak_gib', r['mem_gib']):.2f})")
@@ -136,6 +136,17 @@ def format_eval_line(record: dict[str, Any]) -> str:
     losses = [(int(k[len("val_loss_r"):]), v) for k, v in record.items() if k.startswith("val_loss_r")]
     cells = [f"r={r} {_loss(v)}" for r, v in sorted(losses)]
     return f"validation at step {record['step']} | loss " + " | ".join(cells)
+
+
+def format_dynamics_line(record: dict[str, Any]) -> str:
+    """``loop dynamics at step N | loss r=2 4.1 | r=3 3.9 | r=4 4.0 | update 0.52 0.11 0.03 0.02``:
+    the batch loss one loop below, at and above K, and the relative update of each loop
+    (training/dynamics.py)."""
+    losses = sorted((int(k[len("batch_loss_r"):]), v) for k, v in record.items() if k.startswith("batch_loss_r"))
+    updates = sorted((int(k[len("relative_update_l"):]), v) for k, v in record.items()
+                     if k.startswith("relative_update_l"))
+    return (f"loop dynamics at step {record['step']} | loss " + " | ".join(f"r={r} {_loss(v)}" for r, v in losses)
+            + " | update " + " ".join(f"{v:.3g}" for _, v in updates))
 
 
 class MetricsLogger:
@@ -217,7 +228,7 @@ class MetricsLogger:
         numeric = _numeric(record)
         if self._wandb is not None and numeric:
             self._wandb.log(numeric, step=record.get("step"))
-        if self._tensorboard is not None and numeric and event in ("train", "eval"):
+        if self._tensorboard is not None and numeric and event in ("train", "eval", "dynamics"):
             for key, value in numeric.items():
                 self._tensorboard.add_scalar(f"{event}/{key}", value, global_step=record.get("step"))
             self._tensorboard.flush()
@@ -230,6 +241,8 @@ class MetricsLogger:
             self.message(format_train_line(record, self.total_steps, self.eta_s(record["step"])))
         elif event == "eval" and len(numeric) > 0:
             self.message(format_eval_line(record))
+        elif event == "dynamics":
+            self.message(format_dynamics_line(record))
 
     def eta_s(self, step: int) -> float | None:
         """Seconds to ``total_steps`` at the mean time per step of this run so far (validation and

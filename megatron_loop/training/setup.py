@@ -36,6 +36,7 @@ from megatron_loop.parallel.groups import current_placement
 from megatron_loop.parallel.parallelize import parallelize
 from megatron_loop.plan import accumulation_steps, total_train_steps
 from megatron_loop.training import checkpoint, distributed, preflight, signals
+from megatron_loop.training.banner import training_statement
 from megatron_loop.training.distributed import DistInfo
 from megatron_loop.training.lock import RunLock
 from megatron_loop.training.metrics import MetricsLogger
@@ -56,7 +57,7 @@ class Run:
     accumulation: int
     total_steps: int
     zero_stage: int
-    peak_flops: float
+    peak_flops: float | None  # None: no known peak (CPU without logging.peak_tflops), no MFU
     root: Path
     settings: dict | None = None  # what each checkpoint's manifest records (resume.run_settings)
     lock: RunLock | None = None  # rank 0's hold on train.output_dir
@@ -132,6 +133,8 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     if info.is_main:  # the resolved config (YAML + --set overrides + backbone preset + defaults)
         # on stderr with the rest of the run's log (step lines, summary); stdout carries data only
         print(f"resolved config ({cfg.source}):\n{cfg.dumps()}", file=sys.stderr, flush=True)
+        # the model and the plan, stated as --dry-run computes them (training/banner.py)
+        print(training_statement(cfg, current_placement().dp_size, accumulation), file=sys.stderr, flush=True)
     seed_everything(t.seed)
 
     ds = read_ds_config(ds_config)
@@ -173,7 +176,11 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     valid_batches = [] if loaders.valid is None else list(islice(loaders.valid, t.eval_batches))
 
     batches = SupervisedBatches(loaders.train, cfg.data.worker_timeout_s)  # a hung worker is an error
-    peak, _ = peak_flops_per_device(torch.device(engine.device), cfg.logging.peak_tflops)
+    # MFU where a peak is known (a GPU's published one, or logging.peak_tflops); a CPU's measured matmul
+    # rate moves with the machine's load (MFU of 6 % to 90 % for one config), so none is logged there.
+    device = torch.device(engine.device)
+    peak = (None if device.type == "cpu" and cfg.logging.peak_tflops is None
+            else peak_flops_per_device(device, cfg.logging.peak_tflops)[0])
     run = Run(cfg=cfg, info=info, engine=engine, optimizer=optimizer, train_iter=batches,
               valid_batches=valid_batches, accumulation=accumulation, total_steps=total_steps,
               zero_stage=stage, peak_flops=peak, root=root,

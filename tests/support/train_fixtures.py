@@ -160,10 +160,10 @@ class ReferenceRun:
 @functools.lru_cache(maxsize=None)
 def reference_run() -> ReferenceRun:
     """One uninterrupted single-process ZeRO-1 run of 10 steps (checkpoints at 3, 6, 9, 10, the
-    last 2 kept), shared by the loop, resume and reliability tests as the ground truth."""
+    last 2 kept; loop dynamics at 5 and 10), shared by the loop, resume and reliability tests as the ground truth."""
     root = Path(tempfile.mkdtemp(prefix="looplm_train_tests_"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
-    config = tiny_config(root, train={"save_interval": 3, "keep_last": 2})
+    config = tiny_config(root, train={"save_interval": 3, "keep_last": 2}, logging={"dynamics_interval": 5})
     result = run_cli("--config", str(config))
     check_ok(result)
     return ReferenceRun(config, root / "run", result)

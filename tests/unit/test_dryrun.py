@@ -18,7 +18,7 @@ from data_fixtures import data_assets
 from megatron_loop.config import config_from_dict
 from megatron_loop.plan import count_parameters
 from train_fixtures import env, tiny_config
-from testpaths import REPO
+from testpaths import REPO, load_script
 
 ROOT = REPO
 
@@ -27,11 +27,12 @@ MODELS = [  # backbone, layout and conditioning: every injection kind, window an
     dict(backbone="tiny-qwen", prelude_layers=1, core_layers=2, train_loops=3, coda_layers=1),
     dict(backbone="llama3.1-1b", core_layers=4, train_loops=5),
     dict(backbone="qwen3-0.6b", prelude_layers=2, core_layers=2, train_loops=13),
-    dict(backbone="tiny-llama", initial_injection="scalar", history_injection="scalar", history_window=3),
-    dict(backbone="tiny-qwen", initial_injection="channel", history_injection="channel", history_window=2,
-         timestep="loop_gating"),
+    dict(backbone="tiny-llama", train_loops=5, initial_injection="scalar", history_injection="scalar",
+         history_window=3),
+    dict(backbone="tiny-qwen", train_loops=4, initial_injection="channel", history_injection="channel",
+         history_window=2, timestep="loop_gating"),
     dict(backbone="tiny-llama", core_layers=3, initial_injection="residual_channel", timestep="branch_gating"),
-    dict(backbone="tiny-qwen", core_layers=2, initial_injection="dense", history_injection="dense",
+    dict(backbone="tiny-qwen", core_layers=2, train_loops=6, initial_injection="dense", history_injection="dense",
          history_window=4, timestep="adaln"),
     dict(backbone="qwen3-0.6b", core_layers=4, train_loops=7, initial_injection="dense",
          history_injection="dense", history_window=2, timestep="adaln"),
@@ -87,6 +88,7 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
     (root / "bad.yaml").write_text("model: [unclosed\n")
     (root / "binary.yaml").write_bytes(b"\x7fELF\x02\x01\xd0\xff")
     (root / "ds.json").write_text('{"zero_optimization": ')
+    (root / "empty_tokenizer").mkdir()
     return {
         "config_not_yaml": (["--config", str(root / "bad.yaml")],
                             r"bad\.yaml: not valid YAML \(expected ',' or '\]', but got '<stream end>' at line 2, "
@@ -115,6 +117,20 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
         "no_ranks": (c(extra=("--data-parallel-size", "0")), r"^--data-parallel-size=0: expected a positive"),
         "budget_below_one_step": (c("train.max_steps=null", "train.train_tokens=100"),
                                   r"^train\.train_tokens=100: less than one global batch of 8 x 32 tokens"),
+        # a plan this host cannot hold is refused before anything is built (issue 35 item 7)
+        "index_beyond_memory": (c("train.max_steps=1e18"),
+                                r"^train\.max_steps=1000000000000000000 x train\.global_batch_size=8 = "
+                                r"8,000,000,000,000,000,000 samples: the data plan's index needs about [\d,]+ GiB"),
+        "parameters_beyond_memory": (c("model.vocab_size=1e9"),
+                                     r"^model\.vocab_size=1000000000, hidden_size=64, 2 blocks: 128,000,[\d,]+ "
+                                     r"parameters .* need 477 GiB in fp32, more than this host's"),
+        # the tokenizer check is real: a file that is not a tokenizer, a folder without one
+        "tokenizer_not_a_tokenizer": (c(f"data.tokenizer={ROOT}/README.md"),
+                                      r"^data\.tokenizer='.*README\.md': not a tokenizer \(README\.md is not a "
+                                      r"tokenizer\.json\)"),
+        "tokenizer_empty_folder": (c(f"data.tokenizer={root}/empty_tokenizer"),
+                                   r"^data\.tokenizer='.*empty_tokenizer': a folder without tokenizer\.json or "
+                                   r"tokenizer_config\.json"),
     }
 
 
@@ -175,3 +191,20 @@ def test_dry_run_cli(config, expected):
         assert key in report
     for k, v in expected.items():
         assert report[k] == v, k
+
+
+def test_skip_data_check_plans_a_paper_config_without_its_data(capsys):
+    """``--skip-data-check``: the paper's FineWeb prefixes are not here, the rest is checked and planned
+    (the numbers of test_dry_run_cli); without the flag the missing data is the error; the flag is
+    refused without --dry-run."""
+    pretrain_loop = load_script("pretrain_loop.py")
+    config = str(ROOT / "examples" / "qwen_4x7.yaml")
+    assert pretrain_loop.main(["--config", config, "--dry-run", "--skip-data-check", "--data-parallel-size", "8"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["data_checked"], report["train_steps"], report["accumulation"]) == (False, 2860, 8)
+    assert report["train_prefixes"] == ["data/fineweb_edu_qwen"] and report["data_epochs"] == {}
+    assert pretrain_loop.main(["--config", config, "--dry-run", "--data-parallel-size", "8"]) == 2
+    assert "data.train_prefixes[0]: indexed dataset prefix 'data/fineweb_edu_qwen': missing" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        pretrain_loop.main(["--config", config, "--skip-data-check"])
+    assert "--skip-data-check: only with --dry-run" in capsys.readouterr().err

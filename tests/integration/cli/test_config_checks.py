@@ -92,3 +92,42 @@ def test_hf_config_refuses_history_window_zero():
     assert str(e.value) == ("LoopLMConfig.history_window=0: expected an integer >= 1 "
                             "(the number of past states the history injection reads)")
     assert LoopLMConfig(history_injection="scalar", history_window=2).history_window == 2
+
+
+def test_alias_bomb_is_one_line_at_the_cli_and_training_refuses_a_plan_beyond_memory(tmp_path):
+    """Issue 33/35: a "billion laughs" YAML (9^10 values once expanded; before, no output for minutes)
+    stops the command at once with one error line, exit 2; train.max_steps=1e18 (before: a minute
+    building the data plan, then numpy's _ArrayMemoryError) is refused by the step count training
+    computes before any process group or loader (training/setup.py; the dry run's refusal through
+    the CLI: tests/unit/test_dryrun.py)."""
+    import time
+
+    from megatron_loop.plan import total_train_steps
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("data:\n  l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+        f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10)))
+    start = time.perf_counter()
+    r = subprocess.run([sys.executable, str(ROOT / "pretrain_loop.py"), "--config", str(bomb), "--dry-run"],
+                       cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == "" and time.perf_counter() - start < 30, r.stderr[-2000:]
+    assert r.stderr.splitlines() == [
+        f"error: {bomb}: data.l5: its aliases expand it to more than 100,000 values (line 7; nested aliases "
+        "multiply, a 'billion laughs' document); expected a config of plain values"]
+    cfg = load_config(tiny_config(tmp_path), ["train.max_steps=1e18"])
+    with pytest.raises(LoopConfigError, match=r"^train\.max_steps=1000000000000000000 x train\.global_batch_size=8 "
+                                              r"= 8,000,000,000,000,000,000 samples: the data plan's index needs"):
+        total_train_steps(cfg)
+
+
+def test_list_configs_names_each_run_yaml(capsys):
+    """``--list-configs``' last column is the run's YAML file, and the file is there."""
+    from megatron_loop.registry import RUNS
+    from testpaths import load_script
+
+    assert load_script("pretrain_loop.py").main(["--list-configs"]) == 0
+    rows = {line.split()[0]: line.split()[-1] for line in capsys.readouterr().out.splitlines()[1:len(RUNS) + 1]}
+    assert set(rows) == set(RUNS)
+    assert rows["llama_4x5"] == "examples/llama_4x5.yaml"
+    assert rows["qwen_4x7_hist_scalar_w1"] == "examples/paper/qwen/history_injection/qwen_4x7_hist_scalar_w1.yaml"
+    assert all((ROOT / path).is_file() for path in rows.values())

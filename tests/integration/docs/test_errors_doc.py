@@ -85,7 +85,7 @@ NOT_LITERAL_IN_CODE = {
     "warning: skipping ...": "shorthand for the skipping messages above it in the same row",
     "pretrain_loop.py: error: the following arguments are required: --config": "argparse",
     "argument --data-parallel-size: invalid int value: 'abc'": "argparse",
-    "unknown section '<name>'; expected one of ['data', 'logging', 'model', 'train']": "config/loading.py composes the "
+    "unknown section '<name>'; expected one of ['data', 'logging', 'model', 'parallel', 'train']": "config/loading.py composes the "
                                                                                        "list from SECTIONS",
     "(We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the cached "
     "files)": "transformers (quoted inside our tokenizer message)",

@@ -118,7 +118,8 @@ def test_readme_commands_run_on_cpu_after_the_demo_data(readme_runs):
     assert paper["accumulation"] == 6 and paper["data_parallel_size"] == 8 and paper["params"] == 516_699_648
 
     train = results["python pretrain_loop.py --config examples/tiny_2x3.yaml"]
-    assert re.search(r"^step 4/4 \| loss \d+\.\d{4} \| lr .* \| grad norm .* tok/s \| MFU .*%", train.stderr, re.M)
+    step_line = re.search(r"^step 4/4 \| loss \d+\.\d{4} \| lr .* \| grad norm .* tok/s \| mem .*$", train.stderr, re.M)
+    assert step_line and "MFU" not in step_line.group(0)  # CPU: no known peak, no MFU (README "Logging")
     assert re.search(r"^validation at step 4 \| loss r=1 \S+ \| r=3 \S+ \| r=6 \S+$", train.stderr, re.M)
     assert "training finished at step 4/4" in train.stderr
     # the run config next to the checkpoint names its files absolutely (tools work from anywhere)

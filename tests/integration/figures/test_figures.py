@@ -240,7 +240,8 @@ def test_training_curves_label_runs_by_folder_and_keep_the_legend_off_the_data(t
     legend = _legend(fig)
     assert legend_ax.get_legend() is not None and not legend_ax.get_lines() and not legend_ax.axison
     assert legend == ["small: training loss", "small: validation loss at r = 1", "small: validation loss at r = 3",
-                      "big: training loss", "big: validation loss at r = 1", "big: validation loss at r = 3"]
+                      "big: training loss", "big: validation loss at r = 1", "big: validation loss at r = 3",
+                      "small: learning rate (Muon = AdamW)", "big: learning rate (Muon = AdamW)"]
     plt.close(fig)
 
 

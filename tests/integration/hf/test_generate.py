@@ -161,3 +161,34 @@ metric_list:
         decoded = greedy_without_cache(model, ids, torch.ones_like(ids), max_new)
         expected = tokenizer.decode(decoded[0, ids.shape[1]:]).split("\n\n\n")[0]
         assert answer == expected, (prompt, answer, expected)
+
+
+@pytest.mark.parametrize("name", ["core_qwen_scalar_lg", "nonloop_llama"])  # LoopLM code and native Llama
+def test_batched_generate_with_the_exported_tokenizer_equals_one_by_one(name):
+    """The export's tokenizer pads on the left (a decoder continues each prompt from its own last
+    token), pads with EOS, and caps ``model_max_length`` at the length the run trained on: greedy
+    ``generate`` over a batch of prompts of different lengths, padded by that tokenizer, gives each
+    prompt exactly the tokens it gets alone (with right padding the shorter prompts would be
+    continued after their pad tokens)."""
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    export = hf_assets().exports[name]
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    trained = json.loads((export / "config.json").read_text())["train_seq_length"]
+    assert (tokenizer.padding_side, tokenizer.model_max_length) == ("left", trained)
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id is not None
+    model = AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True).eval()
+    prompts = ["The cat is", "Alice was born in the city of", "Q: Who is Carol? A: Carol is the"]
+    batch = tokenizer(prompts, padding=True, return_tensors="pt")
+    lengths = batch["attention_mask"].sum(1).tolist()
+    assert len(set(lengths)) == 3 and batch["attention_mask"][:, -1].all()  # padded on the left
+    kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=tokenizer.pad_token_id)
+    batched = model.generate(**batch, **kwargs)[:, batch["input_ids"].shape[1]:]
+    for b, prompt in enumerate(prompts):
+        alone = tokenizer(prompt, return_tensors="pt")
+        assert alone["input_ids"].shape[1] == lengths[b]
+        one = model.generate(**alone, **kwargs)[0, lengths[b]:]
+        assert batched[b].tolist() == one.tolist(), (name, prompt)
+        assert tokenizer.decode(batched[b]) == tokenizer.decode(one)

@@ -54,12 +54,22 @@ def test_cli_on_hf_export_writes_json_and_plots(tmp_path, capsys):
     assert comparison["ratio_by_lag"]["C"]["ratio"] == pytest.approx([1.0, 1.0])
     assert comparison["percent_difference"]["1-1"]["C"] == pytest.approx(0.0, abs=1e-9)
 
+    # another sample against that reference: refused before the model is loaded, naming the settings
+    other = args(prefix, tmp_path / "c", "--seq-length", "14", "--reference-json", str(tmp_path / "a"),
+                 source=("--model", str(tmp_path / "hf")))
+    capsys.readouterr()
+    assert run_cli(cli.main, other) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --reference-json {tmp_path / 'a'}: its probe sample differs from this one (--seq-length 13 there, "
+        "14 here); expected the same sample (App. C.4 compares identical examples "
+        "and masks)"]
+    assert not (tmp_path / "c").exists()
+
 
 @pytest.mark.parametrize("extra,needle", [
     (["--num-positions", "999"], "--num-positions 999"),
-    (["--num-positions", "100000"], "--num-positions 100000: 3 sequences of 12 predictions hold 36; expected 1..36 "
-                                    "or 'all' (the default is 100000 as in the paper, App. C.4, which needs e.g. 49 sequences of 2048 "
-                                    "tokens)"),
+    (["--num-positions", "100000"], "--num-positions 100000: 3 sequences of 12 predictions hold 36; expected 1..36, "
+                                    "'all' or 'paper' (the paper's 100000, App. C.4, needs e.g. 49 sequences of 2048 tokens)"),
     (["--loops", "2,x"], "--loops"),
     (["--loops", "5,2"], "--loops '5,2': expected loop counts in increasing order, e.g. 2,5"),
     (["--loops", "2,2,5"], "--loops '2,2,5': r=2 listed twice; expected distinct loop counts"),

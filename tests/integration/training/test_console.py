@@ -34,6 +34,7 @@ def test_step_line_has_what_megatron_and_torchtitan_print():
         "mem 0.45 GiB (peak 0.50) | 0.105 s/step")
     split = format_train_line({**RECORD, "lr_adamw": 3e-4, "skipped_updates": 2}, 10)
     assert "lr 3.00e-03 (Muon) 3.00e-04 (AdamW)" in split and split.endswith("| skipped updates 2")
+    assert "MFU" not in format_train_line({**RECORD, "mfu": None}, 300)  # CPU: no known peak, no MFU shown
 
 
 def _cfg(tmp_path, **train):
@@ -65,6 +66,39 @@ def test_validation_line_data_reuse_and_summary(tmp_path, capsys):
     summary = records(tmp_path / "run", "summary")[0]
     assert summary["final_loss"] == 3.25 and summary["val_loss_r2"] == 3.5 and summary["tokens"] == 5120
     assert summary["epochs"] == {"/d/p": pytest.approx(2.56)}
+
+
+def test_startup_statement_states_model_plan_and_placement_from_the_dry_run_numbers():
+    """The start-up block (nanoGPT / torchtitan style) formats the dry run's own dict: parameters,
+    layout p+s x K+c and L(K) = p + K s + c, tokens = steps x global batch x seq_length, the WSD
+    split round(5 %) / round(85 %) / rest (App. C.2), the batch arithmetic, TP x DP, ZeRO, precision."""
+    from megatron_loop.dryrun import dry_run_report
+    from megatron_loop.plan import count_parameters
+    from megatron_loop.training.banner import startup_statement
+
+    cfg = config_from_dict({"model": {"backbone": "tiny-llama", "prelude_layers": 1, "core_layers": 2,
+                                      "coda_layers": 1, "train_loops": 3, "vocab_size": 640,
+                                      "history_injection": "scalar", "history_window": 2, "timestep": "loop_gating"},
+                            "train": {"max_steps": 120, "global_batch_size": 8, "micro_batch_size": 2,
+                                      "seq_length": 32, "precision": "fp32"},
+                            "data": {"train_prefixes": [data_assets().prefix]}})
+    from megatron_loop.config import resolve_paths
+
+    report = dry_run_report(resolve_paths(cfg), 2)
+    params = count_parameters(cfg.model).total
+    model, plan, parallel = startup_statement(cfg, report).splitlines()
+    backbone = count_parameters(cfg.model).backbone
+    assert model == (f"model: LoopLM tiny-llama 1+2x3+1 (L(K) = 8 block applications at K = 3, 4 physical blocks), "
+                     f"{params:,} parameters ({params / 1e3:.2f}K; backbone {backbone:,}); "
+                     "conditioning: timestep loop_gating, history scalar (window 2)")
+    assert plan == ("plan: 30,720 tokens = 120 steps x 8 sequences x 32 tokens; "
+                    "WSD 6 warmup / 102 stable / 12 decay steps")
+    assert parallel == ("parallel: TP 1 x DP 2 (world 2), global batch 8 = micro 2 x accumulation 2 x DP 2; "
+                        "ZeRO 1, precision fp32")
+    from megatron_loop.config import load_config
+
+    demo = load_config(ROOT / "examples" / "tiny_2x3_hist_lg.yaml")  # the README shows its statement
+    assert startup_statement(demo, dry_run_report(demo, 1, check_data=False)) in (ROOT / "README.md").read_text()
 
 
 def test_data_reuse_is_samples_times_seq_length_over_prefix_tokens():
@@ -142,6 +176,13 @@ def test_run_without_validation_ignores_a_tiny_validation_set_and_logs_every_int
     losses = {r["step"]: r["loss"] for r in records(run, "train")}
     assert steps[-1].split(" | ")[1] == f"loss {losses[4]:.4f}"
     assert "validation: off (train.eval_interval=0)" in result.stderr
+    from megatron_loop.config import load_config
+    from megatron_loop.dryrun import dry_run_report
+    from megatron_loop.training.banner import startup_statement
+
+    cfg = load_config(root / "off" / "tiny.yaml")  # rank 0 states what --dry-run computes, once
+    statement = startup_statement(cfg, dry_run_report(cfg, 1))
+    assert result.stderr.count(statement) == 1 and "plan: 1,024 tokens = 4 steps x 8 sequences" in statement
     assert re.search(r"^data: .*train: [\d,]+ tokens = [\d,]+ sequences of 32 per epoch; this run reads 32 sequences",
                      result.stderr, flags=re.M)
     assert "training finished at step 4/4 after" in result.stderr

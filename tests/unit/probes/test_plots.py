@@ -145,6 +145,13 @@ def test_replot_recomputes_summaries_and_redraws_from_the_json(reports, tmp_path
 
 def test_sample_defaults_to_the_papers_100000_positions():
     parsed = cli.build_parser().parse_args(["--checkpoint", "c", "--valid-prefix", "v", "--output", "o"])
-    assert cli._num_positions(parsed.num_positions) == 100_000 == cli.PAPER_NUM_POSITIONS
+    available = parsed.num_sequences * (parsed.seq_length - 1)
+    assert cli._num_positions(parsed.num_positions, available) == 100_000 == cli.PAPER_NUM_POSITIONS
     assert parsed.num_sequences == 49 and parsed.seq_length == 2048  # 49 x 2047 >= 100,000 (App. C.4)
-    assert cli._num_positions("all") is None
+    assert cli._num_positions("all") is None and cli._num_positions("500", 100) == 500  # checked when sampling
+
+
+def test_the_default_takes_every_position_of_a_smaller_sample_and_says_so(capsys):
+    assert cli._num_positions("paper", 99_999) is None
+    assert capsys.readouterr().err.strip() == ("note: --num-positions paper: the sample holds 99,999 positions, "
+                                               "fewer than the paper's 100,000 (App. C.4); using all of them")

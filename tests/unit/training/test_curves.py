@@ -1,0 +1,73 @@
+"""``training/curves.py``'s loop-dynamics figure (``tools/plot_metrics.py`` writes it beside the curves):
+read from the ``dynamics`` records of metrics.jsonl, one line per loop l (or r), labelled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megatron_loop.training.curves import plot_dynamics, read_run
+from testpaths import load_script
+
+
+def _write(run: Path, dynamics: bool, gates: bool = True) -> None:
+    run.mkdir(parents=True)
+    lines = [{"event": "train", "step": i, "tokens": 64 * i, "loss": 5.0 - i / 10, "lr_muon": 1e-3,
+              "lr_adamw": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1e3, "mfu": 0.01} for i in range(1, 5)]
+    if dynamics:
+        for step in (2, 4):
+            record = {"event": "dynamics", "step": step, "batch_loss_r1": 5.0 / step, "batch_loss_r2": 4.0 / step,
+                      "batch_loss_r3": 4.5 / step, "state_norm_l0": 1.0, "state_norm_l1": 1.1, "state_norm_l2": 1.2,
+                      "state_norm_l3": 1.25, "relative_update_l1": 0.5 / step, "relative_update_l2": 0.1 / step,
+                      "relative_update_l3": 0.02 / step}
+            if gates:
+                record.update({"loop_gate_l1": 1.0 + step / 10, "loop_gate_l2": 1.0 - step / 10})
+            lines.append(record)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_dynamics_figure_has_a_line_per_loop_with_the_recorded_values(tmp_path, capsys):
+    _write(tmp_path / "a", dynamics=True)
+    fig = plot_dynamics([read_run(tmp_path / "a")])
+    update_ax, norm_ax, loss_ax, gate_ax = fig.axes[:4]
+    updates = {line.get_label(): line for line in update_ax.get_lines()}
+    assert set(updates) == {"relative update l = 1", "relative update l = 2", "relative update l = 3"}
+    assert list(updates["relative update l = 2"].get_xdata()) == [2, 4]
+    assert list(updates["relative update l = 2"].get_ydata()) == pytest.approx([0.05, 0.025])
+    assert update_ax.get_yscale() == "log"
+    assert [line.get_label() for line in norm_ax.get_lines()] == [f"state norm l = {l}" for l in range(4)]
+    assert [line.get_label() for line in loss_ax.get_lines()] == ["r = 1", "r = 2", "r = 3"]
+    assert list(gate_ax.get_lines()[1].get_ydata()) == pytest.approx([0.8, 0.6])  # loop gate l = 2
+    assert "nats" in loss_ax.get_ylabel() and "g_l" in gate_ax.get_ylabel()
+
+    _write(tmp_path / "plain", dynamics=False)
+    assert plot_dynamics([read_run(tmp_path / "plain")]) is None  # nothing recorded, no figure
+
+    tool = load_script("tools/plot_metrics.py")
+    assert tool.main([str(tmp_path / "a"), str(tmp_path / "plain"), "--output", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c_dynamics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "loop dynamics of a" in capsys.readouterr().out
+    assert tool.main([str(tmp_path / "plain"), "--output", str(tmp_path / "d.png")]) == 0
+    assert not (tmp_path / "d_dynamics.png").exists()
+
+
+def test_a_run_without_gates_says_so_on_the_gate_panel(tmp_path):
+    _write(tmp_path / "a", dynamics=True, gates=False)
+    gate_ax = plot_dynamics([read_run(tmp_path / "a")]).axes[3]
+    assert not gate_ax.get_lines() and "no timestep conditioning" in gate_ax.texts[0].get_text()
+
+
+def test_curves_go_to_png_pdf_or_svg_and_the_shared_learning_rate_is_labelled(tmp_path):
+    from megatron_loop.errors import LoopConfigError
+    from megatron_loop.training.curves import plot_runs, save_figure
+
+    _write(tmp_path / "a", dynamics=False)
+    fig = plot_runs([read_run(tmp_path / "a")])
+    assert [line.get_label() for line in fig.axes[1].get_lines()] == ["a: learning rate (Muon = AdamW)"]
+    assert save_figure(fig, tmp_path / "c.pdf").read_bytes()[:5] == b"%PDF-"
+    assert b"<svg" in save_figure(fig, tmp_path / "c.svg").read_bytes()[:400]
+    with pytest.raises(LoopConfigError, match=r"expected a \.png, \.pdf or \.svg file"):
+        save_figure(fig, tmp_path / "c.jpg")
+    assert not (tmp_path / "c.jpg").exists()
