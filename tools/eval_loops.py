@@ -95,7 +95,11 @@ def _run(argv: Sequence[str] | None) -> int:
     ap.add_argument("--overwrite", action="store_true",
                     help="replace the results of another sweep in --output instead of stopping")
     ap.add_argument("--label", default=None, help="legend label of this model")
-    ap.add_argument("--compare", action="append", default=[], help="another run's results.json for the figures")
+    ap.add_argument("--compare", action="append", default=[], help="another run's results.json for the figures "
+                                                                    "(refused if it ran other tasks, --limit or items)")
+    ap.add_argument("--compare-mismatched", action="store_true",
+                    help="draw --compare runs of other tasks, --limit or items anyway (a warning each; the legend "
+                         "gives every run's n)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--per-r", action="store_true",
                     help="one pass per r even where one forward could serve every r (the trajectory does not "
@@ -114,8 +118,8 @@ def _run(argv: Sequence[str] | None) -> int:
     from megatron_loop.eval.adaptive import (check_adaptive, format_adaptive_table, parse_thresholds,
                                              run_adaptive_sweep, write_adaptive_outputs)
     from megatron_loop.eval.plots import write_all_plots
-    from megatron_loop.eval.report import (check_output, format_table, partial_folder, publish, read_results,
-                                           write_results, write_results_json)
+    from megatron_loop.eval.report import (check_comparable, check_output, format_table, partial_folder, publish,
+                                           read_results, write_results, write_results_json)
     from megatron_loop.eval.sweep import (SweepSettings, export_config, open_session, resolve_seq_length, run_sweep,
                                           sweep_fingerprint)
     from megatron_loop.eval.tasks import resolve_tasks
@@ -127,6 +131,9 @@ def _run(argv: Sequence[str] | None) -> int:
                              batch_size=args.batch_size, progress=not args.no_progress, device=args.device,
                              dtype=args.dtype, one_pass=not args.per_r)
     others = [read_results(p) for p in args.compare]
+    # cheap first: tasks and --limit are known before the sweep (items after it, below)
+    planned = {"tasks": {t.key: {} for t in settings.tasks}, "limit": settings.limit}
+    check_comparable(planned, [(p, {**o, "items": {}}) for p, o in zip(args.compare, others)], args.compare_mismatched)
     thresholds = None
     if args.exit_criterion != "none" or args.exit_thresholds is not None:
         if args.exit_criterion == "none":
@@ -165,6 +172,8 @@ def _run(argv: Sequence[str] | None) -> int:
     results["sweep_settings"] = fingerprint
     if thresholds is not None:
         results["adaptive"] = run_adaptive_sweep(session, settings, args.exit_criterion, thresholds, max_loops)
+    for warning in check_comparable(results, list(zip(args.compare, others)), allow=True):
+        print(warning, file=sys.stderr)  # refused above unless --compare-mismatched; items differ: said here
     paths = write_results(results, staging)
     plots = write_all_plots(results, staging, others)
     if results.get("adaptive"):  # also kept from an earlier call: the folder is replaced whole

@@ -39,6 +39,7 @@ class TaskResults:
     per_depth: dict[str, dict[int, dict]]         # task -> depth -> {accuracy, stderr, chance, n}
     # task of several subtasks (BBH) -> {mean, size_weighted, subtasks: {name: {accuracy, n}}}
     subtask_averages: dict[str, dict] = field(default_factory=dict)
+    items: dict[str, int] = field(default_factory=dict)  # task -> items scored (all its subtasks)
 
 
 def task_manager(include_paths: list[str] | None = None, names=None):
@@ -196,6 +197,7 @@ def evaluate_tasks(lm, specs: list[TaskSpec], manager, limit: int | float | None
                                   task_manager=manager, bootstrap_iters=STDERR_BOOTSTRAP_ITERS)
     results, samples = out["results"], out["samples"]
     scores, stderr, chance, per_depth, averages = {}, {}, {}, {}, {}
+    items = {spec.key: sum(len(samples[n]) for n in spec.lm_eval_tasks) for spec in specs}
     for spec in specs:
         values, errors = [], []
         for name in spec.lm_eval_tasks:
@@ -215,7 +217,7 @@ def evaluate_tasks(lm, specs: list[TaskSpec], manager, limit: int | float | None
         strata = _stratify([s for n in spec.lm_eval_tasks for s in samples[n]], spec.metric)
         if strata:
             per_depth[spec.key] = strata
-    return TaskResults(scores, stderr, chance, per_depth, averages)
+    return TaskResults(scores, stderr, chance, per_depth, averages, items)
 
 
 def trained_depths(specs: list[TaskSpec], tasks: dict) -> dict[str, list[int]]:

@@ -50,10 +50,17 @@ BUNDLED_NAMES = {"clutrr": "CLUTRR-style", "proofwriter": "ProofWriter-style", "
 
 
 def model_label(results: dict) -> str:
-    """The sweep's ``--label`` with its layout p+s×K+c (so K is on the figure), else the layout."""
+    """What the model is: the sweep's ``--label`` (else its folder) with its layout p+s×K+c (so K is
+    on the figure), its conditioning in the paper's notation (``H(channel, w=2)+LG``) and the items
+    per task n (so runs of different ``--limit`` are told apart), as far as the results record them."""
     name = results.get("label") or Path(results["model"]).name
-    layout = results.get("layout")
-    return f"{name} ({layout})" if layout and layout != name else name
+    facts = [results["layout"]] if results.get("layout") and results["layout"] != name else []
+    if results.get("conditioning", "none") != "none":
+        facts.append(results["conditioning"])
+    sizes = sorted(set(results.get("items", {}).values()))
+    if sizes:
+        facts.append(f"n = {sizes[0]}" + (f"-{sizes[-1]}" if len(sizes) > 1 else "") + " per task")
+    return f"{name} ({', '.join(facts)})" if facts else name
 
 
 def task_title(results: dict, task: str) -> str:

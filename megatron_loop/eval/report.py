@@ -210,6 +210,34 @@ def read_results(path: str | Path) -> dict:
                                     ("loops", "effective_depth", "groups", "training_depth")))
 
 
+def comparison_mismatches(results: dict, other: dict) -> list[str]:
+    """How ``other`` (a ``--compare`` sweep) measured something else than ``results``: other tasks,
+    another ``--limit`` or, for a task both ran, another number of items."""
+    out = []
+    mine, theirs = sorted(results.get("tasks", {})), sorted(other.get("tasks", {}))
+    if mine != theirs:
+        out.append(f"tasks {','.join(theirs) or 'none'} against {','.join(mine) or 'none'} here")
+    if results.get("limit") != other.get("limit"):
+        out.append(f"--limit {other.get('limit')} against {results.get('limit')} here")
+    n, m = results.get("items", {}), other.get("items", {})
+    differ = sorted(k for k in set(n) & set(m) if n[k] != m[k])
+    if differ:
+        out.append("items " + ", ".join(f"{k} {m[k]} against {n[k]} here" for k in differ))
+    return out
+
+
+def check_comparable(results: dict, others: list[tuple[str, dict]], allow: bool) -> list[str]:
+    """Refuse a ``--compare`` sweep that measured something else (its scores would sit beside this
+    sweep's as if comparable), unless ``allow`` (``--compare-mismatched``): then one warning line
+    each, and the figures' legends give each run's n."""
+    problems = [f"--compare {path}: {'; '.join(diff)}" for path, other in others
+                if (diff := comparison_mismatches(results, other))]
+    if problems and not allow:
+        raise LoopConfigError(f"{problems[0]}; expected the same tasks, --limit and items (or --compare-mismatched "
+                              "to draw them anyway, each run's n on the legend)")
+    return [f"warning: {p}" for p in problems]
+
+
 def _fmt(value) -> str:
     return "" if value is None else f"{value:.4f}"
 

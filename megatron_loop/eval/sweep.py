@@ -126,10 +126,15 @@ def architecture(config) -> dict:
     """p, s, c, K of a LoopLM export (a native Llama/Qwen3 export is NonLoop L×1) and its vocabulary
     size |V| (the loss figure's ln|V| line: the loss of a uniform prediction)."""
     if config.model_type == "looplm":
+        from megatron_loop.registry.architectures import Conditioning  # the paper's legend notation
+
+        conditioning = Conditioning(initial=config.initial_injection, history=config.history_injection,
+                                    window=config.history_window, timestep=config.timestep).label
         return {"prelude_layers": config.prelude_layers, "core_layers": config.core_layers,
-                "coda_layers": config.coda_layers, "train_loops": config.train_loops, "vocab_size": config.vocab_size}
+                "coda_layers": config.coda_layers, "train_loops": config.train_loops, "vocab_size": config.vocab_size,
+                "conditioning": conditioning}
     return {"prelude_layers": 0, "core_layers": config.num_hidden_layers, "coda_layers": 0, "train_loops": 1,
-            "vocab_size": config.vocab_size}
+            "vocab_size": config.vocab_size, "conditioning": "none"}
 
 
 def set_loops(model, r: int) -> None:
@@ -249,6 +254,7 @@ def _sweep_loops(results: dict, session: SweepSession, settings: SweepSettings, 
             for group, value in aggregate_stderr(out.stderr, settings.tasks).items():
                 results["groups_stderr"][group][r] = value
             results["chance"] = out.chance  # the same items at every r
+            results["items"] = out.items  # n per task: comparisons check it (tools/eval_loops.py --compare)
             results["groups_chance"] = aggregate(out.chance, settings.tasks)
             for key, strata in out.per_depth.items():
                 results["per_depth"].setdefault(key, {})[r] = strata

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -139,11 +140,19 @@ def launch_stages(script: Path, stages, root: Path, world: int = 2, timeout: flo
     test with its log. Shared by the ZeRO and bf16 precision tests."""
     import pytest
 
-    from megatron_loop.parallel.bootstrap import free_port
+    import socket
 
+    # one port per concurrent stage, all bound at once so that no two stages get the same one
+    # (free_port's socket closes at once: two calls in a row may be given the same port)
+    sockets = [socket.socket() for _ in stages]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
     launches = {}
-    for stage in stages:
-        port, procs = free_port(), []
+    for stage, port in zip(stages, ports):
+        procs = []
         for rank in range(world):
             env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
@@ -153,12 +162,17 @@ def launch_stages(script: Path, stages, root: Path, world: int = 2, timeout: flo
             procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
         launches[stage] = procs
     records = {}
+    deadline = time.monotonic() + timeout
     for stage, procs in launches.items():
+        # a rank that fails ends its stage at once: the other ranks would wait for it until the timeout
+        while any(proc.poll() is None for proc, _ in procs) and time.monotonic() < deadline:
+            if any(proc.poll() not in (None, 0) for proc, _ in procs):
+                break
+            time.sleep(0.2)
         for proc, log in procs:
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
+            if proc.poll() is None:
                 proc.kill()
+            proc.wait()
             log.close()
         failed = [rank for rank, (proc, _) in enumerate(procs) if proc.returncode != 0]
         if failed:

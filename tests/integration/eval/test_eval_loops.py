@@ -210,7 +210,10 @@ def test_plots_draw_the_json_numbers(sweep):
     fig = groups_figure([res, other])
     for ax, key in zip(fig.axes, ("overall", "knowledge", "reasoning")):
         (label_a, xa, ya, ea), (label_b, xb, *_) = _errorbars(ax)
-        assert label_a == f"tiny ({res['layout']})" and label_b == f"copy ({res['layout']})"
+        n = sorted(set(res["items"].values()))  # the items per task of this sweep's --limit
+        facts = ", ".join([res["layout"]] + ([res["conditioning"]] if res["conditioning"] != "none" else [])
+                          + [f"n = {n[0]}" + (f"-{n[-1]}" if len(n) > 1 else "") + " per task"])
+        assert label_a == f"tiny ({facts})" and label_b == f"copy ({facts})"
         assert ya == pytest.approx([res["groups"][key][r] for r in LOOPS])
         assert ea == pytest.approx([res["groups_stderr"][key][r] for r in LOOPS])
         assert [round(x) for x in xa] == [r + 2 for r in LOOPS] and all(b > a for a, b in zip(xa, xb))
@@ -339,6 +342,23 @@ def test_bad_arguments_give_one_error_line_and_write_nothing(name, tmp_path, cap
     out = tmp_path / "out"
     assert _eval_loops_main()(["--model", str(hf_assets().exports[MODEL]), "--output", str(out), *args]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [message]
+    assert not out.exists()
+
+
+def test_compare_of_a_sweep_that_measured_something_else_is_refused_before_the_sweep(tmp_path, capsys):
+    """A --limit 20 run is not drawn beside this sweep as if comparable (eval/report.check_comparable)."""
+    other = tmp_path / "small_eval"
+    other.mkdir()
+    (other / "results.json").write_text(json.dumps({"loops": [1], "effective_depth": {"1": 4}, "groups": {},
+                                                    "training_depth": 6, "tasks": {"piqa": {"1": 50.0}},
+                                                    "limit": 20, "items": {"piqa": 20}}))
+    out = tmp_path / "out"
+    args = ["--model", str(hf_assets().exports[MODEL]), "--output", str(out), "--loops", "1", "--tasks", "none",
+            "--valid-prefix", data_assets().prefix + "_valid", "--compare", str(other)]
+    assert _eval_loops_main()(args) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --compare {other}: tasks piqa against none here; --limit 20 against None here; expected the same "
+        "tasks, --limit and items (or --compare-mismatched to draw them anyway, each run's n on the legend)"]
     assert not out.exists()
 
 
