@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import atexit
 import functools
+import re
 import shutil
 import tempfile
+from itertools import dropwhile, takewhile
 from pathlib import Path
 
 
@@ -28,3 +30,18 @@ def make_smoke_data() -> Path:
     tokenizer = train_bpe_tokenizer(iter_local_documents([train]), root / "data" / "tokenizer", vocab_size=2048)
     preprocess(str(train), str(tokenizer), str(root / "data" / "corpus"), PreprocessOptions(progress=False))
     return root / "data"
+
+
+def report_sections(markdown: str) -> dict[str, str]:
+    """A GPU-session report (REPORT.md, SUMMARY.md) by ``## `` section: title -> text."""
+    parts = re.split(r"^## ", markdown, flags=re.M)
+    return {part.splitlines()[0].strip(): part for part in parts[1:]}
+
+
+def markdown_table(text: str) -> list[dict[str, str]]:
+    """The first markdown table of ``text`` as one dict per row (header -> cell)."""
+    lines = list(takewhile(lambda ln: ln.startswith("|"),
+                           dropwhile(lambda ln: not ln.startswith("|"), text.splitlines())))
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]
+            if not ln.startswith("|---")]

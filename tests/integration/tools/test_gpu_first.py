@@ -14,12 +14,11 @@ import subprocess
 import sys
 import time
 import zipfile
-from itertools import dropwhile, takewhile
 from pathlib import Path
 
 import pytest
 import torch
-from gpu_fixtures import make_smoke_data
+from gpu_fixtures import make_smoke_data, markdown_table, report_sections
 from testpaths import REPO
 
 ROOT = REPO
@@ -43,19 +42,6 @@ def _env(**extra: str) -> dict[str, str]:
 def _first(out: Path, *args: str, timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "tools/gpu_first.sh", str(out), *args], cwd=ROOT, env=_env(**env),
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def _sections(markdown: str) -> dict[str, str]:
-    parts = re.split(r"^## ", markdown, flags=re.M)
-    return {part.splitlines()[0].strip(): part for part in parts[1:]}
-
-
-def _table(text: str) -> list[dict[str, str]]:
-    """The first markdown table of ``text`` as one dict per row (header -> cell)."""
-    lines = list(takewhile(lambda ln: ln.startswith("|"),
-                           dropwhile(lambda ln: not ln.startswith("|"), text.splitlines())))
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    return [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
 
 
 def _number(cell: str) -> float:
@@ -105,9 +91,9 @@ def test_smoke_headline_figures_are_the_medians_of_the_run(smoke):
     its figures are the medians of its metrics.jsonl after the first step, the peak the largest, the
     first-step time step 1's; the precision and checkpointing-plan lines are the run's own."""
     out, work, _, summary = smoke
-    section = next(v for k, v in _sections(summary).items() if k.startswith("Headline"))
+    section = next(v for k, v in report_sections(summary).items() if k.startswith("Headline"))
     assert "micro-batch 2 x 2 accumulation" in section.splitlines()[0]
-    rows = {r["figure"]: r for r in _table(section)}
+    rows = {r["figure"]: r for r in markdown_table(section)}
     steps = [r for r in map(json.loads, (out / "headline.jsonl").read_text().splitlines()) if r["event"] == "train"]
     assert len(steps) == 3
     assert _number(rows["tokens/s"]["value"]) == pytest.approx(statistics.median(r["tokens_per_s"] for r in steps[1:]),
@@ -142,9 +128,9 @@ def test_smoke_runs_skip_only_the_final_checkpoint(smoke):
 
 def test_smoke_second_run_is_per_loop_and_compared_with_the_headline(smoke):
     out, _, _, summary = smoke
-    title, section = next((k, v) for k, v in _sections(summary).items() if k.startswith("Second run"))
+    title, section = next((k, v) for k, v in report_sections(summary).items() if k.startswith("Second run"))
     assert "activation_checkpointing=per_loop" in title and "checkpointing plan: `per_loop (fixed)`" in section
-    rows = {r["figure"]: r for r in _table(section)}
+    rows = {r["figure"]: r for r in markdown_table(section)}
     head = bench_report.Inputs(out, 1).train("headline")
     second = bench_report.Inputs(out, 1).train("train-per_loop")
     assert _number(rows["tokens/s"]["vs headline (same device)"]) == pytest.approx(
@@ -155,11 +141,11 @@ def test_smoke_kernel_check_and_loss_bench_are_in_the_summary(smoke):
     out, _, _, summary = smoke
     kernel = json.loads((out / "kernel.json").read_text())
     assert kernel["pass"] is True and [r["implementation"] for r in kernel["rows"]] == ["chunked"]
-    sections = _sections(summary)
-    rows = _table(next(v for k, v in sections.items() if k.startswith("Kernel check")))
+    sections = report_sections(summary)
+    rows = markdown_table(next(v for k, v in sections.items() if k.startswith("Kernel check")))
     assert rows[0]["case"] == "V 512 chunked" and rows[0]["verdict"] == "pass" and rows[0]["host syncs"] == "0"
     assert 0 < _number(rows[0]["rel d hidden"]) < loss_check.TOLERANCES["grad_hidden"]
-    loss = _table(next(v for k, v in sections.items() if k.startswith("LM head")))
+    loss = markdown_table(next(v for k, v in sections.items() if k.startswith("LM head")))
     assert {r["case"] for r in loss} == {"llama head+CE chunked", "qwen head+CE chunked"}
     assert all(r["host_syncs"] == "0" for r in loss)
 
@@ -363,8 +349,8 @@ def test_a_figure_from_another_gpu_gets_no_verdict(tmp_path):
         summary = (tmp_path / "summary.md").read_text()
         assert f"device **{device}**" in summary and "plan `auto over 5 loops: selective x2, none x3; " \
                                                      "predicted peak 61.20 GiB`" in summary
-        verdicts[device] = {r["figure"]: r["verdict"] for r in _table(_sections(summary)[next(
-            k for k in _sections(summary) if k.startswith("Headline"))])}
+        verdicts[device] = {r["figure"]: r["verdict"] for r in markdown_table(report_sections(summary)[next(
+            k for k in report_sections(summary) if k.startswith("Headline"))])}
     h200, h100 = verdicts.values()
     assert h200["MFU"] == "not compared: measured on NVIDIA H200, 143771 MiB, the target is for one H100"
     assert h100["MFU"] == "met" and h100["tokens/s"] == "met" and h100["peak memory"] == "met"

@@ -18,12 +18,11 @@ import statistics
 import subprocess
 import sys
 import tarfile
-from itertools import dropwhile, takewhile
 from pathlib import Path
 
 import pytest
 
-from gpu_fixtures import make_smoke_data
+from gpu_fixtures import make_smoke_data, markdown_table, report_sections
 from testpaths import REPO
 
 pytestmark = pytest.mark.slow
@@ -40,28 +39,14 @@ def _report(out: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
 
 
-def _sections(markdown: str) -> dict[str, str]:
-    parts = re.split(r"^## ", markdown, flags=re.M)
-    return {part.splitlines()[0].strip(): part for part in parts[1:]}
-
-
-def _table(text: str) -> list[dict[str, str]]:
-    """The first markdown table of ``text`` as one dict per row (header -> cell)."""
-    lines = list(takewhile(lambda ln: ln.startswith("|"),
-                           dropwhile(lambda ln: not ln.startswith("|"), text.splitlines())))
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    return [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]
-            if not ln.startswith("|---")]
-
-
 def _tables(text: str) -> list[list[dict[str, str]]]:
-    """Every markdown table of ``text``, in order (each as ``_table`` reads it)."""
+    """Every markdown table of ``text``, in order (each as ``markdown_table`` reads it)."""
     blocks, current = [], []
     for line in text.splitlines() + [""]:
         if line.startswith("|"):
             current.append(line)
         elif current:
-            blocks.append(_table("\n".join(current)))
+            blocks.append(markdown_table("\n".join(current)))
             current = []
     return blocks
 
@@ -89,7 +74,7 @@ def smoke(tmp_path_factory):
 
 def test_smoke_report_has_every_section_with_numeric_figures(smoke):
     out, text = smoke
-    sections = _sections(text)
+    sections = report_sections(text)
     assert {"Targets", "A. Training runs (shipped configs, deepspeed launcher)", "Steps"} <= set(sections)
     for prefix in ("C. ", "D. ", "R. ", "E. ", "F. "):
         assert any(title.startswith(prefix) for title in sections), prefix
@@ -98,12 +83,12 @@ def test_smoke_report_has_every_section_with_numeric_figures(smoke):
         assert re.search(rf"^\* {field}: \S", text, flags=re.M), field
 
     device = (out / "logs" / "device.txt").read_text().strip()
-    targets = {row["target"]: row for row in _table(sections["Targets"])}
+    targets = {row["target"]: row for row in markdown_table(sections["Targets"])}
     assert len(targets) == 10
     # each figure measured on CPU is the one the section of its step shows
-    runs = {row["run"]: row for row in _table(sections[TRAINING])}
-    peers = {row["case"]: row for row in _table(next(v for k, v in sections.items() if k.startswith("C. ")))}
-    ckpt = {row["case"]: row for row in _table(next(v for k, v in sections.items() if k.startswith("D. ")))}
+    runs = {row["run"]: row for row in markdown_table(sections[TRAINING])}
+    peers = {row["case"]: row for row in markdown_table(next(v for k, v in sections.items() if k.startswith("C. ")))}
+    ckpt = {row["case"]: row for row in markdown_table(next(v for k, v in sections.items() if k.startswith("D. ")))}
     kept, optimizer = ({row["case"]: row for row in table}
                        for table in _tables(next(v for k, v in sections.items() if k.startswith("F. "))))
     shown = {
@@ -132,7 +117,7 @@ def test_smoke_report_has_every_section_with_numeric_figures(smoke):
     assert not shown, shown  # every target measured on CPU was compared
     assert _number(targets["host syncs per step (our model step; the loss alone: tools/gpu_first.sh)"]["measured"]) == 0
 
-    steps = {row["step"]: row for row in _table(sections["Steps"])}
+    steps = {row["step"]: row for row in markdown_table(sections["Steps"])}
     ran = ("preamble", "data", "train-qwen", "ckpt", "peers", "recompute", "profile", "kept")
     assert all(steps[s]["status"] == "ok" for s in ran), steps
     assert steps["data"]["command"].startswith("`prepared: ")
@@ -149,7 +134,7 @@ def test_smoke_training_run_figures_device_plan_and_no_final_checkpoint(smoke):
     medians of metrics.jsonl after the first step (the smoke's warm-up), beside the device and the plan it
     logged; train.save_final=false: no checkpoint written at all."""
     out, text = smoke
-    runs = {row["run"]: row for row in _table(_sections(text)[TRAINING])}
+    runs = {row["run"]: row for row in markdown_table(report_sections(text)[TRAINING])}
     assert list(runs) == ["train-qwen", "train-qwen-per_loop"]
     row = runs["train-qwen"]
     assert row["what ran"].startswith("checkpointing auto") and "micro-batch 2 x 2 accumulation" in row["what ran"]
@@ -170,30 +155,30 @@ def test_smoke_training_run_figures_device_plan_and_no_final_checkpoint(smoke):
 
 def test_smoke_bench_sections_carry_the_steps_figures(smoke):
     out, text = smoke
-    sections = _sections(text)
-    ckpt = {row["case"]: row for row in _table(next(v for k, v in sections.items() if k.startswith("D. ")))}
+    sections = report_sections(text)
+    ckpt = {row["case"]: row for row in markdown_table(next(v for k, v in sections.items() if k.startswith("D. ")))}
     assert set(ckpt) == {"llama 4x5 none (micro-batch 1)", "llama 4x5 per_loop", "llama 4x5 selective",
                          "llama 4x5 auto"}
     assert all(_number(row["time_vs_none"]) > 0 and _number(row["peak_step_mib"]) > 0 for row in ckpt.values())
-    recompute = {row["case"]: row for row in _table(next(v for k, v in sections.items() if k.startswith("R. ")))}
+    recompute = {row["case"]: row for row in markdown_table(next(v for k, v in sections.items() if k.startswith("R. ")))}
     assert all(isinstance(_number(recompute[f"llama 4x5 {kind}"]["recompute_cost"]), float)
                for kind in ("selective", "per_loop"))
-    profile = _table(next(v for k, v in sections.items() if k.startswith("E. ")))
+    profile = markdown_table(next(v for k, v in sections.items() if k.startswith("E. ")))
     assert profile[-1]["case"] == "total (one step)" and _number(profile[-1]["share"]) == 1
 
 
 def test_smoke_a_failed_run_is_reported_with_its_error_and_the_rest_still_run(smoke):
     out, text = smoke
-    sections = _sections(text)
-    steps = {row["step"]: row for row in _table(sections["Steps"])}
+    sections = report_sections(text)
+    steps = {row["step"]: row for row in markdown_table(sections["Steps"])}
     failed = steps["train-qwen-per_loop"]["status"]
     assert failed.startswith("**failed (exit code 3") and "error: simulated launcher failure" in failed
     assert [s for s, row in steps.items() if "failed" in row["status"]] == ["train-qwen-per_loop"]
     assert all(steps[s]["status"] == "ok" for s in ("ckpt", "peers", "recompute", "profile", "kept"))
-    runs = {row["run"]: row for row in _table(sections["A. Training runs (shipped configs, deepspeed launcher)"])}
+    runs = {row["run"]: row for row in markdown_table(sections["A. Training runs (shipped configs, deepspeed launcher)"])}
     assert runs["train-qwen-per_loop"]["tokens/s"].startswith("not measured: failed (exit code 3")
     assert runs["train-qwen-per_loop"]["checkpointing plan"] == "not logged"
-    pair = _table("| pair |" + sections[TRAINING].split("| pair |", 1)[1])
+    pair = markdown_table("| pair |" + sections[TRAINING].split("| pair |", 1)[1])
     assert pair == [{"pair": "qwen", "tokens/s per_loop / as shipped": "not measured",
                      "peak GiB per_loop / as shipped": ""}]
 
