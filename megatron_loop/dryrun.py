@@ -24,10 +24,13 @@ from megatron_loop.training.banner import run_summary
 DATA_REUSE_WARN_EPOCHS = 4.0
 
 
-def data_reuse_warnings(epochs: dict[str, float]) -> list[str]:
+def data_reuse_warnings(epochs: dict[str, float], max_epochs: float | None = None) -> list[str]:
+    """Above ``max_epochs`` (data.max_epochs) the line says that training will refuse the plan."""
     return [f"warning: data.train_prefixes[{i}] '{prefix}': the plan reads {e:,.1f} epochs of it; beyond about "
             f"{DATA_REUSE_WARN_EPOCHS:g} epochs repeated data stops helping (Muennighoff et al., 2023): train on "
             "more data, or set train.train_tokens / train.max_steps lower"
+            + (f"; training refuses more than data.max_epochs={max_epochs:g}"
+               if max_epochs is not None and e > max_epochs else "")
             for i, (prefix, e) in enumerate(epochs.items()) if e > DATA_REUSE_WARN_EPOCHS]
 
 
@@ -68,6 +71,6 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None, check_dat
     preflight.check_vocabulary(cfg)
     check_train_steps(cfg, training_plan(cfg)["train_steps"])
     report = run_summary(cfg, dp, accumulation, files)
-    for line in data_reuse_warnings(report["data_epochs"]):
+    for line in data_reuse_warnings(report["data_epochs"], cfg.data.max_epochs):
         print(line, file=sys.stderr)
     return report

@@ -39,6 +39,11 @@ the Prelude, the last N loops and the Coda (L_bwd = p + N*s + c), and the LM hea
 which is 3 x forward when N >= r. Checkpointing then recomputes only graphed blocks (``per_loop``:
 (N-1)*s, ``per_block``: L_bwd). With sampled loop counts (``train.loop_sampling``) the training
 loop passes each step's r, so MFU is per step.
+
+Ouro's exit gate (``model.exit_gate: learned``, ``model/exit_gate.py``): its Stage I objective reads the
+Coda and the LM head out after every loop, r - 1 readouts more than a forward at r, each with its
+backward (:func:`exit_gate_readout_flops_per_token`: 3 (r - 1) (c * block + 2 d V) per token; the gate
+itself is O(d)). Counted for Stage I; Stage II (the LM frozen) runs those readouts without a backward.
 """
 
 from __future__ import annotations
@@ -95,16 +100,27 @@ def graphed_loops(cfg: ModelConfig, num_loops: int | None = None, backprop_loops
     return r if backprop_loops is None else min(backprop_loops, r)
 
 
+def exit_gate_readout_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None) -> float:
+    """Ouro's Stage I: the Coda + LM head readouts of loops 1..r-1, forward and backward (module doc)."""
+    if getattr(cfg, "exit_gate", "none") != "learned":
+        return 0.0
+    r = cfg.train_loops if num_loops is None else num_loops
+    readout = cfg.coda_layers * block_forward_flops_per_token(cfg, seq_length) + 2 * cfg.hidden_size * cfg.vocab_size
+    return 3 * (r - 1) * readout
+
+
 def train_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None,
                           backprop_loops: int | None = None) -> float:
     """Forward + backward model FLOPs per token at loop count r (3 x forward without truncation;
-    with ``backprop_loops`` N < r the backward covers only the graphed blocks, see the module doc)."""
+    with ``backprop_loops`` N < r the backward covers only the graphed blocks, see the module doc;
+    plus Ouro's per-loop readouts with its exit gate)."""
     r = cfg.train_loops if num_loops is None else num_loops
     n = graphed_loops(cfg, r, backprop_loops)
+    readouts = exit_gate_readout_flops_per_token(cfg, seq_length, r)
     if n == r:
-        return 3 * forward_flops_per_token(cfg, seq_length, num_loops)
+        return 3 * forward_flops_per_token(cfg, seq_length, num_loops) + readouts
     backward_depth = cfg.prelude_layers + n * cfg.core_layers + cfg.coda_layers
-    return forward_flops_per_token(cfg, seq_length, r) + 2 * (
+    return readouts + forward_flops_per_token(cfg, seq_length, r) + 2 * (
         backward_depth * block_forward_flops_per_token(cfg, seq_length)
         + conditioning_flops_per_token(cfg, range(r - n, r)) + 2 * cfg.hidden_size * cfg.vocab_size)
 

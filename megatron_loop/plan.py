@@ -27,6 +27,7 @@ from megatron_loop.optim.schedule import wsd_split
 # psi(t, dt) of Eq. (timestep_features), as in model.conditioning (which imports torch);
 # tests/unit/test_dryrun.py checks the counts against the built model.
 NUM_TIMESTEP_FEATURES = 8
+SHORTCUT_FREQUENCIES = 256  # LoopFormer's sinusoidal width of t and dt (hf/modeling_looplm.py ShortcutEmbedding)
 
 
 class ParameterCount(NamedTuple):
@@ -35,9 +36,11 @@ class ParameterCount(NamedTuple):
 
 
 def nonloop_reference(model: ModelConfig) -> ModelConfig:
-    """The NonLoop ``L(K)x1`` model of the same backbone, without conditioning."""
+    """The NonLoop ``L(K)x1`` model of the same backbone, without conditioning (and with the paper's
+    pre-norm blocks: Huginn's sandwich norms do not move the token budget of its pilot run)."""
     return dataclasses.replace(model, prelude_layers=0, coda_layers=0, core_layers=model.effective_depth(),
-                               train_loops=1, initial_injection="none", history_injection="none", timestep="none")
+                               train_loops=1, initial_injection="none", history_injection="none", timestep="none",
+                               block_norm="pre")
 
 
 def count_parameters(cfg: ModelConfig) -> ParameterCount:
@@ -45,22 +48,31 @@ def count_parameters(cfg: ModelConfig) -> ParameterCount:
 
     Backbone: embedding V*d, per block the attention and SwiGLU matrices
     (:func:`megatron_loop.flops.block_matmul_params`), two RMSNorms of d and, for Qwen3, the
-    q/k norms of head_dim; the final norm d; the LM head V*d unless tied. Conditioning (Sec. 5):
+    q/k norms of head_dim (and Huginn's two sandwich norms of d, ``model.block_norm``); the final norm d; the LM head V*d unless tied. Conditioning (Sec. 5):
     initial-state injection 1 | 2d | 2d | 2d^2 (scalar | channel | residual_channel | dense),
     history injection w * (1 | d | d^2), Loop Gating 8, and per core layer two branches of
-    Branch Gating 8 or AdaLN 2d x 8 each.
+    Branch Gating 8 or AdaLN 2d x 8 each (LoopFormer's shortcut modulation: 2d x d + 2d each, and its
+    embedding of (t, dt)); Ouro's learned exit gate d + 1.
     """
     d, w = cfg.hidden_size, cfg.history_window
     block = block_matmul_params(cfg) + 2 * d + (2 * cfg.head_dim if cfg.qk_norm else 0)
+    block += 2 * d if cfg.block_norm == "sandwich" else 0  # Huginn's norms after each residual sum
     backbone = (cfg.vocab_size * d * (1 if cfg.tie_word_embeddings else 2) + cfg.physical_depth * block + d)
     initial = {"none": 0, "scalar": 1, "channel": 2 * d, "residual_channel": 2 * d, "dense": 2 * d * d}
     history = {"none": 0, "scalar": w, "channel": w * d, "dense": w * d * d}
     per_branch = {"none": 0, "loop_gating": 0, "branch_gating": NUM_TIMESTEP_FEATURES,
-                  "adaln": 2 * d * NUM_TIMESTEP_FEATURES}
+                  "adaln": 2 * d * NUM_TIMESTEP_FEATURES, "shortcut": 2 * d * d + 2 * d}
     conditioning = (initial[cfg.initial_injection] + history[cfg.history_injection]
                     + (NUM_TIMESTEP_FEATURES if cfg.timestep == "loop_gating" else 0)
-                    + cfg.core_layers * 2 * per_branch[cfg.timestep])
+                    + cfg.core_layers * 2 * per_branch[cfg.timestep]
+                    + (shortcut_embedding_parameters(d) if cfg.timestep == "shortcut" else 0)
+                    + (d + 1 if cfg.exit_gate == "learned" else 0))  # Ouro's exit gate w [1, d], b [1]
     return ParameterCount(backbone + conditioning, backbone)
+
+
+def shortcut_embedding_parameters(d: int) -> int:
+    """LoopFormer's ShortcutEmbedding (hf/modeling_looplm.py): two MLPs 256 -> d -> d with biases."""
+    return 2 * (SHORTCUT_FREQUENCIES * d + d + d * d + d)
 
 
 def accumulation_steps(cfg: Config, data_parallel_size: int) -> int:

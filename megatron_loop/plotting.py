@@ -48,13 +48,10 @@ def log_y(ax, count: int = 7) -> None:
     ax.set_ylim(low, high)
 
 
-PIPELINE_FOLDERS = ("train", "checkpoints", "hf")  # tools/pipeline.sh: runs/NAME/{train/checkpoints,hf}
+from megatron_loop.config.naming import PIPELINE_FOLDERS, run_folder_name  # noqa: E402,F401  (re-exported)
 
 
 def run_name(path: str | Path) -> str:
-    """NAME of runs/NAME/train[/checkpoints[/global_stepN]] or runs/NAME/hf: the first folder up the
-    path that is not one of the pipeline's fixed folder names."""
-    folder = Path(path).resolve()
-    while folder.parent != folder and (folder.name in PIPELINE_FOLDERS or folder.name.startswith("global_step")):
-        folder = folder.parent
-    return folder.name
+    """NAME of runs/NAME/train[/checkpoints[/global_stepN]] or runs/NAME/hf
+    (:func:`megatron_loop.config.naming.run_folder_name`, which training uses without matplotlib)."""
+    return run_folder_name(path)

@@ -33,7 +33,8 @@ Modes (each case of a mode runs in this one process, side by side):
   backprop         truncated backpropagation: backprop_loops 1, K/2, K vs full at K loops
   exit-decode      greedy decode tokens/s of an HF export: fixed r vs per-token adaptive exit
   sweep            a loop sweep's forwards over r = --sweep-loops of the HF export: one forward at the
-                   largest r reading out every r (loop_readouts) vs one forward per r; and the eval
+                   largest r reading out every r (loop_readouts) vs one forward per r; the geometry
+                   probes over the same r, one pass for every r vs one per r; and the eval
                    start-up: lm-eval's TaskManager over local tasks only vs with its stock tasks
   tp               tensor-parallel step time of --config's model at each --tp size, per GPU, with the TP
                    bytes the byte model predicts (under a launcher: torchrun --nproc_per_node 2 ...)

@@ -9,6 +9,10 @@
 # steps, default 600), DEMO_CONFIG (default examples/tiny_2x3_hist_lg.yaml), DEMO_LIMIT
 # (lm-eval items per task, default 120), DEMO_CORPUS (tools/make_corpus.py flags), DEMO_LR.
 #
+# The demo folder is relocatable: copy or move it and the copy's export, loop sweep and resume read
+# the copy (the lm-eval task YAMLs name their items relative to their folder, the checkpoint's run
+# config records its paths relative to the folder too; docs/EVALUATION.md, README "Run folders").
+#
 # Sized so that a 0.35M-parameter model learns one reasoning task within minutes on CPU: the
 # reasoning documents have depths 1-2 (held-out items 1-3, so depth 3 is beyond the training
 # depths), less prose, no follow-up questions, and a peak lr of 1e-2 for 600 steps. Measured
@@ -50,18 +54,19 @@ metrics = [json.loads(line) for line in (run / "model" / "train" / "metrics.json
 # Validation loss during training (held-out split, nats/token) at each eval step, per loop count r.
 curve = {m["step"]: {k[len("val_loss_r"):]: v for k, v in m.items() if k.startswith("val_loss_r")}
          for m in metrics if m.get("event") == "eval"}
+# Paths relative to the demo folder, so a copy of it describes itself (written_in: where this ran).
 summary = {
-    "run": str(run.resolve()),
-    "checkpoint": str(run / "model" / "train" / "checkpoints"),
-    "hf_export": str(run / "model" / "hf"),
+    "written_in": str(run.resolve()),
+    "checkpoint": "model/train/checkpoints",
+    "hf_export": "model/hf",
     "layout": results["layout"],
     "effective_depth": results["effective_depth"],
     **{key: results[key] for key in ("groups", "groups_stderr", "groups_chance", "tasks", "tasks_stderr",
                                      "chance", "per_depth")},
     "heldout_loss": {r: v["loss"] for r, v in results.get("heldout", {}).items()},
     "validation_loss_curve": curve,
-    "probe": str(run / "model" / "probe" / "geometry.json"),
-    "plots": sorted(str(p) for p in run.rglob("*.png")),
+    "probe": "model/probe/geometry.json",
+    "plots": sorted(str(p.relative_to(run)) for p in run.rglob("*.png")),
 }
 write_atomic(run / "demo_results.json", json.dumps(summary, indent=2))
 
@@ -77,5 +82,5 @@ print(f"\nKnowledge (facts), Reasoning (clutrr, proofwriter, bbh = tracking) and
 print(format_table({**results, "tasks": {}, "heldout": {}}))  # the group rows
 print("  results JSON:", run / "demo_results.json")
 for p in summary["plots"]:
-    print("  plot:", p)
+    print("  plot:", run / p)
 PY

@@ -24,6 +24,7 @@ The sweep prints which (``loop sweep: ...``) and records it in results.json ``sw
 ``--per-r`` forces one pass per r.
 
 Per-token adaptive exit (``model/adaptive_exit.py``): ``--exit-criterion kl|cosine --exit-thresholds 1e-4,1e-3``
+(or Ouro's Q-exit on a learned exit gate: ``--exit-criterion q_exit --exit-thresholds 0.5,0.7,0.9``)
 evaluates the same suite once per threshold with r capped at --exit-max-loops (default: the
 largest --loops) and adds, per threshold, the mean loops per token, the effective depth it
 implies and the scores (results.json "adaptive", adaptive.csv, frontier.png: score against mean
@@ -105,11 +106,16 @@ def _run(argv: Sequence[str] | None) -> int:
                     help="one pass per r even where one forward could serve every r (the trajectory does not "
                          "depend on r: no timestep conditioning, or the prefix grid with r <= K); the numbers are "
                          "the same, bitwise, only slower")
-    ap.add_argument("--exit-criterion", default="none", choices=("none", "kl", "cosine"),
-                    help="per-token adaptive exit criterion (default none: fixed r only)")
-    ap.add_argument("--exit-thresholds", default=None, help="comma-separated exit thresholds, e.g. 1e-4,1e-3")
+    ap.add_argument("--exit-criterion", default="none", choices=("none", "kl", "cosine", "q_exit"),
+                    help="per-token adaptive exit criterion (default none: fixed r only; q_exit: Ouro's Q-exit on "
+                         "a learned exit gate)")
+    ap.add_argument("--exit-thresholds", default=None, help="comma-separated exit thresholds, e.g. 1e-4,1e-3 "
+                                                            "(q_exit: probabilities, e.g. 0.5,0.7,0.9)")
     ap.add_argument("--exit-max-loops", type=int, default=None, help="loop cap r under adaptive exit "
                                                                      "(default: the largest --loops)")
+    ap.add_argument("--no-loop-limit", action="store_true",
+                    help="allow r above 16 x the training loop count K (refused by default: a forward at r costs "
+                         "L(r)/L(K) forwards at the training depth)")
     args = ap.parse_args(argv)
     if args.no_progress:  # lm-eval's and datasets' bars too (tqdm reads this when it is first imported)
         os.environ.setdefault("TQDM_DISABLE", "1")
@@ -120,8 +126,8 @@ def _run(argv: Sequence[str] | None) -> int:
     from megatron_loop.eval.plots import write_all_plots
     from megatron_loop.eval.report import (check_comparable, check_output, format_table, partial_folder, publish,
                                            read_results, write_results, write_results_json)
-    from megatron_loop.eval.sweep import (SweepSettings, export_config, open_session, resolve_seq_length, run_sweep,
-                                          sweep_fingerprint)
+    from megatron_loop.eval.sweep import (SweepSettings, check_loop_limit, export_config, open_session,
+                                          resolve_seq_length, run_sweep, sweep_fingerprint)
     from megatron_loop.eval.tasks import resolve_tasks
 
     tasks = [] if args.tasks == "none" else resolve_tasks(args.tasks.split(",") if args.tasks else None)
@@ -137,9 +143,12 @@ def _run(argv: Sequence[str] | None) -> int:
     thresholds = None
     if args.exit_criterion != "none" or args.exit_thresholds is not None:
         if args.exit_criterion == "none":
-            raise LoopConfigError("--exit-thresholds: expected --exit-criterion kl or cosine with it")
-        thresholds = parse_thresholds(args.exit_thresholds or "")
-    for line in resolve_seq_length(settings, args.model, export_config(args.model)):
+            raise LoopConfigError("--exit-thresholds: expected --exit-criterion kl, cosine or q_exit with it")
+        thresholds = parse_thresholds(args.exit_thresholds or "", args.exit_criterion)
+    config = export_config(args.model)
+    if not args.no_loop_limit:  # before the model loads: --loops 100000 would run for hours without a word
+        check_loop_limit(args.model, config, {"--loops": max(settings.loops), "--exit-max-loops": args.exit_max_loops})
+    for line in resolve_seq_length(settings, args.model, config):
         print(line, file=sys.stderr)
     # The output before any work: a finished or interrupted sweep there is resumed or refused, never lost.
     # The sweep writes into OUTPUT.partial and swaps it in for OUTPUT, whole, when done (report.publish).

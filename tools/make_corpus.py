@@ -3,7 +3,12 @@
 ProofWriter- and BBH tracking-style), with held-out lm-eval tasks. Nothing is downloaded.
 
     python tools/make_corpus.py --output-dir runs/corpus --seed 0
-    lm_eval ... --include_path runs/corpus/eval --tasks looplm_clutrr_local
+    python tools/eval_loops.py ... --include-path runs/corpus/eval --tasks clutrr=looplm_clutrr_local
+    (cd runs/corpus/eval && lm_eval ... --include_path . --tasks looplm_clutrr_local)
+
+The task YAMLs name their items relative to their own folder, so a copied corpus reads its own
+items: tools/eval_loops.py resolves them against the YAML's folder; lm_eval alone reads them from
+the working directory (hence the cd).
 """
 
 from __future__ import annotations

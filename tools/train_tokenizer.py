@@ -32,6 +32,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise LoopDataError(f"input '{args.input}' not found; expected a local corpus file, folder or glob")
     documents = iter_local_documents(paths, args.json_key, encoding_errors=args.encoding_errors)
     out = train_bpe_tokenizer(documents, args.output, args.vocab_size)
+    from tokenizers import Tokenizer
+
+    got = Tokenizer.from_file(str(out / "tokenizer.json")).get_vocab_size()
+    if got < args.vocab_size:  # BPE stops when no pair is seen twice: a small corpus gives fewer tokens
+        print(f"note: --vocab-size {args.vocab_size:,}: the corpus gave {got:,} tokens (no more pairs seen at least "
+              f"twice), so the tokenizer has {got:,}; model.vocab_size must be >= {got:,}", file=sys.stderr)
     print(f"tokenizer saved to {out}")
     return 0
 

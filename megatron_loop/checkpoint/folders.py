@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 from megatron_loop.atomic import write_atomic
 from megatron_loop.config import Config, config_from_dict
+from megatron_loop.config.paths import prefix_exists
 from megatron_loop.errors import LoopDataError
 
 CONFIG_NAME = "looplm_config.json"
@@ -61,10 +63,87 @@ def read_latest(root: Path) -> str | None:
 # ----------------------------------------------------------------------------- run config
 
 
+# The run config's paths that tools read back from it (convert_to_hf.py: data.tokenizer); each is
+# recorded absolute, and also relative to the config's folder when it lies in the run's folder.
+RELOCATABLE = ("data.tokenizer", "data.train_prefixes", "data.valid_prefixes", "train.output_dir")
+RELOCATION = "relocation"  # the JSON block: where the file was written, the relative spellings
+
+
+def run_folder(output_dir: str | os.PathLike) -> Path:
+    """The folder a run's own files live in, which moves with it: the parent of its named folder
+    (``runs/demo`` for ``runs/demo/model/train``, as tools/pipeline.sh lays out a demo: corpus,
+    tokenizer, data and each model side by side)."""
+    from megatron_loop.config.naming import PIPELINE_FOLDERS
+
+    folder = Path(output_dir).resolve()
+    while folder.parent != folder and folder.name in PIPELINE_FOLDERS:
+        folder = folder.parent
+    return folder.parent
+
+
+def _paths(d: dict) -> dict[str, str]:
+    """``key`` / ``key[i]`` -> the local path of each :data:`RELOCATABLE` value of a config dict."""
+    out = {}
+    for key in RELOCATABLE:
+        section, name = key.split(".")
+        value = d.get(section, {}).get(name)
+        for i, v in ([(None, value)] if not isinstance(value, list) else list(enumerate(value))):
+            if isinstance(v, str) and v:
+                out[key if i is None else f"{key}[{i}]"] = v
+    return out
+
+
+def _present(path: Path) -> bool:
+    """A file or folder, or an indexed-dataset prefix (P names P.bin / P.idx)."""
+    return path.exists() or prefix_exists(path)
+
+
+def _set_path(d: dict, key: str, value: str) -> None:
+    name, _, index = key.partition("[")
+    section, field = name.split(".")
+    if index:
+        d[section][field][int(index[:-1])] = value
+    else:
+        d[section][field] = value
+
+
 def save_run_config(directory: str | os.PathLike, cfg: Config) -> Path:
-    """Write ``looplm_config.json`` atomically (temp file + rename)."""
+    """Write ``looplm_config.json`` atomically (temp file + rename): the resolved config, its paths
+    absolute, and a ``relocation`` block: the folder it was written in and, for each path inside
+    the run's folder (:func:`run_folder`), its spelling relative to this file, so that a copied or
+    moved run folder reads its own tokenizer and data (:func:`load_run_config`)."""
     path = Path(directory) / CONFIG_NAME
-    return write_atomic(path, json.dumps(cfg.to_dict(), indent=2))
+    d = cfg.to_dict()
+    here, inside = Path(directory).resolve(), run_folder(cfg.train.output_dir)
+    relative = {}
+    for key, value in _paths(d).items():
+        target = Path(value).expanduser().resolve()
+        if _present(target) and target.is_relative_to(inside) and inside.parent != inside:  # not under "/"
+            relative[key] = {"absolute": value, "relative": os.path.relpath(target, here)}
+    d[RELOCATION] = {"written_in": str(here), "relative": relative}
+    return write_atomic(path, json.dumps(d, indent=2))
+
+
+def _relocate(raw: dict, here: Path, path: Path) -> None:
+    """Resolve the paths of a run config read from ``here``: unchanged where it was written; moved
+    or copied, each path recorded relative to it is read from the new place when it is there, and
+    every path read from outside the folder is named in one line (a copy would otherwise read the
+    original's files without a word). A value edited by hand since (not the recorded one) wins."""
+    block = raw.pop(RELOCATION, None)
+    if not isinstance(block, dict) or Path(str(block.get("written_in"))) == here:
+        return
+    outside = []
+    relative = block.get("relative") or {}
+    for key, value in _paths(raw).items():
+        spelled = relative.get(key) or {}
+        rel = spelled.get("relative")
+        if rel and spelled.get("absolute") == value and _present(here / rel):
+            _set_path(raw, key, os.path.normpath(here / rel))
+        elif key != "train.output_dir" and Path(value).is_absolute():
+            outside.append(f"{key}={value}")
+    if outside:
+        print(f"note: {path}: written in {block['written_in']}, read from {here}; outside this run folder, read as "
+              f"recorded: {', '.join(outside)}", file=sys.stderr, flush=True)
 
 
 def load_run_config(ckpt_dir: str | os.PathLike) -> Config:
@@ -77,4 +156,6 @@ def load_run_config(ckpt_dir: str | os.PathLike) -> Config:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise LoopDataError(f"{path}: not valid JSON ({e})") from None
+    if isinstance(raw, dict):
+        _relocate(raw, Path(ckpt_dir).resolve(), path)
     return config_from_dict(raw, source=str(path))

@@ -43,6 +43,16 @@ class SelectedCheckpoint:
         return tuple(f"skipping checkpoint {tag}: {why}" for tag, why in self.skipped)
 
 
+def outside_tag(root: Path, tag: str, source: str) -> str | None:
+    """Why ``tag`` (named by ``source``: ``latest`` or ``--tag``) is not a checkpoint of ``root``: a
+    tag is one folder name in the run's checkpoint folder; a path (``../../other/checkpoints/
+    global_step2``) would read another run's weights. None when it is a plain name."""
+    if tag in (".", "..") or any(sep in tag for sep in "/\\"):
+        return (f"{source} names '{tag}', a path, not a checkpoint of {root}; expected the name of a checkpoint "
+                "folder in it such as global_step30")
+    return None
+
+
 def split_checkpoint_path(path: Path) -> tuple[Path, str | None]:
     """A checkpoint root (``latest`` decides) or one tag folder in it."""
     if (path / MANIFEST).is_file() or step_of(path.name) is not None or path.name.endswith(PARTIAL):
@@ -63,6 +73,9 @@ def select_explicit(path: Path) -> SelectedCheckpoint:
         tag = read_latest(root)
         if tag is None:
             raise LoopDataError(f"{root / LATEST}: missing; expected the tag of the checkpoint to resume from")
+        problem = outside_tag(root, tag, str(root / LATEST))
+        if problem:
+            raise LoopDataError(problem)
     return SelectedCheckpoint(root, tag, verify_checkpoint(root / tag))
 
 
@@ -82,6 +95,10 @@ def select_automatic(root: Path) -> SelectedCheckpoint | None:
     except LoopDataError as e:  # a damaged pointer: fall back to the newest complete checkpoint
         latest = None
         skipped.append((LATEST, str(e)))
+    problem = outside_tag(root, latest, str(root / LATEST)) if latest else None
+    if problem:  # never read outside the run's checkpoint folder: fall back, saying why
+        latest = None
+        skipped.append((LATEST, problem))
     latest_step = step_of(latest) if latest else None
     newer: list[str] = []
     if latest_step is not None and not (root / latest).is_dir():
@@ -111,6 +128,9 @@ def select_checkpoint(path: str | os.PathLike, tag: str | None = None) -> Select
     if not path.is_dir():
         raise LoopDataError(f"{path}: checkpoint folder not found")
     root, named = split_checkpoint_path(path)
+    problem = outside_tag(root, tag, "--tag") if tag is not None else None
+    if problem:  # another run's checkpoint, reached through a path
+        raise LoopDataError(problem)
     tag = tag or named
     if tag is not None:
         if tag.endswith(PARTIAL):
@@ -127,6 +147,9 @@ def select_checkpoint(path: str | os.PathLike, tag: str | None = None) -> Select
     latest = read_latest(root)  # no global_step* folder: a DeepSpeed folder of another tool
     if latest is None:
         raise LoopDataError(f"{root / LATEST}: missing; expected DeepSpeed's 'latest' tag file (or pass a tag)")
+    problem = outside_tag(root, latest, str(root / LATEST))
+    if problem:
+        raise LoopDataError(problem)
     if not (root / latest).is_dir():
         raise LoopDataError(f"{root / latest}: checkpoint tag folder not found")
     return SelectedCheckpoint(root, latest, None)

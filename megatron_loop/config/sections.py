@@ -52,6 +52,17 @@ class ModelConfig:
     # What Loop Gating mixes with the core output: the recurrent state h_l (``state``) or the
     # core's actual (injected) input u_l (``injected``); see conditioning.LoopGating.
     loop_gating_reference: str = "state"
+    # Huginn (Geiping et al. 2025; model/initial_state.py, model/layers.py): ``sandwich`` blocks normalise
+    # the residual stream after each branch as well as before it; ``norm_core_output`` applies the final
+    # norm to h^r before the Coda (Huginn's ln_f "used twice"); ``initial_state: noise`` starts the
+    # recurrence from TruncNormal(0, std^2, +-3 std) noise (std null: Huginn's sqrt(2/5)), the Prelude
+    # output entering every loop through the initial-state injection; ``initial_state_seed`` seeds the
+    # noise of evaluation and of the HF export (training draws per step from train.seed and the step).
+    block_norm: str = "pre"
+    norm_core_output: bool = False
+    initial_state: str = "prelude"
+    initial_state_std: float | None = None
+    initial_state_seed: int = 0
     activation_checkpointing: str = "per_loop"
     # activation_checkpointing=auto: GiB of activation memory a training micro-batch may use
     # (peak above parameters, gradients and optimizer state); null: 90 % of the GPU minus what is
@@ -68,6 +79,10 @@ class ModelConfig:
     # LM head + cross-entropy: chunked (torch, the reference), fused (Liger-Kernel's Triton
     # kernel, CUDA), auto (fused on CUDA when liger-kernel is installed, chunked otherwise).
     loss_implementation: str = "auto"
+    # Ouro's learned exit gate (Zhu et al. 2025): lambda_t = sigmoid(w^T RMSNorm(h^t) + b) after every
+    # loop, inducing the exit distribution p(t|x) (model/exit_gate.py); ``learned`` needs
+    # train.exit_gate_objective. Inference: exit_criterion q_exit (eval_loops.py, the HF export).
+    exit_gate: str = "none"
 
     # ---- derived quantities (App. C.1 "BaseLoop and CoreLoop models")
     @property
@@ -153,6 +168,10 @@ class TrainConfig(OptimizerSettings):
     eval_loops: list[int] | None = None
     eval_batches: int = 4
     resume: bool = True
+    # The lr after a resume that changed the schedule (train.max_steps raised, ...): ``rederive`` the
+    # WSD split for the new total; ``continue_decay``: from a checkpoint in its decay, decay on from
+    # its lr to min_lr_ratio at the new end instead of going back to the peak (optim/schedule.py).
+    schedule_on_resume: str = "rederive"
     nan_policy: str = "skip"
     max_consecutive_nonfinite: int = 5
     wall_time_limit_s: float | None = None
@@ -170,6 +189,20 @@ class TrainConfig(OptimizerSettings):
     loop_sampling_min: int = 1
     loop_sampling_max: int | None = None
     backprop_loops: int | None = None
+    # LoopFormer (Jeddi et al., ICLR 2026; model/shortcut.py): every micro-batch also runs a short trajectory
+    # (M ~ U{1..K-1} steps of sizes n/K, drawn from train.seed, the step and the micro-batch, on every rank) and
+    # the loss becomes
+    # CE(full) + shortcut_short_loss_weight CE(short) + shortcut_consistency_weight MSE(sg(x_full), x_short).
+    shortcut_consistency: bool = False
+    shortcut_short_loss_weight: float = 0.1
+    shortcut_consistency_weight: float = 0.1
+    # Ouro's objectives for model.exit_gate=learned (model/exit_gate.py): entropy_regularized (Stage I,
+    # sum_t p(t|x) L^(t) - beta H(p), beta = exit_entropy_beta) or adaptive_gate (Stage II: the LM frozen,
+    # the gate learns sigmoid(k (loss improvement - gamma)), k = exit_gate_k, gamma = exit_gate_gamma).
+    exit_gate_objective: str = "none"
+    exit_entropy_beta: float = 0.1
+    exit_gate_k: float = 50.0
+    exit_gate_gamma: float = 0.005
 
     def validate(self, prefix: str = "train") -> None:
         validate_train(self, prefix)
@@ -193,6 +226,10 @@ class DataConfig:
     # i.e. FineWeb-Edu streamed through a 10,000-document shuffle buffer with seed 42; the paper
     # shuffles once, at streaming time. ``shuffled``: a further seed-determined permutation per epoch.
     order: str = "stream"
+    # Most epochs of a train prefix a run may read (training/preflight.py refuses more before the
+    # first step): far beyond a few epochs the model memorises the corpus (a 4-token file read
+    # 1,024 times); raise it for a deliberate overfitting test.
+    max_epochs: float = 100.0
 
     def train_blend(self) -> list[tuple[str, float]]:
         """``(prefix, weight)`` per train prefix, the blend the run trains on (weight 1 for each when

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 INITIAL_INJECTIONS = ("none", "scalar", "channel", "residual_channel", "dense")
 HISTORY_INJECTIONS = ("none", "scalar", "channel", "dense")
-TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln")
+TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln", "shortcut")  # shortcut: LoopFormer (model/shortcut.py)
 TIMESTEP_GRIDS = ("rescaled", "prefix")
 CHECKPOINTING = ("none", "per_loop", "selective", "auto", "per_block")  # megatron_loop/model/checkpointing.py
 LOSS_IMPLEMENTATIONS = ("auto", "chunked", "fused")  # megatron_loop/model/loss.py
@@ -26,18 +26,30 @@ LOSS_IMPLEMENTATIONS = ("auto", "chunked", "fused")  # megatron_loop/model/loss.
 # behaviour). Each is documented where it acts and in docs/CONFIG.md.
 NOISY_INITIAL_INJECTIONS = ("scalar", "channel", "residual_channel")  # App. E.1 ablation
 LOOP_GATING_REFERENCES = ("state", "injected")
+BLOCK_NORMS = ("pre", "sandwich")  # model.block_norm (Huginn's sandwich blocks, model/layers.py)
+INITIAL_STATES = ("prelude", "noise")  # model.initial_state (Huginn, model/initial_state.py)
+NOISE_STATE_TP_REFUSAL = ("model.initial_state='noise': expected parallel.tensor_model_parallel_size=1 (the noise "
+                          "state is drawn whole on each rank, not split over tensor-parallel ranks)")
 OPTIMIZERS = ("muon_adamw", "adamw")
 DATA_ORDERS = ("shuffled", "stream")
 LOOP_SAMPLINGS = ("fixed", "poisson_lognormal", "uniform")  # train.loop_sampling (training/loop_sampling.py)
+EXIT_GATES = ("none", "learned")  # model.exit_gate: Ouro's learned exit gate (model/exit_gate.py)
+EXIT_GATE_OBJECTIVES = ("none", "entropy_regularized", "adaptive_gate")  # train.exit_gate_objective: Stage I, II
+# model.exit_gate under tensor parallelism (the config check and LoopLM's own)
+EXIT_GATE_TP_REFUSAL = ("model.exit_gate='learned': expected parallel.tensor_model_parallel_size=1 (Ouro's "
+                        "objective weighs per-token losses, which the vocabulary-parallel head does not return)")
 # The string keys with a fixed set of values: "<section>.<key>" -> its choices (the type check names
 # them too, when YAML read an unquoted off/no as a boolean).
 CHOICES = {
     "model.initial_injection": INITIAL_INJECTIONS, "model.history_injection": HISTORY_INJECTIONS,
     "model.timestep": TIMESTEPS, "model.timestep_grid": TIMESTEP_GRIDS,
     "model.activation_checkpointing": CHECKPOINTING, "model.loss_implementation": LOSS_IMPLEMENTATIONS,
-    "model.loop_gating_reference": LOOP_GATING_REFERENCES, "train.optimizer": OPTIMIZERS,
+    "model.loop_gating_reference": LOOP_GATING_REFERENCES, "model.block_norm": BLOCK_NORMS,
+    "model.initial_state": INITIAL_STATES, "train.optimizer": OPTIMIZERS,
+    "model.exit_gate": EXIT_GATES, "train.exit_gate_objective": EXIT_GATE_OBJECTIVES,
     "train.loop_sampling": LOOP_SAMPLINGS, "train.precision": ("auto", "bf16", "fp32"),
-    "train.nan_policy": ("skip", "stop"), "train.muon_scale": ("match_rms_adamw", "original"),
+    "train.nan_policy": ("skip", "stop"), "train.schedule_on_resume": ("rederive", "continue_decay"),
+    "train.muon_scale": ("match_rms_adamw", "original"),
     "data.order": DATA_ORDERS, "logging.wandb_mode": ("auto", "online", "offline", "disabled"),
 }
 # Largest loop count a config may train or validate at: L(r) = p + r s block applications per
@@ -100,6 +112,17 @@ def validate_model(model: ModelConfig, prefix: str = "model") -> None:
          f"one of {LOOP_GATING_REFERENCES}")
     need(model.loop_gating_reference == "state" or model.timestep == "loop_gating", "loop_gating_reference",
          f"'state' unless timestep is 'loop_gating' (timestep={model.timestep!r})")
+    need(model.block_norm in BLOCK_NORMS, "block_norm", f"one of {BLOCK_NORMS}")
+    need(model.initial_state in INITIAL_STATES, "initial_state", f"one of {INITIAL_STATES}")
+    need(model.initial_state == "prelude" or model.initial_injection != "none", "initial_state",
+         "'prelude' unless an initial-state injection carries the Prelude output into the Core "
+         "(Huginn: initial_injection 'dense'; initial_injection='none' would leave it unused)")
+    need(model.initial_state_std is None or model.initial_state_std > 0, "initial_state_std",
+         "null (Huginn's sqrt(2/5)) or a positive float (a standard deviation)")
+    need((model.initial_state_std is None and model.initial_state_seed == 0) or model.initial_state == "noise",
+         "initial_state_std" if model.initial_state_std is not None else "initial_state_seed",
+         "its default unless initial_state is 'noise'")
+    need(0 <= model.initial_state_seed <= MAX_SEED, "initial_state_seed", f"an integer in [0, {MAX_SEED}]")
     need(model.activation_checkpointing in CHECKPOINTING, "activation_checkpointing", f"one of {CHECKPOINTING}")
     need(model.activation_checkpointing_budget_gib is None or (
         model.activation_checkpointing == "auto" and model.activation_checkpointing_budget_gib > 0),
@@ -111,6 +134,7 @@ def validate_model(model: ModelConfig, prefix: str = "model") -> None:
     need(model.compile in (True, False, "auto"), "compile", "true, false or 'auto' (on with CUDA)")
     need(model.loss_implementation in LOSS_IMPLEMENTATIONS, "loss_implementation",
          f"one of {LOSS_IMPLEMENTATIONS}")
+    need(model.exit_gate in EXIT_GATES, "exit_gate", f"one of {EXIT_GATES}")
     if model.rope_scaling is not None:
         need(model.rope_scaling.get("rope_type") == "llama3", "rope_scaling",
              "null or a llama3 rule {rope_type: llama3, factor, low_freq_factor, high_freq_factor, "
@@ -187,6 +211,8 @@ def validate_train(train: TrainConfig, prefix: str = "train") -> None:
          "null (K/2, K, 2K) or a non-empty list of loop counts; to train without validation set "
          "train.eval_interval: 0")
     need(train.nan_policy in ("skip", "stop"), "nan_policy", "'skip' or 'stop'")
+    need(train.schedule_on_resume in CHOICES["train.schedule_on_resume"], "schedule_on_resume",
+         "'rederive' or 'continue_decay'")
     need(train.max_consecutive_nonfinite >= 1, "max_consecutive_nonfinite", "a positive integer")
     need(train.wall_time_limit_s is None or train.wall_time_limit_s > 0, "wall_time_limit_s",
          "null or a positive number of seconds")
@@ -196,6 +222,10 @@ def validate_train(train: TrainConfig, prefix: str = "train") -> None:
          f"at most {MAX_TIMEOUT_S:,.0f} seconds (7 days)")
     need(0 <= train.seed <= MAX_SEED, "seed", f"an integer in [0, 2^32 - 1 = {MAX_SEED}] (numpy's seed range)")
     need(train.loop_sampling in LOOP_SAMPLINGS, "loop_sampling", f"one of {LOOP_SAMPLINGS}")
+    for key in ("shortcut_short_loss_weight", "shortcut_consistency_weight"):  # LoopFormer (model/shortcut.py)
+        need(0 <= getattr(train, key) < float("inf"), key, "a finite number >= 0 (LoopFormer: 0.1)")
+        need(train.shortcut_consistency or getattr(train, key) == 0.1, key, "its default 0.1 unless "
+             "train.shortcut_consistency is true (the weight is unused without LoopFormer's objective)")
     need(train.loop_sampling_sigma > 0, "loop_sampling_sigma", "a positive float (log-normal sigma)")
     need(train.loop_sampling_min >= 1, "loop_sampling_min", "an integer >= 1")
     need(train.loop_sampling_min <= MAX_LOOPS, "loop_sampling_min", f"at most {MAX_LOOPS}")
@@ -205,6 +235,10 @@ def validate_train(train: TrainConfig, prefix: str = "train") -> None:
          f"null or at most {MAX_LOOPS}")
     need(train.backprop_loops is None or train.backprop_loops >= 1, "backprop_loops",
          "null (backpropagate through every loop) or an integer >= 1")
+    need(train.exit_gate_objective in EXIT_GATE_OBJECTIVES, "exit_gate_objective", f"one of {EXIT_GATE_OBJECTIVES}")
+    need(train.exit_entropy_beta >= 0, "exit_entropy_beta", "a float >= 0 (Ouro's entropy weight, 0.1)")
+    need(train.exit_gate_k > 0, "exit_gate_k", "a positive float (Ouro's slope k, 50)")
+    need(train.exit_gate_gamma >= 0, "exit_gate_gamma", "a float >= 0 (Ouro's improvement margin gamma, 0.005)")
     if train.loop_sampling == "fixed":  # the sampling settings would be silently unused
         defaults = type(train)()
         for key in ("loop_sampling_sigma", "loop_sampling_min", "loop_sampling_max"):
@@ -230,6 +264,8 @@ def validate_data(data: DataConfig, prefix: str = "data") -> None:
     if data.worker_timeout_s > MAX_TIMEOUT_S:
         raise LoopConfigError(f"{prefix}.worker_timeout_s={data.worker_timeout_s}: expected at most "
                               f"{MAX_TIMEOUT_S:,.0f} seconds (7 days)")
+    if not data.max_epochs > 0:
+        raise LoopConfigError(f"{prefix}.max_epochs={data.max_epochs}: expected a positive number of epochs")
     check_prefixes(data, os.path.normpath, prefix)
 
 
@@ -296,6 +332,25 @@ def check_loop_sampling(cfg: Config) -> None:
             f"and Parcae use, or train.backprop_loops {no_truncation}")
 
 
+def check_shortcut_consistency(cfg: Config) -> None:
+    """LoopFormer's objective (model/shortcut.py) trains the full trajectory of K loops and a short one:
+    K >= 2, every loop graphed, no other objective."""
+    t, m = cfg.train, cfg.model
+    if not t.shortcut_consistency:
+        return
+    where = "train.shortcut_consistency=true"
+    if m.train_loops < 2:
+        raise LoopConfigError(f"{where} with model.train_loops={m.train_loops}: expected train_loops >= 2 (a short "
+                              "trajectory has 1..K-1 steps)")
+    if t.loop_sampling != "fixed" or t.backprop_loops is not None:
+        raise LoopConfigError(f"{where} with train.loop_sampling={t.loop_sampling!r}, train.backprop_loops="
+                              f"{t.backprop_loops}: expected 'fixed' and null (LoopFormer's full trajectory is the "
+                              "K training loops with full backpropagation; the short one varies the depth)")
+    if getattr(m, "exit_gate", "none") != "none":
+        raise LoopConfigError(f"{where} with model.exit_gate={m.exit_gate!r}: expected 'none' (one training "
+                              "objective at a time: LoopFormer's or Ouro's)")
+
+
 def check_history_window(cfg: Config) -> None:
     """A training step with r loops reads at most r - 2 past states (m_l = min(w, max(l - 1, 0)),
     Eq. history_state_injection), so lags far past the largest training loop count are parameters
@@ -307,6 +362,16 @@ def check_history_window(cfg: Config) -> None:
             f"model.history_window={m.history_window}: expected at most the largest training loop count {high} "
             f"(model.train_loops={m.train_loops}): a step of r loops reads at most r - 2 past states "
             "(m_l = min(w, max(l - 1, 0))), so the lags beyond are never trained")
+
+
+def check_exit_gate(cfg: Config) -> None:
+    """Ouro's gate and its objective come together (a gate without one would never train), and on TP = 1."""
+    gate, objective = cfg.model.exit_gate, cfg.train.exit_gate_objective
+    if (gate == "learned") != (objective != "none"):
+        raise LoopConfigError(f"train.exit_gate_objective={objective!r} with model.exit_gate={gate!r}: expected "
+                              "entropy_regularized or adaptive_gate exactly when the exit gate is learned")
+    if gate == "learned" and cfg.parallel.tensor_model_parallel_size > 1:
+        raise LoopConfigError(EXIT_GATE_TP_REFUSAL)
 
 
 def validate_config(cfg: Config) -> None:
@@ -323,7 +388,14 @@ def validate_config(cfg: Config) -> None:
             f"train.seq_length={cfg.train.seq_length}: expected at most the model's maximum context "
             f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
     check_loop_sampling(cfg)
+    check_shortcut_consistency(cfg)
     check_history_window(cfg)
+    if cfg.model.initial_state == "noise" and cfg.parallel.tensor_model_parallel_size > 1:
+        raise LoopConfigError(NOISE_STATE_TP_REFUSAL)
+    if cfg.model.initial_state == "noise" and getattr(cfg.train, "shortcut_consistency", False):
+        raise LoopConfigError("model.initial_state='noise' with train.shortcut_consistency=true: expected one of them "
+                              "(LoopFormer's objective runs its trajectories without the step's noise seed)")
+    check_exit_gate(cfg)
     if cfg.train.eval_loops is None:
         k = cfg.model.train_loops
         loops = {max(1, k // 2), k, 2 * k}

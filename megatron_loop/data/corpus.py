@@ -146,16 +146,20 @@ def _interleave(rows: list[dict], key: str = "depth") -> list[dict]:
 
 
 def lm_eval_task_yaml(task: str, jsonl_path: Path, trained_depths: Iterable[int] = ()) -> str:
-    """A local lm-eval multiple-choice task reading ``jsonl_path`` (absolute: lm-eval resolves
-    ``data_files`` against the working directory, not the YAML's folder). ``trained_depths`` go into
-    the task's metadata, where the loop sweep reads which depths the training documents covered."""
+    """A local lm-eval multiple-choice task reading ``jsonl_path``, named by its file name: the YAML
+    is written next to it, so a copied corpus folder reads its own items (``tools/eval_loops.py``
+    resolves the path against the YAML's folder, megatron_loop/eval/harness.py; lm-eval alone
+    resolves ``data_files`` against the working directory). ``trained_depths`` go into the task's
+    metadata, where the loop sweep reads which depths the training documents covered."""
     depths = list(trained_depths)
     return (
+        "# data_files: relative to this folder (tools/eval_loops.py --include-path reads them from here;\n"
+        "# lm_eval itself reads them from the working directory: run it in this folder)\n"
         f"task: {TASK_NAMES[task]}\n"
         "dataset_path: json\n"
         "dataset_kwargs:\n"
         "  data_files:\n"
-        f"    test: {json.dumps(str(jsonl_path.resolve()))}\n"
+        f"    test: {json.dumps(jsonl_path.name)}\n"
         "test_split: test\n"
         "output_type: multiple_choice\n"
         # Column names, not templates: lm-eval reads a feature of that name directly.

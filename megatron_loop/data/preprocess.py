@@ -1,7 +1,9 @@
 """Tokenise documents into Megatron indexed datasets (``P.bin``/``P.idx``), App. C.1.
 
 Every document is encoded without BOS (``add_special_tokens=False``) and terminated with the
-tokenizer's EOS; one indexed sequence per document. Encoding is batched and spread over
+tokenizer's EOS; one indexed sequence per document. Text that spells a special token (a literal
+``<|endoftext|>`` in a web page) is encoded as the text it is (``split_special_tokens=True``): only
+the EOS appended here ends a document. Encoding is batched and spread over
 ``workers`` processes of one thread each (``Pool.imap`` keeps document order; the tokenizer's own
 Rust thread pool is off, so ``workers`` is the number of cores used). Token ids are stored as uint16
 when the vocabulary fits (megatron-core ``DType.optimal_dtype``), else int32.
@@ -54,7 +56,8 @@ def encode_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     Returning two arrays instead of nested lists keeps the pickling cost between processes small.
     """
     tok = _TOKENIZER
-    ids = tok(texts, add_special_tokens=False)["input_ids"]
+    # split_special_tokens: a literal "<|endoftext|>" in a document is text, not an EOS inside it
+    ids = tok(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     eos = tok.eos_token_id
     lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
     flat = np.fromiter(itertools.chain.from_iterable(x + [eos] for x in ids), dtype=np.int32,
@@ -313,6 +316,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
 def check_output_prefix(prefix: str, validation: bool, overwrite: bool) -> None:
     """Before any input is read: the prefix's folder is a folder, and its files (and those of the
     ``_valid`` prefix) are not replaced without ``--overwrite``."""
+    if prefix.endswith(("/", os.sep)) or Path(prefix).is_dir() or Path(prefix).name in ("", ".", ".."):
+        # "data/" would write the hidden files data/.bin, data/.idx and data/.stats.json
+        raise LoopDataError(f"--output-prefix {prefix}: names a folder; expected a path prefix such as "
+                            f"{Path(prefix) / 'corpus'} (writes PREFIX.bin, PREFIX.idx and PREFIX.stats.json)")
     check_output_folder(Path(prefix).parent, "--output-prefix", "PREFIX.bin/.idx", given=prefix)
     names = [prefix + VALID_SUFFIX] if validation else []
     existing = [f"{p}{ext}" for p in [prefix, *names] for ext in (".bin", ".idx") if Path(f"{p}{ext}").exists()]

@@ -21,7 +21,11 @@ and token, which the effective depth does not count (docs/BENCHMARKS.md has deco
                               "heldout_loops_per_token", "task_loops_per_token",
                               "tasks": {task: percent}, "groups": {group: percent},
                               "tasks_stderr": {task: percent}, "groups_stderr": {group: percent},
-                              "heldout": {"loss", "perplexity", "sequences"}}}}
+                              "heldout": {"loss", "perplexity", "sequences"}}},
+     "exit_distribution": {"loops", "mean_pdf", "expected_loop", "mean_entropy", "tokens"}}  # q_exit only
+
+With ``q_exit`` (Ouro's Q-exit on a learned exit gate) and a held-out prefix, ``exit_distribution`` is
+the gate's learned depth distribution p(t|x) at r = cap, averaged over the held-out tokens.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from megatron_loop.eval.report import format_cell  # noqa: E402
 from megatron_loop.eval.sweep import SweepSession, SweepSettings, architecture  # noqa: E402
 from megatron_loop.eval.tasks import aggregate, aggregate_stderr  # noqa: E402
 
-EXIT_CRITERIA = ("kl", "cosine")
+EXIT_CRITERIA = ("kl", "cosine", "q_exit")  # q_exit: Ouro's Q-exit, thresholds q in [0, 1], a learned exit gate
 
 
 class LoopCounter:
@@ -83,13 +87,17 @@ def count_loops(model):
         handle.remove()
 
 
-def parse_thresholds(text: str) -> list[float]:
+def parse_thresholds(text: str, criterion: str = "kl") -> list[float]:
+    """Distances (kl, cosine): numbers >= 0; Ouro's Q-exit: cumulative exit probabilities q in [0, 1]."""
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         values = []
     if not values or any(not v >= 0 for v in values):
         raise LoopConfigError(f"--exit-thresholds {text!r}: expected comma-separated numbers >= 0, e.g. 1e-4,1e-3")
+    if criterion == "q_exit" and any(v > 1 for v in values):
+        raise LoopConfigError(f"--exit-thresholds {text!r} with --exit-criterion q_exit: expected probabilities q in "
+                              "[0, 1] (exit once the cumulative exit probability reaches q), e.g. 0.5,0.7,0.9")
     return values
 
 
@@ -106,6 +114,9 @@ def check_adaptive(session: SweepSession, criterion: str, max_loops: int) -> Non
     if session.model.config.model_type != "looplm":
         raise LoopConfigError(f"--exit-criterion {criterion}: a native {session.model.config.model_type} export is "
                               "NonLoop (one loop); adaptive exit needs a LoopLM export")
+    if criterion == "q_exit" and getattr(session.model.config, "exit_gate", "none") != "learned":
+        raise LoopConfigError("--exit-criterion q_exit: the export has no learned exit gate (model.exit_gate: "
+                              "learned, Ouro); use kl or cosine")
 
 
 def run_adaptive_sweep(session: SweepSession, settings: SweepSettings, criterion: str, thresholds: list[float],
@@ -142,9 +153,38 @@ def run_adaptive_sweep(session: SweepSession, settings: SweepSettings, criterion
             row["loops_per_token"] = loops
             row["effective_depth"] = None if loops is None else p + loops * s + c
             out["by_threshold"][threshold_key(threshold)] = row
+        if criterion == "q_exit" and settings.valid_prefix:
+            out["exit_distribution"] = learned_depth(model, settings, max_loops)
     finally:
         model.config.num_loops, model.config.exit_criterion, model.config.exit_threshold = None, "none", 0.0
     return out
+
+
+def learned_depth(model, settings: SweepSettings, loops: int) -> dict:
+    """Ouro's learned depth distribution on the held-out windows: p(t|x) of the exit gate at r = ``loops``
+    (no exit: the fixed model's trajectory) averaged over every predicted token, its mean exit loop
+    sum_t t p(t) and the mean per-token entropy H(p) in nats (``results["adaptive"]["exit_distribution"]``)."""
+    import torch
+
+    total, entropy, tokens = None, 0.0, 0
+
+    def hook(module, args, kwargs, output):
+        nonlocal total, entropy, tokens
+        pdf = output.exit_pdf.double().reshape(-1, output.exit_pdf.shape[-1])
+        total = pdf.sum(0) if total is None else total + pdf.sum(0)
+        entropy += float(-(pdf * pdf.clamp(min=1e-300).log()).sum())
+        tokens += pdf.shape[0]
+
+    model.config.num_loops, model.config.exit_criterion = loops, "none"
+    handle = model.register_forward_hook(hook, with_kwargs=True)
+    try:
+        heldout.heldout_loss(model, settings.valid_prefix, settings.seq_length, settings.valid_sequences,
+                             batch_size=settings.batch_size)
+    finally:
+        handle.remove()
+    mean = (total / tokens).tolist()
+    return {"loops": loops, "mean_pdf": mean, "expected_loop": sum((t + 1) * p for t, p in enumerate(mean)),
+            "mean_entropy": entropy / tokens, "tokens": tokens}
 
 
 def write_adaptive_outputs(results: dict, output: str | Path, others: list[dict] | None = None) -> list[Path]:

@@ -15,6 +15,7 @@ import functools
 import logging
 import math
 import os
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,7 +109,7 @@ def load_tasks(specs: list[TaskSpec], manager) -> dict:
     tasks, unreachable, reason = {}, [], ""
     for name in names:
         try:
-            loaded = manager.load([name])["tasks"]
+            loaded = manager.load([located_spec(manager, name)])["tasks"]
         except ConnectionError as e:  # datasets/huggingface_hub: offline mode or no network
             unreachable.append(name)
             reason = reason or _one_line(e)
@@ -124,6 +125,50 @@ def load_tasks(specs: list[TaskSpec], manager) -> dict:
                             f"local cache, and {why}: {reason}; run once with network access to cache them, or "
                             f"evaluate local tasks ({LOCAL_TASKS_HINT}), or --tasks none for held-out loss only")
     return tasks
+
+
+def _data_files_map(files, resolve):
+    """``data_files`` (a path, a list, or split -> path or list) with ``resolve`` applied to every path."""
+    if isinstance(files, dict):
+        return {split: _data_files_map(value, resolve) for split, value in files.items()}
+    if isinstance(files, list):
+        return [resolve(f) for f in files]
+    return resolve(files) if isinstance(files, str) else files
+
+
+def located_spec(manager, name: str):
+    """What to load task ``name`` by: its name, or, for a task YAML with local ``data_files``, its
+    config with each relative path taken from the YAML's folder (tools/make_corpus.py writes them
+    relative, so a copied corpus folder reads its own files; lm-eval itself takes them from the
+    working directory, although it resolves ``include:`` from the YAML's folder). An absolute path
+    outside the YAML's folder is read as written, with one line on stderr naming it: a copied
+    folder would otherwise read the original's files without a word."""
+    from lm_eval.tasks._index import Kind
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    entry = manager.task_index.get(name)
+    if entry is None or entry.yaml_path is None or entry.kind is not Kind.TASK:
+        return name
+    config = load_yaml(entry.yaml_path, resolve_func=True)
+    files = (config.get("dataset_kwargs") or {}).get("data_files")
+    if not files:
+        return name
+    folder = Path(entry.yaml_path).resolve().parent
+    outside = []
+
+    def resolve(path: str) -> str:
+        p = Path(path).expanduser()
+        if not p.is_absolute():
+            return str(folder / p) if (folder / p).exists() else path  # else lm-eval's reading (the cwd)
+        if not p.resolve().is_relative_to(folder):
+            outside.append(str(p))
+        return str(p)
+
+    config["dataset_kwargs"] = {**config["dataset_kwargs"], "data_files": _data_files_map(files, resolve)}
+    for path in outside:
+        print(f"note: lm-eval task {name!r} ({entry.yaml_path}) reads {path}: an absolute path outside the "
+              "task's folder, read as written", file=sys.stderr, flush=True)
+    return config
 
 
 # One short request decides whether the hub answers; without it every hub task retries for about

@@ -55,13 +55,62 @@ class SweepSettings:
                                    ("--valid-sequences", self.valid_sequences, 1)):
             if value is not None and value < least:
                 raise LoopConfigError(f"{name} {value}: expected an integer >= {least}")
-        if self.device is not None and self.device.split(":")[0] == "cuda":
-            import torch
+        if self.device is not None:
+            check_device(self.device)
+        for folder in self.include_paths:
+            check_task_folder(folder)
 
-            if not torch.cuda.is_available():
-                raise LoopConfigError(f"--device {self.device}: CUDA is not available on this machine (torch "
-                                      f"{torch.__version__}, CUDA build {torch.version.cuda or 'none'}); "
-                                      "expected --device cpu, or no --device (cuda when available)")
+
+def check_device(device: str) -> None:
+    """``--device``: cpu, or cuda[:N] where CUDA is there (torch names devices it has no backend for here)."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise LoopConfigError(f"--device {device}: not a device this tool runs on; expected cpu, cuda or cuda:N "
+                              "(default: cuda when available)")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise LoopConfigError(f"--device {device}: CUDA is not available on this machine (torch "
+                              f"{torch.__version__}, CUDA build {torch.version.cuda or 'none'}); "
+                              "expected --device cpu, or no --device (cuda when available)")
+
+
+def check_task_folder(folder: str) -> None:
+    """``--include-path``: a folder holding lm-eval task YAMLs (lm-eval itself ignores anything else
+    and then answers only "task not found")."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise LoopConfigError(f"--include-path {folder}: {'not a folder' if path.exists() else 'not found'}; "
+                              "expected a folder of lm-eval task YAML files (such as the demo's data/corpus/eval)")
+    if next(path.rglob("*.yaml"), None) is None:
+        raise LoopConfigError(f"--include-path {folder}: no *.yaml in it; expected a folder of lm-eval task YAML "
+                              "files (such as the demo's data/corpus/eval)")
+
+
+# An r beyond this many times K is refused unless asked for (--no-loop-limit): one forward at r
+# costs L(r)/L(K) forwards at the training depth, and the paper's sweeps stay within a few K (Sec. 3).
+LOOP_LIMIT_FACTOR = 16
+
+
+def check_loop_limit(model_dir: str | Path, config: dict, counts: dict[str, int]) -> None:
+    """Refuse a loop count ``counts[flag]`` above :data:`LOOP_LIMIT_FACTOR` x the export's K, before
+    the model is loaded (``--loops 100000`` ran for hours without a word). A native export is NonLoop
+    (r = 1 only, :func:`set_loops`)."""
+    if config.get("model_type") != "looplm":
+        return
+    k = int(config.get("train_loops") or 1)
+    p, s, c = (int(config.get(key) or 0) for key in ("prelude_layers", "core_layers", "coda_layers"))
+    limit = LOOP_LIMIT_FACTOR * k
+    for flag, r in counts.items():
+        if r is not None and r > limit:
+            cost = (p + r * s + c) / (p + k * s + c)
+            raise LoopConfigError(
+                f"{flag} {r}: r = {r:,} is {r / k:,.0f} x the training loop count K = {k} of "
+                f"{Path(model_dir) / 'config.json'} (each forward costs {cost:,.0f} x one at r = K); expected "
+                f"r <= {LOOP_LIMIT_FACTOR} K = {limit}, or pass --no-loop-limit to run it anyway")
 
 
 # Exports written before the training length was recorded; the paper trains at 2,048 (App. C.1).
@@ -101,8 +150,86 @@ def resolve_seq_length(settings: SweepSettings, model_dir: str | Path, config: d
     return []
 
 
+def _safetensors_header(path: Path) -> dict:
+    """Tensor name -> shape of one safetensors file, from its header (8-byte length, JSON), and
+    the file checked complete: the header's last data offset must end the file."""
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 8 <= size and n <= size - 8 else None
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        end = 8 + n + max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError, KeyError, TypeError, IndexError,
+            ValueError):  # not JSON, or JSON of another shape
+        raise LoopDataError(f"{path}: not a readable safetensors file ({size:,} bytes); expected the weights "
+                            "written by tools/convert_to_hf.py") from None
+    if size < end:
+        raise LoopDataError(f"{path}: truncated ({size:,} bytes; its header describes {end:,}); expected the "
+                            "complete file tools/convert_to_hf.py wrote")
+    return {k: list(v["shape"]) for k, v in tensors.items()}
+
+
+def _block(name: str) -> str:
+    """``model.core.2.mlp.up_proj.weight`` -> ``model.core.2.*`` (a block's tensors named once)."""
+    parts = name.split(".")
+    i = next((i for i, part in enumerate(parts) if part.isdigit()), None)
+    return name if i is None else ".".join(parts[:i + 1]) + ".*"
+
+
+def check_export(model_dir: str | Path) -> dict:
+    """An export folder as ``from_pretrained`` would read it, checked before it is: ``config.json``
+    (readable, and accepted by the config class: ``num_loops: 0`` is refused there), the model code
+    its ``auto_map`` names, complete safetensors files, and tensors whose names and shapes are those
+    of the architecture ``config.json`` describes (an edited ``core_layers`` would otherwise load
+    random blocks, reported only in transformers' MISSING table). Returns ``config.json``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(model_dir)
+    raw = export_config(folder)
+    where = folder / "config.json"
+    for ref in (raw.get("auto_map") or {}).values():
+        code = folder / (ref.split("--")[-1].rsplit(".", 1)[0] + ".py")
+        if not code.is_file():
+            raise LoopDataError(f"{code}: missing; {where} names it in auto_map (the model's code); expected the "
+                                "folder as tools/convert_to_hf.py wrote it")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise LoopDataError(f"{folder}: no *.safetensors files; expected a folder written by tools/convert_to_hf.py")
+    stored = {name: (f, shape) for f in files for name, shape in _safetensors_header(f).items()}
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=True)
+    except (ValueError, TypeError, KeyError) as e:  # the config class's own checks (LoopLMConfig)
+        raise LoopDataError(f"{where}: {' '.join(str(e).split())}") from None
+    aliases: dict[int, list] = {}  # tied parameters: one stored name serves all (lm_head = embeddings)
+    for name, param in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(param), []).append((name, list(param.shape)))
+    layout = (f"{raw.get('prelude_layers')}+{raw.get('core_layers')}x{raw.get('train_loops')}+"
+              f"{raw.get('coda_layers')}" if raw.get("model_type") == "looplm"
+              else f"{raw.get('model_type')}, {raw.get('num_hidden_layers')} layers")
+    missing = sorted({_block(names[0][0]) for names in aliases.values() if not any(n in stored for n, _ in names)})
+    known = {n for names in aliases.values() for n, _ in names} | set(model.state_dict())  # + buffers
+    unused = sorted({_block(n) for n in stored if n not in known})
+    if missing or unused:
+        what = "; ".join([*(["no weights for " + ", ".join(missing)] if missing else []),
+                          *(["weights it has no place for: " + ", ".join(unused)] if unused else [])])
+        raise LoopDataError(f"{folder}: the weights do not match {where} (layout {layout}): {what}; expected the "
+                            "config.json written with these weights (was it edited after the export?)")
+    for names in aliases.values():
+        for name, shape in names:
+            if name in stored and stored[name][1] != shape:
+                raise LoopDataError(f"{stored[name][0]}: {name} has shape {stored[name][1]}, {where} describes "
+                                    f"{shape}; expected the config.json written with these weights (vocab_size, "
+                                    "hidden_size, intermediate_size and the heads as exported)")
+    return raw
+
+
 def load_hf_model(model_dir: str | Path, device: str | None = None, dtype: str = "float32"):
-    """(model in eval mode on ``device``, tokenizer) from an exported folder (LoopLM or native)."""
+    """(model in eval mode on ``device``, tokenizer) from an exported folder (LoopLM or native),
+    checked first (:func:`check_export`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -110,7 +237,7 @@ def load_hf_model(model_dir: str | Path, device: str | None = None, dtype: str =
         raise LoopConfigError(f"--dtype {dtype!r}: expected float32, bfloat16 or float16")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model_dir = Path(model_dir)
-    export_config(model_dir)
+    check_export(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=True,
                                                  dtype=getattr(torch, dtype)).to(device).eval()
     try:

@@ -53,6 +53,10 @@ _BLOCK_RENAMES = {
     "mlp_gate.q": "mlp_gate.q",
     "attn_adaln.weight": "attn_adaln.weight",
     "mlp_adaln.weight": "mlp_adaln.weight",
+    "attn_adaln.bias": "attn_adaln.bias",  # LoopFormer's shortcut modulation (model.timestep: shortcut)
+    "mlp_adaln.bias": "mlp_adaln.bias",
+    "attn_residual_norm.weight": "attn_residual_norm.weight",  # Huginn's sandwich norms (model.block_norm)
+    "mlp_residual_norm.weight": "mlp_residual_norm.weight",
 }
 _QKV = "self_attention.linear_qkv.weight"
 _FC1 = "mlp.linear_fc1.weight"
@@ -69,7 +73,17 @@ _PARTS = ("prelude", "core", "coda")
 def is_native(cfg: ModelConfig) -> bool:
     """NonLoop (one loop) without any conditioning: a plain Llama / Qwen3 stack."""
     return (cfg.train_loops == 1 and cfg.initial_injection == "none" and cfg.history_injection == "none"
-            and cfg.timestep == "none")
+            and cfg.timestep == "none" and cfg.exit_gate == "none" and not huginn_fields(cfg))
+
+
+def huginn_fields(cfg: ModelConfig) -> dict:
+    """Huginn's export fields (model/initial_state.py, model/layers.py); empty at their defaults."""
+    if (cfg.block_norm, cfg.norm_core_output, cfg.initial_state) == ("pre", False, "prelude"):
+        return {}
+    from megatron_loop.model.initial_state import state_std  # loads transformers: only when an export is built
+
+    return dict(block_norm=cfg.block_norm, norm_core_output=cfg.norm_core_output, initial_state=cfg.initial_state,
+                initial_state_std=state_std(cfg), initial_state_seed=cfg.initial_state_seed)
 
 
 def rope_parameters(cfg: ModelConfig) -> dict:
@@ -110,7 +124,8 @@ def hf_config(cfg: ModelConfig, token_ids: dict | None = None, train_seq_length:
                         qk_norm=cfg.qk_norm, initial_injection=cfg.initial_injection,
                         history_injection=cfg.history_injection, history_window=cfg.history_window,
                         timestep=cfg.timestep, timestep_grid=cfg.timestep_grid,
-                        loop_gating_reference=cfg.loop_gating_reference, **token_ids)
+                        loop_gating_reference=cfg.loop_gating_reference, exit_gate=cfg.exit_gate, **huginn_fields(cfg),
+                        **token_ids)
 
 
 def model_config_from_hf(config) -> ModelConfig:
@@ -130,7 +145,14 @@ def model_config_from_hf(config) -> ModelConfig:
                       history_window=config.history_window, timestep=config.timestep,
                       timestep_grid=config.timestep_grid,
                       # absent from exports written before the switch existed: the original reading
-                      loop_gating_reference=getattr(config, "loop_gating_reference", "state"))
+                      loop_gating_reference=getattr(config, "loop_gating_reference", "state"),
+                      exit_gate=getattr(config, "exit_gate", "none"),  # Ouro's gate: absent from older exports
+                      # Huginn's fields, absent from older exports: the defaults
+                      block_norm=getattr(config, "block_norm", "pre"),
+                      norm_core_output=getattr(config, "norm_core_output", False),
+                      initial_state=getattr(config, "initial_state", "prelude"))
+        if fields["initial_state"] == "noise":
+            fields.update(initial_state_std=config.initial_state_std, initial_state_seed=config.initial_state_seed)
     elif config.model_type in ("llama", "qwen3"):
         fields.update(prelude_layers=0, core_layers=config.num_hidden_layers, train_loops=1, coda_layers=0,
                       qk_norm=config.model_type == "qwen3")
@@ -188,7 +210,8 @@ def to_hf_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[s
         for name, rows in zip(_FC1_PARTS, fc1_rows):
             out[dst + name] = take(src + _FC1).index_select(0, rows)
     for name in state:
-        if name.split(".")[0] in ("initial_injection", "history_injection", "loop_gating"):
+        if name.split(".")[0] in ("initial_injection", "history_injection", "loop_gating", "exit_gate",
+                                  "shortcut_embedding"):
             out["model." + name] = take(name)
     unused = sorted(set(state) - used)
     if unused:
@@ -220,7 +243,8 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], cfg: ModelConfig) -> d
         out[src + _QKV] = fuse(dst, _QKV_PARTS, qkv_rows)
         out[src + _FC1] = fuse(dst, _FC1_PARTS, fc1_rows)
     for name, tensor in hf_state.items():
-        if name.split(".")[1] in ("initial_injection", "history_injection", "loop_gating"):
+        if name.split(".")[1] in ("initial_injection", "history_injection", "loop_gating", "exit_gate",
+                                  "shortcut_embedding"):
             out[name[len("model."):]] = tensor
     return out
 

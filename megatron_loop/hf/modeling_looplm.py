@@ -19,6 +19,8 @@ Recurrence conditioning gamma_t (paper Sec. 5 and App. C.1), in any combination:
 * Loop Gating (LG)          h_{l+1} = h_l + g_l (y_l - h_l) Eq. (loop_level_timestep_gating)
 * Branch Gating (BG)        u+ = u + g Branch(Norm(u))      Eq. (branch_level_timestep_gating)
 * AdaLN                     u+ = u + g Branch((1+s) Norm(u)) Eq. (adaln_timestep_parameters)
+* LoopFormer's shortcut modulation (``timestep="shortcut"``): the same update with [g; s] = W c_l + b,
+  c_l = ShortcutEmbedding(t_l, dt_l) (Jeddi et al., ICLR 2026); ``loop_steps`` runs its step schedules
 
 One loop iteration (``LoopLMModel._loop_iteration``):
 
@@ -36,6 +38,13 @@ the cache (transformers' ``DynamicCache``) holds one layer slot per *executed bl
 occurrence*: slots ``0..p-1`` the Prelude, ``p + t·s + k`` Core layer k in loop t, then the
 Coda. ``config.num_hidden_layers`` is this count, L(r); decoding is exact at any r.
 
+Huginn (Geiping et al. 2025; its section below): ``block_norm="sandwich"`` (a norm after each residual sum
+too), ``norm_core_output`` (the Coda reads Norm(h^r)), ``initial_state="noise"`` (the recurrence starts from
+truncated-normal noise keyed by token position from ``initial_state_seed``, the Prelude output entering every
+loop through the initial-state injection; ``initial_state_seed=None`` draws from torch's global generator, as
+Huginn), and KV-cache sharing: ``kv_cache_loops=m`` gives the Core m loops of slots, loop t using those of
+t mod m (Huginn's "compress-s"), so the cache holds p + m·s + c slots at any r.
+
 Per-token adaptive exit (``exit_criterion`` ``kl`` | ``cosine`` with ``exit_threshold``; default
 ``none``): ``num_loops`` becomes a cap, and after each loop t a token whose output changed by less
 than the threshold exits (its state is frozen; ``TokenExit``). ``kl`` is KL(p_{t-1} || p_t) of the
@@ -48,6 +57,12 @@ of skipped loops are written with exactly those keys/values, so the cache stays 
 slot per block occurrence and cached decoding equals cache-free decoding. Compute is saved when
 every token of a forward has exited (the remaining loops are skipped); the cache is not smaller.
 
+Ouro's learned exit gate (``exit_gate="learned"``; Zhu et al. 2025, arXiv 2510.25741): lambda_t =
+sigmoid(w^T RMSNorm(h^t) + b) after every loop (``ExitGate``), the exit distribution p(t|x) =
+lambda_t prod_{j<t}(1 - lambda_j) with the remainder at r (``exit_distribution``; ``exit_pdf`` of the
+outputs, [b, s, r]) and Q-exit (``exit_criterion="q_exit"``, ``exit_threshold`` q in [0, 1]): a token exits
+at the first loop whose cumulative exit probability reaches q (``ExitCDF``), under the KV policy above.
+
 One-pass readouts (``LoopLMForCausalLM.loop_readouts``, ``readout_loops`` of ``LoopLMModel.forward``):
 where the trajectory h^1, h^2, ... does not depend on r (no timestep conditioning, or the ``prefix``
 grid with r <= K; ``readout_obstacle``), one forward at r_max that runs the Coda, the final norm and
@@ -59,6 +74,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -81,11 +97,18 @@ CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ 
 
 INITIAL_INJECTIONS = ("none", "scalar", "channel", "residual_channel", "dense")
 HISTORY_INJECTIONS = ("none", "scalar", "channel", "dense")
-TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln")
+TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln", "shortcut")  # shortcut: LoopFormer (ShortcutEmbedding)
 TIMESTEP_GRIDS = ("rescaled", "prefix")
-EXIT_CRITERIA = ("none", "kl", "cosine")
+EXIT_CRITERIA = ("none", "kl", "cosine", "q_exit")  # q_exit: Ouro, needs exit_gate="learned"
+EXIT_GATES = ("none", "learned")  # Ouro's learned exit gate (ExitGate)
 LOOP_GATING_REFERENCES = ("state", "injected")
 NUM_TIMESTEP_FEATURES = 8
+# Huginn (Geiping et al. 2025; its section below)
+BLOCK_NORMS = ("pre", "sandwich")
+INITIAL_STATES = ("prelude", "noise")
+# Huginn's state_init "like-init" under its "takase" init: TruncNormal(0, sigma_e^2, +-3 sigma_e) with the
+# embedding std sigma_e = sqrt(2 / (5d)), then times the embedding scale sqrt(d): std sqrt(2/5) at every width.
+HUGINN_STATE_STD = math.sqrt(2 / 5)
 
 
 # ======================================================================================
@@ -152,6 +175,13 @@ class LoopLMConfig(PretrainedConfig):
         exit_criterion: str = "none",
         exit_threshold: float = 0.0,
         loop_gating_reference: str = "state",
+        block_norm: str = "pre",
+        norm_core_output: bool = False,
+        initial_state: str = "prelude",
+        initial_state_std: float = HUGINN_STATE_STD,
+        initial_state_seed: int | None = 0,
+        kv_cache_loops: int | None = None,
+        exit_gate: str = "none",
         initializer_range: float = 0.02,
         hidden_act: str = "silu",
         use_cache: bool = True,
@@ -183,6 +213,17 @@ class LoopLMConfig(PretrainedConfig):
         # What Loop Gating mixes with the core output: the state h_l ("state"; exports written
         # before this field existed) or the injected core input u_l ("injected").
         self.loop_gating_reference = loop_gating_reference
+        # Huginn (Geiping et al. 2025; absent from exports written before they existed: these defaults):
+        # sandwich blocks, the final norm on h^r before the Coda, the recurrent state drawn from noise
+        # (position-keyed from initial_state_seed; None: torch's global generator), KV-cache sharing.
+        self.block_norm = block_norm
+        self.norm_core_output = norm_core_output
+        self.initial_state = initial_state
+        self.initial_state_std = initial_state_std
+        self.initial_state_seed = initial_state_seed
+        self.kv_cache_loops = kv_cache_loops
+        # Ouro's learned exit gate (``ExitGate``; absent from exports written before it existed: none)
+        self.exit_gate = exit_gate
         self.initializer_range = initializer_range
         self.hidden_act = hidden_act
         self.use_cache = use_cache
@@ -202,6 +243,8 @@ class LoopLMConfig(PretrainedConfig):
             raise ValueError(f"LoopLMConfig.exit_criterion={value!r}: expected one of {EXIT_CRITERIA}")
         elif key == "exit_threshold":
             _check_exit_threshold(value)
+        elif key == "kv_cache_loops":
+            _check_kv_cache_loops(value)
         if key in ("num_loops", "timestep_grid", "timestep"):
             fields = {**self.__dict__, key: value}
             _check_prefix_grid(fields.get("num_loops"), fields.get("train_loops"), fields.get("timestep"),
@@ -211,11 +254,14 @@ class LoopLMConfig(PretrainedConfig):
     def _check(self) -> None:
         choices = {"initial_injection": INITIAL_INJECTIONS, "history_injection": HISTORY_INJECTIONS,
                    "timestep": TIMESTEPS, "timestep_grid": TIMESTEP_GRIDS,
-                   "loop_gating_reference": LOOP_GATING_REFERENCES, "exit_criterion": EXIT_CRITERIA}
+                   "loop_gating_reference": LOOP_GATING_REFERENCES, "exit_criterion": EXIT_CRITERIA,
+                   "exit_gate": EXIT_GATES}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"LoopLMConfig.{key}={getattr(self, key)!r}: expected one of {allowed}")
         _check_exit_threshold(self.exit_threshold)
+        _check_huginn(self)
+        check_q_exit(self.exit_criterion, self.exit_threshold, self.exit_gate)
         # beta holds one entry per lag j = 1..w (Eq. history_state_injection): w = 0 has none
         window = self.history_window
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
@@ -234,10 +280,17 @@ class LoopLMConfig(PretrainedConfig):
         r = self.loops if num_loops is None else int(num_loops)
         return self.prelude_layers + r * self.core_layers + self.coda_layers
 
+    def kv_cache_slots(self, num_loops: int | None = None) -> int:
+        """KV-cache slots of a forward at r: one per executed block occurrence, L(r), or p + m·s + c
+        with KV-cache sharing over a budget of m loops (``kv_cache_loops``, Huginn)."""
+        r = self.loops if num_loops is None else int(num_loops)
+        return self.prelude_layers + kv_cache_loops(self, r) * self.core_layers + self.coda_layers
+
     @property
     def num_hidden_layers(self) -> int:
-        """Executed block occurrences L(r) = KV-cache slots (what ``DynamicCache(config=...)`` sizes)."""
-        return self.effective_depth()
+        """KV-cache slots (what ``DynamicCache(config=...)`` sizes): L(r) = executed block occurrences,
+        fewer with ``kv_cache_loops``."""
+        return self.kv_cache_slots()
 
 
 def _check_exit_threshold(threshold) -> None:
@@ -422,6 +475,18 @@ def timestep_features(num_loops: int, train_loops: int, grid: str, device=None,
         t_l = l / T, dt = 1 / T;  training T = K; ``rescaled`` T = r; ``prefix`` T = K, r <= K
         (App. C.1). The training model uses this function too (``megatron_loop/model/conditioning.py``).
     """
+    return psi_features(*timestep_times(num_loops, train_loops, grid))[:num_loops].to(device=device, dtype=dtype)
+
+
+def timestep_times(num_loops: int, train_loops: int, grid: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t_l, dt_l) for l = 0..T-1, float64 on the host: the grids of App. C.1 (t_l = l / T, dt = 1 / T;
+    ``rescaled`` T = r, ``prefix`` T = K with r <= K), shared by psi (:func:`timestep_features`) and
+    LoopFormer's shortcut modulation (:class:`ShortcutEmbedding`, where the rescaled grid is its
+    uniform inference schedule of budget r). Loop l reads row l; callers compute their features over
+    the whole horizon and keep the first r rows, so that the prefix grid's features of loop l are the
+    same computation (bitwise) whatever r is, which one-pass readouts (``LoopLMModel.forward``'s
+    ``readout_loops``) rely on (a vectorised sin or matmul may round a row differently in a shorter
+    tensor); rescaled has T = r, so nothing changes there."""
     if num_loops < 1:
         raise ValueError(f"num_loops={num_loops}: expected an integer >= 1")
     if grid == "rescaled":
@@ -434,14 +499,14 @@ def timestep_features(num_loops: int, train_loops: int, grid: str, device=None,
         horizon = train_loops
     else:
         raise ValueError(f"timestep_grid={grid!r}: expected one of {TIMESTEP_GRIDS}")
-    # Over the whole horizon, then the first r rows: the prefix grid's psi_l is then the same
-    # computation (bitwise) whatever r is, which one-pass readouts (``LoopLMModel.forward``'s
-    # ``readout_loops``) rely on; rescaled has horizon = r, so nothing changes there.
     t = torch.arange(horizon, dtype=torch.float64) / horizon
-    dt = torch.full_like(t, 1.0 / horizon)
-    psi = torch.stack([t, dt, t * t, dt * dt, t * dt, torch.sin(math.pi * t),
-                       torch.cos(math.pi * t) - 1, torch.sin(2 * math.pi * t)], dim=-1)[:num_loops]
-    return psi.to(device=device, dtype=dtype)
+    return t, torch.full_like(t, 1.0 / horizon)
+
+
+def psi_features(t: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+    """psi(t, dt) [r, 8] of Eq. (timestep_features) at given times and step sizes (float64 in, float64 out)."""
+    return torch.stack([t, dt, t * t, dt * dt, t * dt, torch.sin(math.pi * t),
+                        torch.cos(math.pi * t) - 1, torch.sin(2 * math.pi * t)], dim=-1)
 
 
 def readout_obstacle(config: LoopLMConfig, loops, timestep_grid: str | None = None) -> str | None:
@@ -454,10 +519,13 @@ def readout_obstacle(config: LoopLMConfig, loops, timestep_grid: str | None = No
     exit decides from successive states, with r a cap. So h^r of the run at r is h^r of the run at
     r_max exactly when psi_0..psi_{r-1} do not depend on r: always without timestep conditioning;
     on the ``prefix`` grid (t_l = l / K, App. C.1) for r <= K; never on the ``rescaled`` grid with
-    two loop counts (t_l = l / r, dt = 1 / r for Loop Gating, Branch Gating and AdaLN alike).
+    two loop counts (t_l = l / r, dt = 1 / r for Loop Gating, Branch Gating, AdaLN and LoopFormer's
+    shortcut modulation alike).
     """
     loops = sorted({int(r) for r in loops})
     grid = timestep_grid or config.timestep_grid
+    if len(loops) >= 2 and huginn_readout_obstacle(config) is not None:
+        return huginn_readout_obstacle(config)
     if config.timestep == "none" or len(loops) < 2:
         return None
     if grid == "prefix":
@@ -554,16 +622,102 @@ class BranchGating(nn.Module):
 
 
 class AdaLN(nn.Module):
-    """AdaLN of one residual branch, Eq. (adaln_timestep_parameters): [g - 1; s] = W psi_l, W [2d, 8]."""
+    """AdaLN of one residual branch, Eq. (adaln_timestep_parameters): [g - 1; s] = W psi_l, W [2d, 8].
 
-    def __init__(self, d: int):
+    Parametrised (:func:`adaln_arguments`) it is also LoopFormer's shortcut modulation of the branch,
+    [g; s] = W c_l + b with W [2d, d] and c_l = :class:`ShortcutEmbedding` (t_l, dt_l): ``features`` is
+    the width of the conditioning input, ``bias`` adds b, and the gate is ``gate_offset`` + its rows
+    (1 here, 0 in LoopFormer, whose gate is the raw output)."""
+
+    def __init__(self, d: int, features: int = NUM_TIMESTEP_FEATURES, bias: bool = False, gate_offset: float = 1.0):
         super().__init__()
         self.d = d
-        self.weight = nn.Parameter(torch.zeros(2 * d, NUM_TIMESTEP_FEATURES))
+        self.gate_offset = gate_offset
+        self.weight = nn.Parameter(torch.zeros(2 * d, features))
+        self.bias = nn.Parameter(torch.zeros(2 * d)) if bias else None
 
     def forward(self, psi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.weight @ psi.to(self.weight.dtype)
-        return 1 + out[: self.d], out[self.d:]
+        if self.bias is not None:
+            out = out + self.bias
+        return self.gate_offset + out[: self.d], out[self.d:]
+
+
+# ======================================================================================
+# ---- LoopFormer (Jeddi et al., ICLR 2026): shortcut modulation on (t, dt) ----
+# ======================================================================================
+# "LoopFormer: Elastic-Depth Looped Transformers for Latent Reasoning via Shortcut Modulation";
+# compared with armenjeddi/loopformer models/loopformer.py (TimestepEmbedder, LoopFormerBlock,
+# GPT.forward). Training (variable-length trajectories, shortcut consistency) is in the training
+# stack (megatron_loop/model/shortcut.py); the export runs budget r on the uniform schedule dt = 1/r.
+
+SHORTCUT_FREQUENCIES = 256  # LoopFormer's frequency_embedding_size
+SHORTCUT_MAX_PERIOD = 10000.0
+
+
+def sinusoidal_embedding(x: torch.Tensor, dim: int = SHORTCUT_FREQUENCIES,
+                         max_period: float = SHORTCUT_MAX_PERIOD) -> torch.Tensor:
+    """[cos(x f_j); sin(x f_j)] [n, dim] in fp32, f_j = max_period^(-j / (dim/2)), j < dim/2 (DiT's and
+    LoopFormer's ``TimestepEmbedder.timestep_embedding``, cos first; dim even)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=x.device) / half)
+    args = x.float()[:, None] * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+class ShortcutEmbedding(nn.Module):
+    """LoopFormer's conditioning of loop l on its normalised time t_l and step size dt_l:
+
+        c_l = SiLU(E_t(t_l) + E_dt(dt_l)),   E(x) = W2 SiLU(W1 sinusoid_256(x) + b1) + b2,
+
+    W1 [d, 256], W2 [d, d] per embedder. t_l is the time reached before the step (t_0 = 0) and
+    dt_l = t_{l+1} - t_l; a trajectory sums to 1. Each core branch maps c_l to its gate and scale
+    with an :class:`AdaLN` of ``adaln_arguments("shortcut", d)``: u+ = u + g Branch((1 + s) Norm(u)),
+    Eq. (branch_timestep_modulation) with LoopFormer's [g; s] = W c_l + b (its ``adaLN_modulation``
+    = SiLU then Linear(d, 4d) per block; the SiLU, the same for every block, is applied here once).
+    2 (256 d + d^2 + 2 d) parameters, and 4 d^2 + 4 d per core layer."""
+
+    def __init__(self, d: int, frequencies: int = SHORTCUT_FREQUENCIES):
+        super().__init__()
+        self.frequencies = frequencies
+        self.time_embedder = nn.Sequential(nn.Linear(frequencies, d), nn.SiLU(), nn.Linear(d, d))
+        self.step_embedder = nn.Sequential(nn.Linear(frequencies, d), nn.SiLU(), nn.Linear(d, d))
+
+    def forward(self, t: torch.Tensor, dt: torch.Tensor, direct: bool = False) -> torch.Tensor:
+        """c_l [n, d] for times ``t`` and step sizes ``dt`` [n] (float64 or fp32). ``direct``: apply the
+        embedders' weights without calling them as modules (the training stack's loop dynamics read c_l
+        outside a forward, from weights ZeRO-3 gathered; a module call would run its hooks)."""
+        dtype = self.time_embedder[0].weight.dtype
+
+        def embed(mlp: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+            z = sinusoidal_embedding(x, self.frequencies).to(dtype)
+            if not direct:
+                return mlp(z)
+            return F.linear(F.silu(F.linear(z, mlp[0].weight, mlp[0].bias)), mlp[2].weight, mlp[2].bias)
+
+        return F.silu(embed(self.time_embedder, t) + embed(self.step_embedder, dt))
+
+
+def adaln_arguments(timestep: str, d: int) -> dict:
+    """The :class:`AdaLN` parametrisation of ``timestep``: this paper's (Eq. adaln_timestep_parameters,
+    psi in R^8, g = 1 + ..., no bias) or LoopFormer's shortcut modulation (c_l in R^d, bias, g = raw
+    output: a branch starts near zero, as LoopFormer's)."""
+    if timestep == "shortcut":
+        return dict(features=d, bias=True, gate_offset=0.0)
+    return {}
+
+
+def trajectory_times(steps, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t_l, dt_l) float64 of a trajectory of step sizes dt_l = n_l / H (``steps`` n_l: positive integers
+    summing to ``horizon`` H), t_l = (n_0 + ... + n_{l-1}) / H. LoopFormer's schedules: the full one
+    [1/K] * K (= the rescaled grid of r = K, bitwise), and the short ones of its training
+    (``utils.sample_short_trajectory``: step sizes in multiples of 1/K)."""
+    n = [int(x) for x in steps]
+    if not n or any(x < 1 for x in n) or sum(n) != horizon:
+        raise ValueError(f"loop_steps={list(steps)!r}: expected positive integers summing to {horizon} (step sizes "
+                         f"in units of 1/{horizon}, a trajectory from t = 0 to 1)")
+    units = torch.tensor(n, dtype=torch.float64)
+    return (torch.cumsum(units, 0) - units) / horizon, units / horizon
 
 
 # ======================================================================================
@@ -585,14 +739,17 @@ class TokenExit:
     """State of one adaptive forward: ``active`` [b, s] (tokens still looping), ``loops`` [b, s]
     (loops each token ran) and the latest keys/values of every Core layer.
 
-    ``readout`` maps states to logits (final norm + LM head) for the ``kl`` criterion.
+    ``readout`` maps states to logits (final norm + LM head) for the ``kl`` criterion, to the exit
+    gate's logit for ``q_exit`` (Ouro's Q-exit, ``ExitCDF``).
     """
 
     def __init__(self, criterion: str, threshold: float, h0: torch.Tensor, readout):
         self.criterion, self.threshold, self.readout = criterion, threshold, readout
         self.active = torch.ones(h0.shape[:-1], dtype=torch.bool, device=h0.device)
         self.loops = torch.zeros(h0.shape[:-1], dtype=torch.long, device=h0.device)
-        self.previous = self._output(h0)
+        # q_exit (Ouro): ``readout`` is the exit gate's logit, accumulated into CDF(t) (``ExitCDF``)
+        self.cdf = ExitCDF(h0.shape[:-1], h0.device) if criterion == "q_exit" else None
+        self.previous = None if self.cdf is not None else self._output(h0)
         self.latest: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _output(self, h: torch.Tensor) -> torch.Tensor:
@@ -602,6 +759,9 @@ class TokenExit:
         """After one loop: exited tokens keep ``h``; the others advance, and exit if converged."""
         h_next = torch.where(self.active[..., None], h_next, h)
         self.loops += self.active
+        if self.cdf is not None:  # Q-exit: CDF(t) >= q
+            self.active &= ~(self.cdf.update(self.readout(h_next)) >= self.threshold)
+            return h_next
         current = self._output(h_next)
         self.active &= ~(exit_distance(self.criterion, self.previous, current) < self.threshold)
         self.previous = current
@@ -633,24 +793,229 @@ class TokenExit:
 
 
 # ======================================================================================
+# ---- Ouro (Zhu et al. 2025): the learned exit gate, its exit distribution, Q-exit ----
+# ======================================================================================
+# Zhu et al. 2025, "Scaling Latent Reasoning via Looped Language Models", arXiv 2510.25741, Sec. 3.2
+# (gating mechanism) and Sec. 3.4 (Q-exit); compared with ByteDance's modeling_ouro.py
+# (``early_exit_gate``, the exit pdf and the ``exit_threshold`` branch of ``OuroForCausalLM.forward``).
+
+
+class ExitGate(nn.Module):
+    """Ouro's exit gate: the instantaneous exit probability after loop t (Sec. 3.2),
+
+        lambda_t = sigmoid(w^T RMSNorm(h^t) + b),   w [1, d], b [1].
+
+    As in Ouro (``early_exit_gate(norm(h))``) it reads the state through the model's final RMSNorm,
+    the normed state its LM head reads. With a Coda this stack's head reads C(h^t) instead; the gate
+    stays on the recurrent state so that a token's exit decision depends on its own state only (the
+    Coda's attention mixes tokens, which the per-token exit and its KV cache cannot replay,
+    ``TokenExit``). Initialised as Ouro's ``nn.Linear(d, 1)`` under transformers' init: weight
+    N(0, initializer_range), bias 0, so lambda starts near 1/2. Returns the fp32 logit [...]."""
+
+    def __init__(self, d: int, std: float | None = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1, d))
+        self.bias = nn.Parameter(torch.zeros(1))
+        if std is not None:
+            with torch.no_grad():
+                self.weight.normal_(0.0, std)
+
+    def forward(self, normed: torch.Tensor) -> torch.Tensor:
+        return F.linear(normed, self.weight.to(normed.dtype), self.bias.to(normed.dtype)).squeeze(-1).float()
+
+
+def exit_log_distribution(gate_logits: torch.Tensor) -> torch.Tensor:
+    """log p(t|x) of Ouro's exit distribution over t = 1..T from the gate logits [..., T] (Sec. 3.2):
+
+        p(t|x) = lambda_t S_{t-1}  (t < T),   p(T|x) = S_{T-1},   S_t = prod_{j<=t} (1 - lambda_j),
+
+    the remainder going to the last step (modeling_ouro.py: ``p_i = remaining_prob`` at the last UT
+    step; lambda_T is not used). In log space (log lambda = logsigmoid(a), log(1 - lambda) =
+    logsigmoid(-a)): exact where lambda saturates, so the entropy of Stage I stays finite."""
+    a = gate_logits.to(torch.promote_types(gate_logits.dtype, torch.float32))  # fp32 at least (float64 stays)
+    log_exit, log_stay = F.logsigmoid(a), F.logsigmoid(-a)
+    zero = torch.zeros_like(log_stay[..., :1])
+    log_survival = torch.cat([zero, torch.cumsum(log_stay[..., :-1], dim=-1)], dim=-1)  # log S_{t-1}
+    return torch.cat([log_exit[..., :-1] + log_survival[..., :-1], log_survival[..., -1:]], dim=-1)
+
+
+def exit_distribution(gate_logits: torch.Tensor) -> torch.Tensor:
+    """p(t|x) [..., T] (:func:`exit_log_distribution`); sums to 1 over t."""
+    return exit_log_distribution(gate_logits).exp()
+
+
+class ExitCDF:
+    """Q-exit's running cumulative exit probability, per token (Ouro Sec. 3, its inference rule): after loop t,
+    CDF(t) = sum_{j<=t} p(j|x) = sum_{j<=t} lambda_j S_{j-1}; a token exits at the first t with
+    CDF(t) >= q (modeling_ouro.py: ``cumsum(pdf) >= exit_threshold``, the last step when never
+    reached). It needs lambda_1..lambda_t only, so the decision is made online, loop by loop, and
+    does not depend on the cap r (one-pass sweeps stay exact). q = 0 exits after the first loop."""
+
+    def __init__(self, shape, device):
+        self.cdf = torch.zeros(shape, dtype=torch.float32, device=device)
+        self.log_survival = torch.zeros(shape, dtype=torch.float32, device=device)  # log S_{t-1}
+
+    def update(self, gate_logit: torch.Tensor) -> torch.Tensor:
+        """Add loop t's p(t|x) = lambda_t S_{t-1}; returns CDF(t)."""
+        self.cdf = self.cdf + (self.log_survival + F.logsigmoid(gate_logit.float())).exp()
+        self.log_survival = self.log_survival + F.logsigmoid(-gate_logit.float())
+        return self.cdf
+
+
+def check_q_exit(criterion: str, threshold, exit_gate: str) -> None:
+    """Q-exit reads the learned gate, and its threshold q is a probability."""
+    if criterion != "q_exit":
+        return
+    if exit_gate != "learned":
+        raise ValueError("exit_criterion='q_exit' exits on the learned exit gate's cumulative exit probability: "
+                         f"expected exit_gate='learned', got {exit_gate!r}")
+    if not threshold <= 1:
+        raise ValueError(f"exit_threshold={threshold!r} with exit_criterion='q_exit': expected q in [0, 1] "
+                         "(a cumulative exit probability)")
+
+
+# ======================================================================================
+# ---- Huginn (Geiping et al. 2025): sandwich blocks, a recurrent state drawn from noise, KV-cache sharing ----
+# ======================================================================================
+# Geiping et al. 2025, "Scaling up Test-Time Compute with Latent Reasoning: A Recurrent Depth Approach",
+# arXiv 2502.05171, Sec. 3 (architecture) and Sec. 6 (KV-cache sharing); compared with
+# seal-rg/recurrent-pretraining, recpre/raven_modeling_minimal.py (SandwichBlock, RavenForCausalLM.
+# initialize_state / iterate_forward / core_block_forward, HuginnDynamicCache "compress-s") and
+# recpre/model_dynamic.py (RecurrentGPT: adapter init, state_init "like-init").
+
+
+def block_residual_norms(config) -> bool:
+    """Whether blocks carry Huginn's sandwich norms (``block_norm="sandwich"``; exports written before
+    the field existed: pre-norm)."""
+    return getattr(config, "block_norm", "pre") == "sandwich"
+
+
+def initial_state_noise(shape, std: float, generator: torch.Generator | None = None,
+                        device=None) -> torch.Tensor:
+    """Huginn's initial recurrent state s_0 ~ TruncNormal(0, std^2) truncated to [-3 std, 3 std]
+    (``initialize_state``: ``trunc_normal_(x, std=std, a=-3 std, b=3 std)``), fp32, drawn from
+    ``generator`` (torch's global generator when None, as Huginn)."""
+    x = torch.empty(shape, dtype=torch.float32, device=device)
+    return nn.init.trunc_normal_(x, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
+
+
+_NOISE_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def position_noise(seed: int, positions: torch.Tensor, hidden_size: int, max_positions: int, std: float,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """s_0 of the tokens at ``positions`` [b, s] -> [b, s, d]: row p of one table [max_positions, d] drawn
+    on the CPU from ``seed`` (:func:`initial_state_noise`). A token's noise depends on the seed and its
+    position only -- not on the batch, its padding, the device, or whether earlier tokens come from a KV
+    cache -- so cached decoding equals cache-free decoding and one-pass loop sweeps stay exact."""
+    if positions.numel() and int(positions.max()) >= max_positions:
+        raise ValueError(f"position {int(positions.max())}: the initial-state noise covers positions "
+                         f"< max_position_embeddings={max_positions}")
+    key = (int(seed), max_positions, hidden_size, float(std))
+    if key not in _NOISE_TABLES:
+        _NOISE_TABLES.clear()  # one table at a time: it is max_positions x d floats
+        _NOISE_TABLES[key] = initial_state_noise((max_positions, hidden_size), std,
+                                                 torch.Generator().manual_seed(int(seed)))
+    return _NOISE_TABLES[key][positions.cpu()].to(device=positions.device, dtype=dtype)
+
+
+def noise_initial_state(config, h0: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """The recurrence's first state under ``initial_state="noise"`` (Huginn: s_0 from noise, the Prelude
+    output e = h0 entering every step through the initial-state injection, Eq. (1) of Geiping et al.):
+    position-keyed noise of ``initial_state_seed`` (:func:`position_noise`), or with
+    ``initial_state_seed=None`` a fresh draw from torch's global generator, as Huginn's
+    ``initialize_state`` (each forward then differs: seed it with ``torch.manual_seed``)."""
+    b, s, d = h0.shape
+    if config.initial_state_seed is None:
+        return initial_state_noise((b, s, d), config.initial_state_std, None, h0.device).to(h0.dtype)
+    return position_noise(config.initial_state_seed, position_ids.expand(b, s), d, config.max_position_embeddings,
+                          config.initial_state_std, h0.dtype)
+
+
+def huginn_readout_obstacle(config) -> str | None:
+    """Noise drawn afresh by every forward (``initial_state_seed=None``) gives every r its own trajectory."""
+    if getattr(config, "initial_state", "prelude") == "noise" and config.initial_state_seed is None:
+        return ("the initial state is drawn from torch's global generator by every forward (initial_state_seed="
+                "None), so each r runs from other noise; set initial_state_seed to an integer")
+    return None
+
+
+def _check_huginn(config) -> None:
+    for key, allowed in (("block_norm", BLOCK_NORMS), ("initial_state", INITIAL_STATES)):
+        if getattr(config, key) not in allowed:
+            raise ValueError(f"LoopLMConfig.{key}={getattr(config, key)!r}: expected one of {allowed}")
+    std, seed, budget = config.initial_state_std, config.initial_state_seed, config.kv_cache_loops
+    if isinstance(std, bool) or not isinstance(std, (int, float)) or not std > 0:
+        raise ValueError(f"LoopLMConfig.initial_state_std={std!r}: expected a positive number")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"LoopLMConfig.initial_state_seed={seed!r}: expected an integer >= 0, or None")
+    if config.initial_state == "noise" and config.initial_injection == "none":
+        raise ValueError("LoopLMConfig.initial_state='noise' with initial_injection='none': the Prelude output "
+                         "would never reach the Core; expected an initial-state injection (Huginn's is 'dense')")
+    _check_kv_cache_loops(budget)
+
+
+def _check_kv_cache_loops(budget) -> None:
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise ValueError(f"LoopLMConfig.kv_cache_loops={budget!r}: expected None (one KV slot per loop) or an "
+                         "integer >= 1 (cache slots shared across loops)")
+
+
+def kv_cache_loops(config, num_loops: int) -> int:
+    """Loops with their own KV-cache slots: r, or the budget m of ``kv_cache_loops`` when smaller."""
+    budget = getattr(config, "kv_cache_loops", None)
+    return num_loops if budget is None else min(int(budget), num_loops)
+
+
+class OverwritingCache:
+    """KV-cache sharing across recurrences (Huginn Sec. 6, ``HuginnDynamicCache`` "compress-s"): with a
+    budget of m loops, Core layer k of loop t reads and writes the slot of loop t mod m. A slot reused
+    within one forward holds this forward's tokens already, from loop t - m: their entries are replaced
+    (Huginn overwrites entry [slot][position]), not appended. Earlier tokens keep the keys/values of the
+    last loop that wrote the slot for them, which the new tokens then attend to."""
+
+    def __init__(self, cache: Cache):
+        self.cache = cache
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, slot: int, *args, **kwargs):
+        layer = self.cache.layers[slot]
+        n = k.shape[-2]
+        layer.keys = torch.cat([layer.keys[..., : layer.keys.shape[-2] - n, :], k], dim=-2)
+        layer.values = torch.cat([layer.values[..., : layer.values.shape[-2] - n, :], v], dim=-2)
+        return layer.keys, layer.values
+
+
+def shared_kv_slot(config, cache: Cache | None, step: int):
+    """(first Core slot of loop ``step``, the cache its attention writes to) under ``kv_cache_loops``
+    (without a budget: slot p + step·s, appended to as always)."""
+    m = kv_cache_loops(config, step + 1)
+    first = config.prelude_layers + (step % m) * config.core_layers
+    return first, (OverwritingCache(cache) if cache is not None and step >= m else cache)
+
+
+# ======================================================================================
 # The block and the model
 # ======================================================================================
 
 
-def modulated_residual(u: torch.Tensor, norm, branch, modulation, psi) -> torch.Tensor:
+def modulated_residual(u: torch.Tensor, norm, branch, modulation, psi, residual_norm=None) -> torch.Tensor:
     """One residual branch with its timestep modulation, Eq. (branch_timestep_modulation):
 
         u+ = u + g * Branch((1 + s) * Norm(u)),
 
     (g, s) from ``modulation(psi)`` (BranchGating: s = 0, AdaLN); g = 1, s = 0 without modulation.
+    ``residual_norm`` (Huginn's sandwich block, ``block_norm="sandwich"``): u+ = Norm'(u + g * Branch(...)),
+    the residual stream normalised after the branch is added (SandwichBlock: x = norm_2(attn(norm_1(x)) + x)).
     The training model's block applies the same function."""
     x = norm(u)
     if modulation is None:
-        return u + branch(x)
-    gate, scale = modulation(psi)
-    if scale is not None:
-        x = x * (1 + scale.to(x.dtype))
-    return u + gate.to(u.dtype) * branch(x)
+        out = u + branch(x)
+    else:
+        gate, scale = modulation(psi)
+        if scale is not None:
+            x = x * (1 + scale.to(x.dtype))
+        out = u + gate.to(u.dtype) * branch(x)
+    return out if residual_norm is None else residual_norm(out)
 
 
 class LoopLMBlock(nn.Module):
@@ -664,11 +1029,14 @@ class LoopLMBlock(nn.Module):
         self.self_attn = LoopLMAttention(config)
         self.post_attention_layernorm = LoopLMRMSNorm(d, config.rms_norm_eps)
         self.mlp = LoopLMMLP(config)
+        # Huginn's sandwich block: norm_2 / norm_4 of SandwichBlock, after each residual sum
+        self.attn_residual_norm = LoopLMRMSNorm(d, config.rms_norm_eps) if block_residual_norms(config) else None
+        self.mlp_residual_norm = LoopLMRMSNorm(d, config.rms_norm_eps) if block_residual_norms(config) else None
         if timestep == "branch_gating":
             self.attn_gate, self.mlp_gate = BranchGating(), BranchGating()
-        elif timestep == "adaln":
-            self.attn_adaln, self.mlp_adaln = AdaLN(d), AdaLN(d)
-        self.modulation = timestep if timestep in ("branch_gating", "adaln") else None
+        elif timestep in ("adaln", "shortcut"):  # shortcut: LoopFormer's parametrisation of the same AdaLN
+            self.attn_adaln, self.mlp_adaln = (AdaLN(d, **adaln_arguments(timestep, d)) for _ in range(2))
+        self.modulation = {"branch_gating": "branch_gating", "adaln": "adaln", "shortcut": "adaln"}.get(timestep)
 
     def _branch_modulation(self, which: str):
         if self.modulation == "branch_gating":
@@ -681,8 +1049,9 @@ class LoopLMBlock(nn.Module):
                 psi: torch.Tensor | None = None, kv_merge=None) -> torch.Tensor:
         h = modulated_residual(h, self.input_layernorm,
                                lambda x: self.self_attn(x, rope, mask, cache, slot, kv_merge),
-                               self._branch_modulation("attn"), psi)
-        return modulated_residual(h, self.post_attention_layernorm, self.mlp, self._branch_modulation("mlp"), psi)
+                               self._branch_modulation("attn"), psi, self.attn_residual_norm)
+        return modulated_residual(h, self.post_attention_layernorm, self.mlp, self._branch_modulation("mlp"), psi,
+                                  self.mlp_residual_norm)
 
 
 @dataclass
@@ -692,6 +1061,8 @@ class LoopLMModelOutput(BaseModelOutputWithPast):
 
     exit_loops: torch.LongTensor | None = None
     readout_states: tuple[torch.Tensor, ...] | None = None
+    # Ouro's exit distribution p(t|x), t = 1..r, [b, s, r] (model with exit_gate="learned")
+    exit_pdf: torch.Tensor | None = None
 
 
 def _checked_readout_loops(loops, num_loops) -> list[int]:
@@ -708,9 +1079,11 @@ def _checked_readout_loops(loops, num_loops) -> list[int]:
 
 @dataclass
 class LoopLMCausalLMOutput(CausalLMOutputWithPast):
-    """``CausalLMOutputWithPast`` plus ``exit_loops`` [b, s]: loops each token ran (adaptive exit)."""
+    """``CausalLMOutputWithPast`` plus ``exit_loops`` [b, s]: loops each token ran (adaptive exit), and
+    ``exit_pdf`` [b, s, r]: Ouro's exit distribution p(t|x) (exit_gate="learned")."""
 
     exit_loops: torch.LongTensor | None = None
+    exit_pdf: torch.Tensor | None = None
 
 
 class LoopLMPreTrainedModel(PreTrainedModel):
@@ -725,6 +1098,23 @@ class LoopLMPreTrainedModel(PreTrainedModel):
         super().__init__(config, *inputs, **kwargs)
         _warn_if_untested_transformers(config)
 
+    def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
+        """``from_pretrained``: weights missing for, or unused by, the layout config.json describes
+        are an error (an edited ``core_layers`` would otherwise run randomly initialised blocks,
+        reported only in the MISSING/UNEXPECTED table). Added to transformers' own ``error_msgs``,
+        which ``from_pretrained`` raises before it prints that table."""
+        super()._adjust_missing_and_unexpected_keys(loading_info)
+        unused = {k for k in loading_info.unexpected_keys if not k.startswith("lm_head.")}  # AutoModel: no head
+        blocks = {kind: sorted({re.sub(r"^(.*?\.\d+)\..*$", r"\1.*", k) for k in keys}) for kind, keys in
+                  (("missing", loading_info.missing_keys), ("unused", unused))}
+        if blocks["missing"] or blocks["unused"]:
+            c = self.config
+            loading_info.error_msgs.append(
+                f"LoopLM weights do not match config.json (layout {c.prelude_layers}+{c.core_layers}x{c.train_loops}"
+                f"+{c.coda_layers}): missing {', '.join(blocks['missing']) or 'none'}; unused "
+                f"{', '.join(blocks['unused']) or 'none'}; expected the config.json written with these weights "
+                "(was it edited after the export?)")
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """N(0, initializer_range) linears/embeddings, unit norms, identity conditioning.
@@ -737,6 +1127,8 @@ class LoopLMPreTrainedModel(PreTrainedModel):
 
         if isinstance(module, (nn.Linear, nn.Embedding)):
             fill(module.weight, lambda t: t.normal_(0.0, std))
+            if getattr(module, "bias", None) is not None:  # LoopFormer's embedders (the backbone has no biases)
+                fill(module.bias, lambda t: t.zero_())
         elif isinstance(module, LoopLMRMSNorm):
             fill(module.weight, lambda t: t.fill_(1.0))
         elif isinstance(module, InitialStateInjection):
@@ -748,6 +1140,9 @@ class LoopLMPreTrainedModel(PreTrainedModel):
                     fill(p, lambda t: t.copy_(torch.cat([torch.eye(d), torch.zeros(d, d)], dim=1)))
                 else:
                     fill(p, lambda t: t.zero_())
+        elif isinstance(module, ExitGate):  # Ouro's nn.Linear(d, 1) under transformers' init
+            fill(module.weight, lambda t: t.normal_(0.0, std))
+            fill(module.bias, lambda t: t.zero_())
         elif isinstance(module, (HistoryStateInjection, LoopGating, BranchGating, AdaLN)):
             for p in module.parameters(recurse=False):
                 fill(p, lambda t: t.zero_())
@@ -793,6 +1188,10 @@ class LoopLMModel(LoopLMPreTrainedModel):
             self.history_injection = HistoryStateInjection(config.history_injection, d, config.history_window)
         if config.timestep == "loop_gating":
             self.loop_gating = LoopGating()
+        if config.timestep == "shortcut":  # LoopFormer (ShortcutEmbedding)
+            self.shortcut_embedding = ShortcutEmbedding(d)
+        if getattr(config, "exit_gate", "none") == "learned":  # Ouro (ExitGate)
+            self.exit_gate = ExitGate(d)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
@@ -800,6 +1199,21 @@ class LoopLMModel(LoopLMPreTrainedModel):
 
     def set_input_embeddings(self, value: nn.Module) -> None:
         self.embed_tokens = value
+
+    def _timestep_inputs(self, r: int, grid: str, device, loop_steps=None) -> torch.Tensor:
+        """What loop l's timestep modules read, row l of [r, .]: psi_l (Eq. timestep_features) or, for
+        LoopFormer's shortcut modulation, c_l = ShortcutEmbedding(t_l, dt_l) on the same grid; along the
+        trajectory ``loop_steps`` (step sizes n_l / K, :func:`trajectory_times`) when given."""
+        if loop_steps is not None:
+            t, dt = trajectory_times(loop_steps, self.config.train_loops)
+        elif self.config.timestep != "shortcut":
+            return timestep_features(r, self.config.train_loops, grid, device)
+        else:
+            t, dt = timestep_times(r, self.config.train_loops, grid)
+        if self.config.timestep != "shortcut":
+            return psi_features(t, dt).to(device=device, dtype=torch.float32)
+        # fp32 on the device (the sinusoids are fp32 anyway; some devices have no float64)
+        return self.shortcut_embedding(t.float().to(device), dt.float().to(device))[:r]
 
     def _first_core_slot(self, step: int) -> int:
         return self.config.prelude_layers + step * self.config.core_layers
@@ -812,7 +1226,7 @@ class LoopLMModel(LoopLMPreTrainedModel):
         if cfg.history_injection != "none" and past_states:
             u = u + self.history_injection(h, past_states)  # differences w.r.t. the state h_l
         y = u
-        first_slot = self._first_core_slot(step)
+        first_slot, cache = shared_kv_slot(cfg, cache, step)  # Huginn's KV-cache sharing (kv_cache_loops)
         for k, block in enumerate(self.core):
             merge = None if token_exit is None else (lambda kk, vv, layer=k: token_exit.merge(layer, kk, vv))
             y = block(y, rope, mask, cache, first_slot + k, psi, merge)
@@ -825,7 +1239,7 @@ class LoopLMModel(LoopLMPreTrainedModel):
                 inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
                 num_loops: int | None = None, timestep_grid: str | None = None,
                 output_hidden_states: bool | None = None, exit_criterion: str | None = None,
-                exit_threshold: float | None = None, exit_readout=None, readout_loops=None,
+                exit_threshold: float | None = None, exit_readout=None, readout_loops=None, loop_steps=None,
                 **kwargs) -> LoopLMModelOutput:
         """``exit_criterion`` / ``exit_threshold`` override the config per call; ``exit_readout``
         maps normed states to logits for the ``kl`` criterion (``LoopLMForCausalLM`` passes its head).
@@ -846,6 +1260,10 @@ class LoopLMModel(LoopLMPreTrainedModel):
                                  "pass no past_key_values / cache with it")
             num_loops, use_cache = readouts[-1], False
         r = cfg.loops if num_loops is None else int(num_loops)
+        if loop_steps is not None:  # LoopFormer: a budget of len(loop_steps) loops on its own schedule
+            if readouts is not None:
+                raise ValueError("loop_steps runs one schedule of step sizes; pass no readout_loops with it")
+            r = len(loop_steps)
         if r < 1:
             raise ValueError(f"num_loops={num_loops}: expected an integer >= 1")
         criterion = cfg.exit_criterion if exit_criterion is None else exit_criterion
@@ -853,6 +1271,7 @@ class LoopLMModel(LoopLMPreTrainedModel):
         if criterion not in EXIT_CRITERIA:
             raise ValueError(f"exit_criterion={criterion!r}: expected one of {EXIT_CRITERIA}")
         _check_exit_threshold(threshold)
+        check_q_exit(criterion, threshold, getattr(cfg, "exit_gate", "none"))
         if criterion == "kl" and exit_readout is None:
             raise ValueError("exit_criterion='kl' reads the next-token distribution out of each loop's state: "
                              "call LoopLMForCausalLM (it passes its LM head), or use 'cosine'")
@@ -865,9 +1284,12 @@ class LoopLMModel(LoopLMPreTrainedModel):
             past_key_values = DynamicCache()
         cache = past_key_values if use_cache else None
         past = cache.get_seq_length() if cache is not None else 0
-        if cache is not None and past and len(cache.layers) != cfg.effective_depth(r):
-            raise ValueError(f"the KV cache has {len(cache.layers)} block slots but num_loops={r} executes "
-                             f"{cfg.effective_depth(r)} blocks; keep num_loops fixed while decoding")
+        if cache is not None and past and len(cache.layers) != cfg.kv_cache_slots(r):
+            raise ValueError(f"the KV cache has {len(cache.layers)} block slots but num_loops={r} uses "
+                             f"{cfg.kv_cache_slots(r)}; keep num_loops fixed while decoding")
+        if cache is not None and criterion != "none" and kv_cache_loops(cfg, r) < r:
+            raise ValueError(f"kv_cache_loops={cfg.kv_cache_loops} with exit_criterion={criterion!r}: KV-cache "
+                             "sharing and per-token exit are not combined; set kv_cache_loops=None or use_cache=False")
 
         if position_ids is None:
             if attention_mask is not None and attention_mask.dim() == 2:  # left padding: count real tokens
@@ -876,24 +1298,30 @@ class LoopLMModel(LoopLMPreTrainedModel):
                 position_ids = torch.arange(past, past + s, device=inputs_embeds.device)[None].expand(b, s)
         rope = self.rotary_emb(position_ids, inputs_embeds.dtype)
         mask = _attention_mask(attention_mask, b, s, past, inputs_embeds.device)
-        psi_all = (timestep_features(r, cfg.train_loops, timestep_grid or cfg.timestep_grid, inputs_embeds.device)
+        psi_all = (self._timestep_inputs(r, timestep_grid or cfg.timestep_grid, inputs_embeds.device, loop_steps)
                    if cfg.timestep != "none" else None)
 
         h = inputs_embeds
         for i, block in enumerate(self.prelude):
             h = block(h, rope, mask, cache, i)
         h0 = h
-        trajectory = [h0] if output_hidden_states else None  # h^0, h^1, ..., h^r
+        if getattr(cfg, "initial_state", "prelude") == "noise":  # Huginn: s_0 from noise; h0 enters by injection
+            h = noise_initial_state(cfg, h0, position_ids)
+        trajectory = [h] if output_hidden_states else None  # h^0 (the first recurrent state), h^1, ..., h^r
         completed: list[torch.Tensor] = []  # h_1 .. h_l, for the history window
         w = cfg.history_window if cfg.history_injection != "none" else 0
-        token_exit = (None if criterion == "none" else
-                      TokenExit(criterion, threshold, h0, lambda x: exit_readout(self.norm(x))))
+        gate = getattr(self, "exit_gate", None)  # Ouro: lambda_t of every loop -> exit_pdf
+        gate_logits: list[torch.Tensor] = []
+        readout = (lambda x: gate(self.norm(x))) if criterion == "q_exit" else (lambda x: exit_readout(self.norm(x)))
+        token_exit = None if criterion == "none" else TokenExit(criterion, threshold, h, readout)
         read: dict[int, torch.Tensor] = {}  # loop count -> Coda + norm of its state (readout_loops)
         for step in range(r):
             past_states = history_window(completed, w) if w else []  # h_{l-1}, ..., h_{l-m_l}
             psi = psi_all[step] if psi_all is not None else None
             h_next = self._loop_iteration(h, h0, past_states, psi, step, rope, mask, cache, token_exit)
             h = h_next if token_exit is None else token_exit.step(h, h_next)
+            if gate is not None:
+                gate_logits.append(gate(self.norm(h)))
             if w:
                 completed = completed[-w:] + [h]
             if trajectory is not None:
@@ -908,16 +1336,22 @@ class LoopLMModel(LoopLMPreTrainedModel):
                     token_exit.fill(cache, self._first_core_slot, range(step + 1, r))
                 break
         h = read[r] if readouts is not None else self._coda(h, rope, mask, cache, r)
+        # every token exited early: its state, hence lambda, stays that of its last loop
+        exit_pdf = None if gate is None else exit_distribution(torch.stack(
+            gate_logits + gate_logits[-1:] * (r - len(gate_logits)), dim=-1))
         # ``hidden_states`` is the recurrent trajectory (h^0, ..., h^r), not per-block outputs (with
         # adaptive exit: up to the last loop any token ran).
         return LoopLMModelOutput(last_hidden_state=h, **{CACHE_FIELD: cache},
                                  hidden_states=tuple(trajectory) if trajectory is not None else None,
-                                 exit_loops=None if token_exit is None else token_exit.loops,
+                                 exit_loops=None if token_exit is None else token_exit.loops, exit_pdf=exit_pdf,
                                  readout_states=None if readouts is None else tuple(read[t] for t in readouts))
 
     def _coda(self, h: torch.Tensor, rope, mask, cache: Cache | None, r: int) -> torch.Tensor:
-        """C(h^r) and the final norm; the Coda's cache slots follow the r loops' (p + r·s + j)."""
-        coda_slot = self.config.prelude_layers + r * self.config.core_layers
+        """C(h^r) and the final norm; the Coda's cache slots follow the r loops' (p + r·s + j; p + m·s + j
+        with KV-cache sharing). ``norm_core_output``: C reads Norm(h^r), the final norm applied twice (Huginn)."""
+        coda_slot = self.config.prelude_layers + kv_cache_loops(self.config, r) * self.config.core_layers
+        if getattr(self.config, "norm_core_output", False):
+            h = self.norm(h)
         for j, block in enumerate(self.coda):
             h = block(h, rope, mask, cache, coda_slot + j)
         return self.norm(h)
@@ -952,16 +1386,18 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
                 use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
                 num_loops: int | None = None, timestep_grid: str | None = None,
                 output_hidden_states: bool | None = None, exit_criterion: str | None = None,
-                exit_threshold: float | None = None, **kwargs) -> LoopLMCausalLMOutput:
+                exit_threshold: float | None = None, loop_steps=None, **kwargs) -> LoopLMCausalLMOutput:
         """Logits ``[b, s, V]``; with ``labels`` the mean next-token cross-entropy (labels[:, t] is
         token t; -100 ignored). ``num_loops`` / ``timestep_grid`` / ``exit_criterion`` /
         ``exit_threshold`` override the config per call; ``exit_loops`` [b, s] holds the loops each
-        token ran under adaptive exit."""
+        token ran under adaptive exit. ``loop_steps`` (LoopFormer's step schedules: positive integers
+        n_l summing to K, step sizes n_l / K) runs len(loop_steps) loops at t_l = (n_0 + ... +
+        n_{l-1}) / K, dt_l = n_l / K instead of the grid of ``num_loops``."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=_take_cache(past_key_values, kwargs), inputs_embeds=inputs_embeds, use_cache=use_cache,
                          num_loops=num_loops, timestep_grid=timestep_grid,
                          output_hidden_states=output_hidden_states, exit_criterion=exit_criterion,
-                         exit_threshold=exit_threshold, exit_readout=self.lm_head)
+                         exit_threshold=exit_threshold, exit_readout=self.lm_head, loop_steps=loop_steps)
         h = out.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(h[:, keep, :])
@@ -972,7 +1408,8 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(shift.reshape(-1, shift.shape[-1]), labels[:, 1:].reshape(-1).to(shift.device),
                                    ignore_index=-100)
         return LoopLMCausalLMOutput(loss=loss, logits=logits, **{CACHE_FIELD: getattr(out, CACHE_FIELD)},
-                                    hidden_states=out.hidden_states, exit_loops=out.exit_loops)
+                                    hidden_states=out.hidden_states, exit_loops=out.exit_loops,
+                                    exit_pdf=out.exit_pdf)
 
     def readout_obstacle(self, loops, timestep_grid: str | None = None) -> str | None:
         """Why :meth:`loop_readouts` cannot serve ``loops`` (None: it can); :func:`readout_obstacle`."""
@@ -998,4 +1435,5 @@ LoopLMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 __all__ = ["LoopLMConfig", "LoopLMModel", "LoopLMForCausalLM", "LoopLMPreTrainedModel", "timestep_features",
            "readout_obstacle",
            "history_window", "modulated_residual", "InitialStateInjection", "HistoryStateInjection", "LoopGating", "BranchGating", "AdaLN",
-           "TokenExit", "exit_distance"]
+           "TokenExit", "exit_distance", "ShortcutEmbedding", "adaln_arguments", "timestep_times", "trajectory_times",
+           "psi_features", "ExitGate", "ExitCDF", "exit_distribution", "exit_log_distribution"]

@@ -14,10 +14,23 @@ Criteria (``exit_criterion``):
     the model's prediction with r = t; with a Coda it is a "logit lens" of the state. Skipping the
     Coda keeps the decision per token -- the Coda's attention would make one token's exit depend
     on the probe states of the others, which a KV cache cannot replay.
+    Compared with Huginn's ``kl`` criterion (same direction, KL(p_{t-1} || p_t) summed over the
+    vocabulary; exit when strictly below the threshold; r a cap): Huginn (i) reads p_t through
+    ``predict_from_latents`` = final norm, Coda, final norm, head, with the Coda's KV cache;
+    (ii) starts from the uniform p_0; (iii) decides per sequence on its last token while generating
+    (a batch loops until every sequence exited), not per token of every forward; (iv) defaults the
+    threshold to 5e-4 ("auto"; 1e-6 for its ``minp-kl`` variant, which first flattens the
+    probabilities below 0.1 max p to 1/V). Its other criteria (entropy-diff, latent-diff,
+    argmax-stability) are not offered here; ``cosine`` plays the role of latent-diff on the state.
 ``cosine``
     1 - cos(h^{t-1}, h^t) of successive recurrent states (no readout; the cheapest criterion).
+``q_exit``
+    Ouro's Q-exit (Zhu et al. 2025; ``model.exit_gate: learned``): exit at the first loop t whose
+    cumulative exit probability CDF(t) = sum_{j<=t} p(j|x) reaches q = ``exit_threshold`` in [0, 1]
+    (``modeling_looplm.ExitCDF``); the gate reads the token's own normed state, so the decision stays
+    per token. Unlike the distances above, q = 0 exits every token after one loop.
 
-A token exits when the distance is *strictly* below the threshold (distances are clamped at 0):
+A token exits (kl, cosine) when the distance is *strictly* below the threshold (distances are clamped at 0):
 ``exit_threshold = 0`` never exits (the fixed-r model, bit for bit) and a huge threshold exits
 every token after its first loop. Every token runs at least one loop; the timestep grid stays
 that of the cap r.
@@ -43,14 +56,19 @@ from torch import nn
 
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.hf.modeling_looplm import EXIT_CRITERIA
+from megatron_loop.hf.modeling_looplm import check_q_exit
 from megatron_loop.hf.modeling_looplm import TokenExit as _TokenExit
 
 
-def check_exit(criterion: str, threshold: float) -> None:
+def check_exit(criterion: str, threshold: float, exit_gate: str = "none") -> None:
     if criterion not in EXIT_CRITERIA:
         raise LoopConfigError(f"exit_criterion={criterion!r}: expected one of {EXIT_CRITERIA}")
     if not threshold >= 0:  # also refuses NaN
         raise LoopConfigError(f"exit_threshold={threshold!r}: expected a number >= 0")
+    try:
+        check_q_exit(criterion, threshold, exit_gate)  # Ouro's Q-exit: a learned gate, q <= 1
+    except ValueError as e:
+        raise LoopConfigError(str(e)) from None
 
 
 class TokenExit(_TokenExit):

@@ -15,6 +15,9 @@ Timestep conditioning:
   * :class:`LoopGating` -- g_l = 1 + q^T psi_l, Eq. (loop_level_timestep_gating).
   * :class:`BranchGating` -- per core layer and branch scalar gate, Eq. (branch_level_timestep_gating).
   * :class:`AdaLN` -- [g - 1; s] = W psi_l, Eq. (adaln_timestep_parameters).
+  * LoopFormer's shortcut modulation (``model.timestep: shortcut``, Jeddi et al., ICLR 2026):
+    :class:`ShortcutEmbedding` c_l = SiLU(E_t(t_l) + E_dt(dt_l)) and, per branch, the same
+    :class:`AdaLN` parametrised as [g; s] = W c_l + b (the export's ``adaln_arguments``).
 BranchGating and AdaLN modulate the residual branch u+ = u + g * Branch((1 + s) * Norm(u)),
 Eq. (branch_timestep_modulation); the core block (``layers.LoopBlock``) applies that update with
 the export's :func:`~megatron_loop.hf.modeling_looplm.modulated_residual`.
@@ -151,17 +154,65 @@ class AdaLN(export.AdaLN):
 
     used as u+ = u + g * Branch((1 + s) * Norm(u)); no additive shift. 16d parameters per
     branch, 32d per core layer. The backbone RMSNorm weights stay.
+
+    ``timestep='shortcut'``: LoopFormer's modulation of the branch, [g; s] = W c_l + b, W [2d, d],
+    b [2d], c_l from :class:`ShortcutEmbedding` (its ``adaLN_modulation``, one Linear(d, 4d) per
+    block = one [2d, d] per branch). Initialised as LoopFormer's released code trains it
+    (models/loopformer.py): the block zeroes the Linear, but ``GPT.__init__`` then applies
+    ``_init_weights`` to every ``nn.Linear``, so W ~ N(0, ``init_std``) (0.02 there;
+    ``model.initializer_range`` here) and b = 0: every gate starts near 0, not at 1.
     """
 
-    def __init__(self, hidden_size: int):
-        super().__init__(hidden_size)
+    def __init__(self, hidden_size: int, timestep: str = "adaln", init_std: float = 0.02):
+        super().__init__(hidden_size, **export.adaln_arguments(timestep, hidden_size))
+        if timestep == "shortcut":
+            with torch.no_grad():
+                self.weight.normal_(0.0, init_std)
         roles.tag_all(self, roles.CONDITIONING)
 
 
-def branch_modulation(kind: str, hidden_size: int) -> nn.Module | None:
+class ShortcutEmbedding(export.ShortcutEmbedding):
+    """LoopFormer's conditioning of loop l on (t_l, dt_l) (the export's class):
+
+        c_l = SiLU(E_t(t_l) + E_dt(dt_l)),   E(x) = W2 SiLU(W1 sinusoid_256(x) + b1) + b2,
+
+    two ``TimestepEmbedder`` s of models/loopformer.py, summed (``c = te + dte``). Initialised as
+    there: every weight N(0, ``init_std``), biases 0. Plain ``conditioning`` parameters (AdamW):
+    they map fixed functions of (t, dt), not a hidden state (as AdaLN's W, ``roles``).
+    """
+
+    def __init__(self, hidden_size: int, init_std: float = 0.02):
+        super().__init__(hidden_size)
+        with torch.no_grad():
+            for layer in (*self.time_embedder, *self.step_embedder):
+                if isinstance(layer, nn.Linear):
+                    layer.weight.normal_(0.0, init_std)
+                    layer.bias.zero_()
+        roles.tag_all(self, roles.CONDITIONING)
+
+
+def timestep_times(num_loops: int, train_loops: int, grid: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t_l, dt_l) float64 over the grid's horizon (the export's function; a refused grid or loop count
+    is a :class:`LoopConfigError` here)."""
+    try:
+        return export.timestep_times(num_loops, train_loops, grid)
+    except ValueError as e:
+        raise LoopConfigError(str(e)) from None
+
+
+def trajectory_times(steps, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t_l, dt_l) float64 of a trajectory of step sizes n_l / K (the export's function; a bad trajectory
+    is a :class:`LoopConfigError` here)."""
+    try:
+        return export.trajectory_times(steps, horizon)
+    except ValueError as e:
+        raise LoopConfigError(str(e)) from None
+
+
+def branch_modulation(kind: str, hidden_size: int, init_std: float = 0.02) -> nn.Module | None:
     """The per-branch timestep module a core block carries for ``model.timestep=kind``."""
     if kind == "branch_gating":
         return BranchGating()
-    if kind == "adaln":
-        return AdaLN(hidden_size)
+    if kind in ("adaln", "shortcut"):
+        return AdaLN(hidden_size, kind, init_std)
     return None

@@ -14,6 +14,15 @@ Core blocks may carry a timestep modulation per residual branch (BranchGating or
 ``conditioning.py``); the block then applies Eq. (branch_timestep_modulation),
 ``u+ = u + g * Branch((1 + s) * Norm(u))``, through the HF export's ``modulated_residual`` (one
 implementation of the equation for training and export).
+
+``model.block_norm: sandwich`` gives every block (Prelude, Core and Coda, as Huginn's ``SandwichBlock``
+in all three; Geiping et al. 2025, seal-rg/recurrent-pretraining ``recpre/raven_modeling_minimal.py``)
+a norm after each residual sum as well as before each branch:
+
+    u' = Norm_2(u + Attn(Norm_1(u))),    u+ = Norm_4(u' + MLP(Norm_3(u')))
+
+(``attn_residual_norm`` = norm_2, ``mlp_residual_norm`` = norm_4; the spec names them with the path's
+norm class, so the fast path and megatron-core's reference path agree).
 """
 
 from __future__ import annotations
@@ -47,9 +56,12 @@ class LoopBlockSubmodules:
     self_attention: ModuleSpec | type = IdentityOp
     pre_mlp_layernorm: ModuleSpec | type = TorchRMSNorm
     mlp: ModuleSpec | type = IdentityOp
+    # Huginn's sandwich norms after each residual sum (model.block_norm: sandwich); IdentityOp: none
+    attn_residual_norm: ModuleSpec | type = IdentityOp
+    mlp_residual_norm: ModuleSpec | type = IdentityOp
 
 
-def loop_block_spec(qk_norm: bool, fast_path: bool = True) -> ModuleSpec:
+def loop_block_spec(qk_norm: bool, fast_path: bool = True, sandwich: bool = False) -> ModuleSpec:
     """megatron-core local spec of one block: fused QKV, SDPA core attention, fused SwiGLU fc1.
 
     With ``fast_path`` (the default, ``fast_path.py``) the linears follow the TP size of the config
@@ -57,7 +69,8 @@ def loop_block_spec(qk_norm: bool, fast_path: bool = True) -> ModuleSpec:
     megatron-core's Column/RowParallelLinear at TP > 1; at every TP size the attention rotates q and
     k with the model's precomputed rotary tables, the MLP runs one SwiGLU Function on the fused fc1
     output and the norms are :class:`fast_path.RMSNorm`. ``fast_path=False``: megatron-core's modules
-    only (the reference path; the same parameters, names, layouts and initial values).
+    only (the reference path; the same parameters, names, layouts and initial values). ``sandwich``:
+    Huginn's norms after each residual sum (``model.block_norm``), of the same norm class.
     """
     column = ColumnLinear if fast_path else ColumnParallelLinear
     row = RowLinear if fast_path else RowParallelLinear
@@ -80,12 +93,15 @@ def loop_block_spec(qk_norm: bool, fast_path: bool = True) -> ModuleSpec:
             pre_mlp_layernorm=norm,
             mlp=ModuleSpec(module=SwiGLUMLP if fast_path else MLP,
                            submodules=MLPSubmodules(linear_fc1=column, linear_fc2=row)),
+            attn_residual_norm=norm if sandwich else IdentityOp,
+            mlp_residual_norm=norm if sandwich else IdentityOp,
         ),
     )
 
 
 class LoopBlock(nn.Module):
-    """Pre-norm transformer block; optional per-branch timestep modulation (core blocks only)."""
+    """Pre-norm (or Huginn's sandwich-norm) transformer block; optional per-branch timestep modulation
+    (core blocks only)."""
 
     def __init__(self, config: TransformerConfig, submodules: LoopBlockSubmodules, layer_number: int = 1):
         super().__init__()
@@ -95,6 +111,10 @@ class LoopBlock(nn.Module):
         self.self_attention = build_module(submodules.self_attention, config=config, layer_number=layer_number)
         self.pre_mlp_layernorm = build_module(submodules.pre_mlp_layernorm, config=config, hidden_size=d, eps=eps)
         self.mlp = build_module(submodules.mlp, config=config)
+        # None without sandwich norms: no parameters, and the pre-norm block's arithmetic unchanged
+        self.attn_residual_norm, self.mlp_residual_norm = (
+            None if spec is IdentityOp else build_module(spec, config=config, hidden_size=d, eps=eps)
+            for spec in (submodules.attn_residual_norm, submodules.mlp_residual_norm))
         # megatron-core's own attention takes the rotary angles; ours the precomputed tables
         self._rope_tables = isinstance(self.self_attention, RopeSelfAttention)
         # Timestep modulation of the two residual branches (set by the model for core blocks).
@@ -112,7 +132,8 @@ class LoopBlock(nn.Module):
         roles.set_role(attn.linear_proj.weight, roles.MATRIX)
         roles.set_role(self.mlp.linear_fc1.weight, roles.MATRIX, roles.GateUpSplit(config.ffn_hidden_size // tp))
         roles.set_role(self.mlp.linear_fc2.weight, roles.MATRIX)
-        for norm in (self.input_layernorm, self.pre_mlp_layernorm, attn.q_layernorm, attn.k_layernorm):
+        for norm in (self.input_layernorm, self.pre_mlp_layernorm, attn.q_layernorm, attn.k_layernorm,
+                     self.attn_residual_norm, self.mlp_residual_norm):
             for p in norm.parameters() if norm is not None else ():
                 roles.set_role(p, roles.NORM)
 
@@ -135,6 +156,6 @@ class LoopBlock(nn.Module):
         hidden = modulated_residual(
             hidden, self.input_layernorm,
             lambda x: self.self_attention(x, attention_mask=None, rotary_pos_emb=rotary_pos_emb)[0],
-            self.attn_gate or self.attn_adaln, psi)
+            self.attn_gate or self.attn_adaln, psi, self.attn_residual_norm)
         return modulated_residual(hidden, self.pre_mlp_layernorm, lambda x: self.mlp(x)[0],
-                                  self.mlp_gate or self.mlp_adaln, psi)
+                                  self.mlp_gate or self.mlp_adaln, psi, self.mlp_residual_norm)

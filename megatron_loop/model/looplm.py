@@ -42,13 +42,19 @@ from megatron_loop.config import ModelConfig
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
 from megatron_loop.model.adaptive_exit import TokenExit, check_exit
+from megatron_loop.model.exit_gate import ExitGate, exit_distribution
 from megatron_loop.model.compat import (RotaryTables, rope_freqs, rope_inv_freq, rope_tables,
                                         transformer_config)
 from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStateInjection, LoopGating,
-                                              branch_modulation, history_window, timestep_features)
+                                              ShortcutEmbedding, branch_modulation, history_window,
+                                              timestep_features)
+from megatron_loop.model.initial_state import check_tensor_parallel, huginn_adapter_init_, noise_state
 from megatron_loop.model.layers import loop_block_spec
 from megatron_loop.model.loss import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked_linear_cross_entropy
+from megatron_loop.model.shortcut import ShortcutTrajectory, shortcut_objective
+from megatron_loop.model.shortcut import timestep_inputs as shortcut_timestep_inputs
 from megatron_loop.config.parallel import ParallelConfig
+from megatron_loop.config.validation import EXIT_GATE_TP_REFUSAL
 from megatron_loop.parallel.bootstrap import ensure_groups, groups_ready
 from megatron_loop.parallel.vocab import TensorParallelEdges, lm_head, token_embedding
 
@@ -68,6 +74,10 @@ class LoopLMOutput(ModelOutput):
     trajectory: list[torch.Tensor] | None = None
     # Adaptive exit: the loops each token ran, [batch, seq] (None with exit_criterion='none').
     exit_loops: torch.Tensor | None = None
+    # Ouro's exit distribution p(t|x), t = 1..r, [batch, seq, r] (model.exit_gate=learned; exit_gate.py)
+    exit_pdf: torch.Tensor | None = None
+    # The head input [batch, seq, hidden] (the final normed states), with return_hidden (LoopFormer, shortcut.py)
+    hidden: torch.Tensor | None = None
 
 
 class LoopLM(nn.Module):
@@ -97,7 +107,7 @@ class LoopLM(nn.Module):
             initializer_range=config.initializer_range, tensor_model_parallel_size=layout.tp_size,
             sequence_parallel=layout.sequence_parallel)
         # fast_path=False: megatron-core's modules throughout (the reference of layers.loop_block_spec)
-        spec = loop_block_spec(config.qk_norm, fast_path)
+        spec = loop_block_spec(config.qk_norm, fast_path, sandwich=config.block_norm == "sandwich")
         numbers = iter(range(1, config.physical_depth + 1))
 
         def blocks(n: int) -> nn.ModuleList:
@@ -119,10 +129,24 @@ class LoopLM(nn.Module):
                                   else InitialStateInjection(config.initial_injection, d, config.injection_init_noise))
         self.history_injection = (None if config.history_injection == "none"
                                   else HistoryStateInjection(config.history_injection, d, config.history_window))
+        if config.initial_state == "noise":  # Huginn: s_0 from noise, the adapter initialised as its own
+            check_tensor_parallel(config, layout.tp_size)
+            if config.initial_injection == "dense":
+                huginn_adapter_init_(self.initial_injection.weight)
         self.loop_gating = LoopGating() if config.timestep == "loop_gating" else None
+        # LoopFormer's shortcut modulation (model/shortcut.py): c_l from (t_l, dt_l), read by an AdaLN per branch
+        self.shortcut_embedding = (ShortcutEmbedding(d, config.initializer_range) if config.timestep == "shortcut"
+                                   else None)
+        modulation_kind = "adaln" if config.timestep == "shortcut" else config.timestep
         for block in self.core:  # only the shared core layers are modulated
-            block.set_timestep_modulation(branch_modulation(config.timestep, d),
-                                          branch_modulation(config.timestep, d), config.timestep)
+            block.set_timestep_modulation(branch_modulation(config.timestep, d, config.initializer_range),
+                                          branch_modulation(config.timestep, d, config.initializer_range),
+                                          modulation_kind)
+        # ---- Ouro's learned exit gate (exit_gate.py); its objective is set for training (configure_exit_training)
+        if config.exit_gate == "learned" and self.tensor_parallel.enabled:
+            raise LoopConfigError(EXIT_GATE_TP_REFUSAL)
+        self.exit_gate = ExitGate(d, config.initializer_range) if config.exit_gate == "learned" else None
+        self.exit_objective = None
 
         # Rotary frequencies stay fp32 on the host (not a buffer: ``model.bfloat16()``, as DeepSpeed's
         # bf16 engine does, would round them and shift every angle away from the HF export's).
@@ -184,6 +208,14 @@ class LoopLM(nn.Module):
         return self._constant(("psi", r, grid, device),
                               lambda: timestep_features(r, self.config.train_loops, grid, device=device))
 
+    def timestep_inputs(self, r: int, grid: str, device: torch.device,
+                        loop_steps: tuple[int, ...] | None = None) -> torch.Tensor:
+        """Row l: what loop l's timestep modules read, psi_l (Eq. timestep_features) or LoopFormer's c_l
+        (``shortcut.timestep_inputs``), on the grid of r or along the trajectory ``loop_steps``."""
+        if loop_steps is None and self.shortcut_embedding is None:
+            return self._timestep_features(r, grid, device)
+        return shortcut_timestep_inputs(self, r, grid, device, loop_steps)
+
     def loop_iteration(self, h: torch.Tensor, h0: torch.Tensor, rope: RotaryTables, psi: torch.Tensor | None,
                        *past: torch.Tensor) -> torch.Tensor:
         """One complete loop h_l -> h_{l+1}: injection, the shared core, loop-level gating.
@@ -201,11 +233,19 @@ class LoopLM(nn.Module):
             y = self.loop_gating(u if self.config.loop_gating_reference == "injected" else h, y, psi)
         return y
 
+    def coda_input(self, h: torch.Tensor) -> torch.Tensor:
+        """What the Coda reads of h^r after the last loop: Norm(h^r) under Huginn's ``norm_core_output``
+        (the final norm used twice), else h^r. The forward and the probes' Coda readouts at each r of a
+        one-pass sweep (``probes/runner.py``) both read it here."""
+        return self.norm(h) if self.config.norm_core_output else h
+
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor, num_loops: int | None = None, labels: torch.Tensor | None = None,
                 return_trajectory: bool = False, timestep_grid: str | None = None,
                 compute_logits: bool = True, backprop_loops: int | None = None,
-                exit_criterion: str = "none", exit_threshold: float = 0.0) -> LoopLMOutput:
+                exit_criterion: str = "none", exit_threshold: float = 0.0, loop_steps: tuple[int, ...] | None = None,
+                return_hidden: bool = False, shortcut: ShortcutTrajectory | None = None,
+                initial_state_seed: int | None = None) -> LoopLMOutput:
         """Logits ``[b, s, V]`` and, with ``labels``, the mean next-token loss.
 
         ``labels`` follows the HF convention: ``labels[:, t]`` is the token at position t and the
@@ -213,19 +253,33 @@ class LoopLM(nn.Module):
         ``num_loops`` defaults to the training K; any r >= 1 runs. ``timestep_grid`` overrides
         the config's inference grid (``rescaled`` | ``prefix``).
         ``backprop_loops`` N: only the last N loops build a graph (``None``: all of them).
-        ``exit_criterion`` (``none`` | ``kl`` | ``cosine``) with ``exit_threshold``: per-token
+        ``exit_criterion`` (``none`` | ``kl`` | ``cosine`` | ``q_exit``) with ``exit_threshold``: per-token
         adaptive exit with r as the cap (inference only, ``adaptive_exit.py``); ``exit_loops``
         of the output then holds each token's loop count.
+        With Ouro's exit gate, ``exit_pdf`` holds p(t|x) and, in training mode with ``labels`` and an
+        ``exit_objective``, the loss is Ouro's Stage I or II objective (``exit_gate.py``).
+        LoopFormer (``shortcut.py``): ``loop_steps`` runs a trajectory of step sizes n_l / K (positive
+        integers summing to K) in place of the grid of r; with ``labels``, ``shortcut`` (the step's
+        :class:`ShortcutTrajectory`) makes the loss LoopFormer's objective; ``return_hidden`` keeps the
+        head input [b, s, d] in ``hidden``.
+        Huginn (``initial_state.py``): with ``model.initial_state: noise`` the recurrence starts from
+        noise, an iid draw seeded by ``initial_state_seed`` (a training step's ``step_seed``) or, when
+        None, the position-keyed noise of ``model.initial_state_seed`` (the HF export's).
         """
+        if shortcut is not None:  # LoopFormer's full + short trajectory and their consistency (shortcut.py)
+            loss, logits = shortcut_objective(self, input_ids, labels, shortcut, compute_logits)
+            return LoopLMOutput(logits=logits, loss=loss)
         if exit_criterion != "none" and torch.is_grad_enabled():
             with torch.no_grad():  # exit decisions are not differentiable
                 return self.forward(input_ids, num_loops, labels, return_trajectory, timestep_grid, compute_logits,
                                     backprop_loops, exit_criterion, exit_threshold)
         if exit_criterion != "none":
             self.tensor_parallel.check_exit(exit_criterion)
-            check_exit(exit_criterion, exit_threshold)
+            check_exit(exit_criterion, exit_threshold, self.config.exit_gate)
         cfg = self.config
         r = cfg.train_loops if num_loops is None else int(num_loops)
+        if loop_steps is not None:  # a trajectory: its number of steps (shortcut.py)
+            r = len(loop_steps)
         if r < 1:
             raise LoopConfigError(f"num_loops={num_loops}: expected an integer >= 1")
         if backprop_loops is not None and int(backprop_loops) < 1:
@@ -234,7 +288,7 @@ class LoopLM(nn.Module):
             raise LoopConfigError(f"input length {input_ids.shape[1]} exceeds model.max_position_embeddings="
                                   f"{cfg.max_position_embeddings}")
         grid = timestep_grid or cfg.timestep_grid
-        psi_all = self._timestep_features(r, grid, input_ids.device) if self.uses_timestep else None
+        psi_all = self.timestep_inputs(r, grid, input_ids.device, loop_steps) if self.uses_timestep else None
 
         h = self.tensor_parallel.embed(self.embed_tokens, input_ids)  # [s, b, d] ([s/N, b, d] sequence parallel)
         rope = self._rope(input_ids.shape[1], input_ids.device, h.dtype)
@@ -242,7 +296,9 @@ class LoopLM(nn.Module):
             h = block(h, rope)
 
         h0 = h
-        trajectory = [h0] if return_trajectory else None
+        if cfg.initial_state == "noise":  # Huginn: h0 = e enters through the injection (initial_state.py)
+            h = noise_state(cfg, h0, initial_state_seed)
+        trajectory = [h] if return_trajectory else None  # the first recurrent state, h^1, ..., h^r
         completed: list[torch.Tensor] = []  # h_1 .. h_l (h0 excluded), for the history window
         w = cfg.history_window if self.history_injection is not None else 0
         # Truncated backpropagation: loops 0 .. detached-1 run without a graph; h_detached is a constant.
@@ -251,7 +307,12 @@ class LoopLM(nn.Module):
         runners = None if self.checkpointing is None else self.checkpointing.loop_runners(r - detached, h)
         token_exit = None
         if exit_criterion != "none":
-            token_exit = TokenExit(exit_criterion, exit_threshold, h0, lambda x: F.linear(self.norm(x), self.head_weight()))
+            readout = ((lambda x: self.exit_gate(self.norm(x))) if exit_criterion == "q_exit"
+                       else (lambda x: F.linear(self.norm(x), self.head_weight())))
+            token_exit = TokenExit(exit_criterion, exit_threshold, h, readout)
+        # Ouro: the gate's logit after every loop; Stage I/II read every state h^1..h^r
+        objective = self.exit_objective if labels is not None and self.training else None
+        gate_logits, states = [], []
         with token_exit.latest_kv(self.core) if token_exit is not None else nullcontext():
             for step in range(r):
                 psi = None if psi_all is None else psi_all[step]
@@ -265,6 +326,10 @@ class LoopLM(nn.Module):
                     h_next = runners[step - detached](self.loop_iteration, h, h0, rope, psi, *past)
                 h = h_next if token_exit is None else token_exit.step(h, h_next)
                 del h_next  # no second reference to the state past its loop (it would outlive the core)
+                if self.exit_gate is not None:
+                    gate_logits.append(self.exit_gate(self.norm(h)))
+                if objective is not None:
+                    states.append(h)
                 if w:
                     completed = completed[-w:] + [h]  # keep only what later windows can reach
                 if trajectory is not None:
@@ -272,18 +337,26 @@ class LoopLM(nn.Module):
                 if token_exit is not None and token_exit.done:
                     break  # every token exited: the remaining loops would change nothing
 
-        for block in self.coda:
-            h = block(h, rope)
-        h = self.tensor_parallel.head_input(self.norm(h)).transpose(0, 1)  # [b, s, d]
-
+        h = self.coda_input(h)
         loss = None
-        if labels is not None:
-            loss = self.loss(h, labels)
+        if objective is not None:  # Ouro's training objective; h: the head input at r
+            loss, h = objective.loss(self, states, gate_logits, rope, labels)
+        else:
+            for block in self.coda:
+                h = block(h, rope)
+            h = self.tensor_parallel.head_input(self.norm(h)).transpose(0, 1)  # [b, s, d]
+            if labels is not None:
+                loss = self.loss(h, labels)
         logits = self.tensor_parallel.logits(h, self.head_weight()) if compute_logits else None
         if trajectory is not None:
             trajectory = [self.tensor_parallel.gather_sequence(t).transpose(0, 1) for t in trajectory]
         exit_loops = None if token_exit is None else token_exit.loops.transpose(0, 1)
-        return LoopLMOutput(logits=logits, loss=loss, trajectory=trajectory, exit_loops=exit_loops)
+        exit_pdf = None
+        if gate_logits:  # every token exited early: its state, hence lambda, stays that of its last loop
+            exit_pdf = exit_distribution(torch.stack(gate_logits + gate_logits[-1:] * (r - len(gate_logits)),
+                                                     dim=-1).transpose(0, 1))
+        return LoopLMOutput(logits=logits, loss=loss, trajectory=trajectory, exit_loops=exit_loops, exit_pdf=exit_pdf,
+                            hidden=h if return_hidden else None)
 
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy (App. C.2) from final hidden states ``[b, s, d]``.

@@ -167,7 +167,7 @@ def _scaled_fp32(tensor: torch.Tensor, scale: torch.Tensor, rows: int = DEFAULT_
     tensor would round the scale to bf16 first (1/38 becomes 1/37.93, +0.2% on every element);
     the upcast keeps it exact, one chunk of fp32 rows at a time.
     """
-    if tensor.dtype == torch.float32:
+    if tensor.dtype in (torch.float32, torch.float64):  # float64: gradcheck of the weighted loss below
         return tensor * scale
     out = torch.empty_like(tensor)
     for start in range(0, tensor.shape[0], rows):
@@ -244,3 +244,92 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, tar
         total = total + chunk_loss(hidden[start:start + chunk_size], weight, targets[start:start + chunk_size],
                                  ignore_index, False)[0]
     return total / (targets != ignore_index).sum().to(torch.float32)
+
+
+# ---------------------------------------------------------------------------- per-token weights
+# Ouro's Stage I objective (model/exit_gate.py) weighs each token's loss at loop t by its exit
+# probability p(t|x), which is itself trained: the weights need a gradient, d/dw_i = loss_i / count.
+
+
+def _row_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """fp32 logits for bf16/fp32 hidden states; float64 stays float64 (gradcheck)."""
+    return torch.promote_types(hidden.dtype, torch.float32)
+
+
+def _rows_and_grad(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int,
+                   need_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One chunk: per-row cross-entropy [n] (0 at ignored rows) and, with ``need_grad``, d(row loss)/d(logits)
+    = softmax - onehot [n, V] (ignored rows zero), in the logits' precision."""
+    logits = F.linear(hidden, weight).to(_row_dtype(hidden))
+    valid = targets != ignore_index
+    gather = torch.where(valid, targets, torch.zeros_like(targets))
+    mask = valid.to(logits.dtype)
+    lse = torch.logsumexp(logits, dim=-1)
+    rows = (lse - logits.gather(1, gather.unsqueeze(1)).squeeze(1)) * mask
+    if not need_grad:
+        return rows, None
+    grad = logits.sub_(lse.unsqueeze(1)).exp_()
+    grad.scatter_add_(1, gather.unsqueeze(1), -mask.unsqueeze(1))
+    return rows, grad.mul_(mask.unsqueeze(1))
+
+
+def token_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                               chunk_size: int = DEFAULT_CHUNK_TOKENS,
+                               ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """Per-token cross-entropy [N] of ``hidden @ weight.T`` (0 at ignored targets), without a graph,
+    ``chunk_size`` tokens of logits at a time (Ouro's Stage II reads the detached per-step losses)."""
+    with torch.no_grad():
+        return torch.cat([_rows_and_grad(hidden[i:i + chunk_size], weight, targets[i:i + chunk_size], ignore_index,
+                                         False)[0] for i in range(0, hidden.shape[0], chunk_size)])
+
+
+class _WeightedLinearCrossEntropy(torch.autograd.Function):
+    """sum_i w_i CE_i / count with the hidden, weight and w gradients formed chunk by chunk in the
+    forward (the logits of a chunk are never kept), as :class:`_LinearCrossEntropy`."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, token_weight, chunk_size, ignore_index):
+        inv_count = 1.0 / (targets != ignore_index).sum().to(_row_dtype(hidden))
+        w = token_weight.detach().to(_row_dtype(hidden))
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=_row_dtype(hidden)) if ctx.needs_input_grad[1] else None
+        rows = []
+        for start in range(0, hidden.shape[0], chunk_size):
+            h = hidden[start:start + chunk_size]
+            loss, grad = _rows_and_grad(h, weight, targets[start:start + chunk_size], ignore_index, True)
+            rows.append(loss)
+            grad = grad.mul_(w[start:start + chunk_size].unsqueeze(1)).to(hidden.dtype)
+            if grad_hidden is not None:
+                torch.mm(grad, weight, out=grad_hidden[start:start + chunk_size])
+            if grad_weight is not None:
+                _accumulate_fp32(grad_weight, grad.t(), h)
+        rows = torch.cat(rows)
+        if grad_weight is not None:
+            grad_weight = grad_weight.mul_(inv_count).to(weight.dtype)
+        ctx.save_for_backward(grad_hidden if grad_hidden is not None else hidden.new_empty(0),
+                              grad_weight if grad_weight is not None else weight.new_empty(0), rows, inv_count)
+        ctx.token_weight_dtype = token_weight.dtype
+        return (rows * w).sum() * inv_count
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_hidden, grad_weight, rows, inv_count = ctx.saved_tensors
+        scale = grad_output.to(inv_count.dtype)
+        gh = _scaled_fp32(grad_hidden, scale * inv_count) if ctx.needs_input_grad[0] else None
+        gw = _scaled_fp32(grad_weight, scale) if ctx.needs_input_grad[1] else None
+        gt = (rows * (scale * inv_count)).to(ctx.token_weight_dtype) if ctx.needs_input_grad[3] else None
+        return gh, gw, None, gt, None, None
+
+
+def weighted_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                                  token_weight: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_TOKENS,
+                                  ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """``sum_i token_weight_i * CE_i / count`` (count: non-ignored targets), CE_i the cross-entropy of row
+    i of ``hidden @ weight.T`` in fp32 (float64 for float64 inputs), ``chunk_size`` rows of logits at a time;
+    differentiable in ``hidden``, ``weight`` and ``token_weight`` [N]. All-ones weights give
+    :func:`chunked_linear_cross_entropy`'s value. Torch only: the fused kernel and the vocabulary-parallel
+    head return summed losses, not per-token ones."""
+    if hidden.dim() != 2 or targets.shape != hidden.shape[:1] or token_weight.shape != targets.shape:
+        raise ValueError(f"expected hidden [N, d], targets [N] and token_weight [N], got {tuple(hidden.shape)}, "
+                         f"{tuple(targets.shape)} and {tuple(token_weight.shape)}")
+    return _WeightedLinearCrossEntropy.apply(hidden, weight, targets, token_weight, chunk_size, ignore_index)

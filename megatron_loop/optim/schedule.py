@@ -10,6 +10,14 @@ Convention: ``t`` counts optimizer updates from 1, i.e. update ``t`` (the t-th c
 1/T_w), warmup ends at update T_w with the peak, and update T (the last) runs at exactly 0.1 x
 peak. The same multiplier drives both param groups (one peak lr for Muon and AdamW).
 
+Extending a run (``train.max_steps`` raised on resume, ``training/resume.py``) re-derives the split
+for the new total. From a checkpoint of the stable phase that is the WSD way (the point of a
+warmup-stable-decay schedule: the stable phase can be prolonged and the decay run later, over the
+new end; App. C.2 only states the schedule). From a checkpoint
+already in its decay it would jump back to the peak; ``train.schedule_on_resume: continue_decay``
+instead continues the decay linearly from the multiplier the checkpoint's last update ran at
+down to ``final`` at the new end (:class:`WSDMultiplier`'s ``decay_from_*`` fields).
+
 The schedule is applied by a ``torch.optim.lr_scheduler.LambdaLR`` passed to
 ``deepspeed.initialize`` as ``lr_scheduler`` (not DeepSpeed's WarmupLR, which overwrites
 per-group learning rates); the engine steps it once per optimizer update and checkpoints it.
@@ -74,9 +82,26 @@ class WSDMultiplier:
     stable: int
     decay: int
     final: float = FINAL_FRACTION
+    # continue_decay (train.schedule_on_resume): after update ``decay_from_step``, which ran at
+    # ``decay_from_value``, decay linearly to ``final`` at the last update instead of the split's shape
+    decay_from_step: int | None = None
+    decay_from_value: float = 1.0
+
+    @property
+    def total(self) -> int:
+        return self.warmup + self.stable + self.decay
 
     def __call__(self, done: int) -> float:
-        return wsd_lambda(done + 1, self.warmup, self.stable, self.decay, self.final)
+        step = done + 1
+        start = self.decay_from_step
+        if start is not None and step > start:
+            progress = min(step - start, self.total - start) / max(self.total - start, 1)
+            return self.decay_from_value + (self.final - self.decay_from_value) * progress
+        return wsd_lambda(step, self.warmup, self.stable, self.decay, self.final)
+
+    def in_decay(self, step: int) -> bool:
+        """Whether update ``step`` runs below the peak after the stable phase (or a continued decay)."""
+        return step > self.warmup + self.stable or (self.decay_from_step is not None and step > self.decay_from_step)
 
 
 def wsd_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_fraction: float = WARMUP_FRACTION,

@@ -25,7 +25,7 @@ import torch
 
 from megatron_loop import plotting
 from megatron_loop.checkpoint.weights import load_model_from_checkpoint
-from megatron_loop.cli import parse_loop_counts
+from megatron_loop.cli import check_output_folder, parse_loop_counts
 from megatron_loop.data.indexed import check_token_ids
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.hf.convert import load_looplm_from_hf
@@ -103,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="model weights dtype")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--per-r", action="store_true",
+                   help="one pass per loop count even where one forward at the largest could serve every one (the "
+                        "trajectory does not depend on r: no timestep conditioning, or the prefix grid with r <= K); "
+                        "the report is the same, only slower")
     return p
 
 
@@ -112,6 +116,19 @@ def check_source(checkpoint: str | None, hf_dir: str | None) -> None:
         raise LoopDataError(f"{checkpoint}: checkpoint folder not found")
     if hf_dir is not None and not Path(hf_dir).is_dir():
         raise LoopDataError(f"--model {hf_dir}: folder not found")
+
+
+def check_probe_export(hf_dir: str) -> None:
+    """``--model``: an export that loads as written (``eval.sweep.check_export``: config.json, complete
+    weights whose names and shapes match it) and a LoopLM: a native Llama/Qwen3 has no recurrence
+    to probe, and looping its whole stack would be read as a 0+Lx1+0 model run r times."""
+    from megatron_loop.eval.sweep import check_export
+
+    config = check_export(hf_dir)
+    if config.get("model_type") != "looplm":
+        raise LoopDataError(f"--model {hf_dir}: config.json model_type {config.get('model_type')!r} (a plain "
+                            f"{', '.join(config.get('architectures') or ['transformers model'])}, no recurrence); "
+                            "expected a LoopLM export (model_type 'looplm', written by tools/convert_to_hf.py)")
 
 
 def load_model(checkpoint: str | None, hf_dir: str | None) -> torch.nn.Module:
@@ -145,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     lag_sets = parse_lag_sets(args.lag_sets) if args.lag_sets else None
     reference = _reference(args.reference_json)
+    check_output_folder(args.output, "--output", "geometry.json and the figures")
     if args.replot:
         report = replot(args.replot, args.output, lag_sets, reference, args.label)
         print(f"redrew {', '.join(report['files'])} in {args.output} from {args.replot}")
@@ -153,8 +171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise LoopConfigError("--valid-prefix: required with --checkpoint or --model (the probe sample)")
     loops = parse_loop_counts(args.loops)
     settings = ProbeSettings(loops=loops, sources=_sources(args.interaction_sources), batch_size=args.batch_size,
-                             skip_batch=args.skip_batch, progress=not args.no_progress)
+                             skip_batch=args.skip_batch, progress=not args.no_progress,
+                             one_pass=not args.per_r)
     check_source(args.checkpoint, args.model)
+    if args.model is not None:
+        check_probe_export(args.model)
     num_positions = _num_positions(args.num_positions, args.num_sequences * (args.seq_length - 1))
     sample = load_probe_sample(args.valid_prefix, args.seq_length, args.num_sequences, num_positions, args.seed)
     if reference is not None:  # before the model runs: a mismatch found after would waste the whole probe
@@ -164,7 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(device=device, dtype=DTYPES[args.dtype])
     report = probe_geometry(model, sample, settings, args.output, lag_sets, reference,
-                            args.label or plotting.run_name(args.checkpoint or args.model))
+                            args.label or plotting.run_name(args.checkpoint or args.model),
+                            on_passes=lambda passes: print(passes.line(), file=sys.stderr))
     print(f"wrote {Path(args.output) / JSON_NAME} and {', '.join(report['files'])} "
           f"(N={report['sampling']['num_sequences']}, |T|={report['sampling']['num_positions']}, "
           f"loops {','.join(report['loops'])})")

@@ -4,13 +4,14 @@ summaries and figures of an existing ``geometry.json`` without the model."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from megatron_loop.atomic import write_atomic
 from megatron_loop.cli import read_tool_json
+from megatron_loop.eval.one_pass import SweepPasses
 from megatron_loop.probes import plots
 from megatron_loop.probes.runner import GeometryProbe, ProbeSettings
 from megatron_loop.probes.sampling import ProbeSample
@@ -44,15 +45,17 @@ def write_report(report: dict, output_dir: str | Path) -> dict:
 
 def probe_geometry(model: torch.nn.Module, sample: ProbeSample, settings: ProbeSettings,
                    output_dir: str | Path | None = None, lag_sets: Sequence[LagSet] | None = None,
-                   reference: dict | None = None, label: str | None = None) -> dict:
+                   reference: dict | None = None, label: str | None = None,
+                   on_passes: Callable[[SweepPasses], None] | None = None) -> dict:
     """All App. C.4 metrics of ``model`` on ``sample`` at ``settings.loops``.
 
     ``lag_sets`` default to the common cross-loop ranges (see ``summaries.default_lag_sets``);
     ``reference`` is another configuration's report (see :func:`summarise`). With ``output_dir``
     the report is written as ``geometry.json`` next to the PNG figures. ``label`` names the model
-    on the figures (with its layout).
+    on the figures (with its layout). ``on_passes`` is told, before the model runs, whether one pass
+    serves every loop count (``runner.probe_passes``; also in the report's ``sweep_passes``).
     """
-    report = {"label": label, **GeometryProbe(model, sample, settings).run()}
+    report = {"label": label, **GeometryProbe(model, sample, settings).run(on_passes)}
     report = summarise(report, lag_sets, reference)
     return write_report(report, output_dir) if output_dir is not None else report
 

@@ -11,12 +11,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from megatron_loop.config import BACKBONES
+from megatron_loop.config.naming import conditioning_notation
 from megatron_loop.registry.recipes import FAMILIES, Family
 
 Layout = tuple[int, int, int, int]  # (p, s, K, c) of p+s×K+c
 
-TIMESTEP_SHORT = {"loop_gating": "lg", "branch_gating": "bg", "adaln": "adaln"}
-TIMESTEP_LABEL = {"loop_gating": "LG", "branch_gating": "BG", "adaln": "AdaLN"}
+TIMESTEP_SHORT = {"loop_gating": "lg", "branch_gating": "bg", "adaln": "adaln", "shortcut": "shortcut"}
 
 
 @dataclass(frozen=True)
@@ -45,15 +45,9 @@ class Conditioning:
 
     @property
     def label(self) -> str:
-        """The paper's legend notation: ``I(channel)+H(channel, w=2)+LG``; ``none`` without."""
-        parts = []
-        if self.initial != "none":
-            parts.append(f"I({self.initial}" + (f", noise {self.init_noise:g}" if self.init_noise else "") + ")")
-        if self.history != "none":
-            parts.append(f"H({self.history}, w={self.window})")
-        if self.timestep != "none":
-            parts.append(TIMESTEP_LABEL[self.timestep])
-        return "+".join(parts) or "none"
+        """The paper's legend notation: ``I(channel)+H(channel, w=2)+LG``; ``none`` without
+        (:func:`megatron_loop.config.naming.conditioning_notation`, which training records too)."""
+        return conditioning_notation(self.initial, self.history, self.window, self.timestep, self.init_noise)
 
     @property
     def mechanisms(self) -> tuple[str, ...]:
@@ -75,11 +69,13 @@ class Conditioning:
 
     def paper_parameters(self, d: int, core_layers: int) -> int:
         """Extra parameters by App. C.1: initial 1 | 2d | 2d | 2d^2; history w | wd | wd^2;
-        timestep 8 (LG) | 16s (BG) | 32sd (AdaLN) for s shared layers."""
+        timestep 8 (LG) | 16s (BG) | 32sd (AdaLN) for s shared layers; LoopFormer's shortcut modulation (its
+        code, models/loopformer.py): (4d^2 + 4d) s and the two (t, dt) embedders 2 (256d + d + d^2 + d)."""
         initial = {"none": 0, "scalar": 1, "channel": 2 * d, "residual_channel": 2 * d, "dense": 2 * d * d}
         history = {"none": 0, "scalar": self.window, "channel": self.window * d, "dense": self.window * d * d}
         timestep = {"none": 0, "loop_gating": 8, "branch_gating": 16 * core_layers,
-                    "adaln": 32 * core_layers * d}
+                    "adaln": 32 * core_layers * d,
+                    "shortcut": (4 * d * d + 4 * d) * core_layers + 2 * (256 * d + d + d * d + d)}
         return initial[self.initial] + history[self.history] + timestep[self.timestep]
 
 
@@ -100,8 +96,11 @@ class Run:
     paper_params: int | None = None  # the paper's (unconditioned) parameter count of this layout
     paper_params_precision: int = 1  # 1: exact; 10_000: reported as "187.05M"
     paper_params_source: str = ""
-    train: tuple[tuple[str, Any], ...] = ()  # extra train.* keys (the optimizer ablation)
+    train: tuple[tuple[str, Any], ...] = ()  # extra train.* keys (the optimizer ablation, a peer design's objective)
     note: str = ""
+    # extra model.* keys beyond the paper's conditioning: a peer design of the optimizer pilot (App. D.1,
+    # Table 7: Huginn, Ouro, LoopFormer as their own papers define them, registry/pilot.py)
+    model: tuple[tuple[str, Any], ...] = ()
 
     @property
     def layout(self) -> str:
@@ -135,7 +134,8 @@ class Run:
 
     def model_fields(self, backbone: str | None = None) -> dict[str, Any]:
         return dict(backbone=backbone or self.recipe.backbone, prelude_layers=self.prelude, core_layers=self.core,
-                    train_loops=self.loops, coda_layers=self.coda, **self.conditioning.model_fields())
+                    train_loops=self.loops, coda_layers=self.coda, **self.conditioning.model_fields(),
+                    **dict(self.model))
 
     def paper_conditioning_parameters(self) -> int:
         return self.conditioning.paper_parameters(BACKBONES[self.recipe.backbone]["hidden_size"], self.core)

@@ -50,10 +50,10 @@ def toy_config(toy: ToyRun, run_dir: str, train: dict[str, Any] | None = None,
     name = name or toy.name
     return dict(
         model=dict(backbone=FAMILIES[toy.family].toy_backbone, **(model or {}), prelude_layers=p, core_layers=s,
-                   train_loops=k, coda_layers=c, **toy.conditioning.model_fields(),
+                   train_loops=k, coda_layers=c, **toy.conditioning.model_fields(), **dict(toy.model),
                    activation_checkpointing=execution["activation_checkpointing"], compile=execution["compile"]),
         train={**TOY_TRAIN, "micro_batch_size": execution["micro_batch_size"],
-               "deepspeed_config": execution["deepspeed_config"], **(train or {}),
+               "deepspeed_config": execution["deepspeed_config"], **dict(toy.train), **(train or {}),
                "output_dir": f"{run_dir}/{name}/train"},
         # the generated corpus is read for several epochs: a fresh permutation each (data.order)
         data=dict(train_prefixes=[f"{run_dir}/data/corpus"], valid_prefixes=[f"{run_dir}/data/corpus_valid"],

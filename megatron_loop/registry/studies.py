@@ -23,6 +23,8 @@ class ToyRun:
     layout: Layout
     conditioning: Conditioning = NO_CONDITIONING
     twin_of: str = ""  # the registry run it stands for
+    model: tuple[tuple[str, Any], ...] = ()  # the run's extra model.* keys (a peer design: Run.model)
+    train: tuple[tuple[str, Any], ...] = ()  # train.* keys of the design's objective (a peer design)
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,15 @@ class Study:
     def toys(self) -> tuple[ToyRun, ...]:
         if self.toy_runs is not None:
             return self.toy_runs
-        return tuple(ToyRun(f"toy_{name}", RUNS[name].family, RUNS[name].layout_tuple, RUNS[name].conditioning, name)
-                     for name in self.runs)
+        return tuple(ToyRun(f"toy_{name}", RUNS[name].family, RUNS[name].layout_tuple, RUNS[name].conditioning, name,
+                            model=RUNS[name].model, train=design_train(RUNS[name])) for name in self.runs)
+
+
+def design_train(run: Run) -> tuple[tuple[str, Any], ...]:
+    """A run's own train.* keys a CPU twin keeps: the pilot's optimizer and a peer design's objective (Ouro's
+    exit-gate objective, LoopFormer's consistency loss, Huginn's loop sampling), not the paper-scale token
+    budget (the twin's steps come from TOY_TRAIN)."""
+    return tuple((k, v) for k, v in run.train if k != "train_tokens")
 
 
 # --------------------------------------------------------------------------------------
@@ -183,9 +192,14 @@ STUDY_LIST: list[Study] = [
           + LLAMA_NONLOOP),
     Study("table7", "Table 7", "Optimizer pilot: AdamW vs Muon (App. D.1)",
           select_runs(name=lambda n: n.startswith("pilot_")), depth_multiple=1, paper_tasks=PILOT_SUITE,
-          note=PILOT_NOTE + "; Ouro 3x4 is BaseLoop 3x4 without its learned exit gate; Table 7 reports each model "
-               "at its training depth on App. D.1's ten benchmarks (ARC-E, ARC-C, SciQ, MMLU, HellaSwag, OBQA, "
-               "PIQA, RACE, WinoGrande, CSQA; Overall = their Avg.), not App. C.3's eleven"),
+          note=PILOT_NOTE + "; Huginn, Ouro and LoopFormer as their own papers define them (registry/pilot.py); "
+               "Table 7 reports each model at its training depth on App. D.1's ten benchmarks (ARC-E, ARC-C, SciQ, "
+               "MMLU, HellaSwag, OBQA, PIQA, RACE, WinoGrande, CSQA; Overall = their Avg.), not App. C.3's eleven"),
+    Study("table7_designs", "", "The four LoopLM designs of the optimizer pilot under Muon (App. D.1, Table 7): "
+          "each design's behaviour over r at toy scale",
+          tuple(f"pilot_{name}_muon" for name in ("baseloop_3x4", "loopformer_3x4", "ouro_3x4", "huginn_1+2x5+1")),
+          note="CPU twins of Table 7's LoopLM rows at the tiny Qwen backbone, swept to 2 L(K): Ouro's learned depth "
+               "distribution, LoopFormer's budget robustness (r < K), Huginn's extrapolation past K"),
     Study("table11", "Table 11", "Timestep conditioning on Llama 4x5 (App. D.5)",
           ("llama_4x5", "llama_4x5_lg", "llama_4x5_bg", "llama_4x5_adaln") + LLAMA_NONLOOP),
     Study("fig14", "Fig. 14", "Scalar initial + history injection, w = 1, 2, 4 (App. D.6)",

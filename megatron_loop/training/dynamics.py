@@ -28,7 +28,10 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
+from megatron_loop.model.shortcut import timestep_inputs
 from megatron_loop.training import distributed
 
 
@@ -42,7 +45,7 @@ def _gathered(params: list[torch.nn.Parameter]):
 
 
 def gate_values(model, psi: torch.Tensor) -> dict[str, float]:
-    """The timestep gates of ``model`` at the features ``psi`` [r, 8], per loop l = 1..r."""
+    """The timestep gates of ``model`` at the features ``psi`` [r, 8] (LoopFormer: c_l [r, d]), per loop l = 1..r."""
     values: dict[str, float] = {}
     series: dict[str, list[torch.Tensor]] = {}
     if model.loop_gating is not None:
@@ -52,14 +55,15 @@ def gate_values(model, psi: torch.Tensor) -> dict[str, float]:
         adaln = [a for a in (getattr(b, f"{branch}_adaln", None) for b in model.core) if a is not None]
         if gates:
             series[f"branch_gate_{branch}"] = [g.q for g in gates]
-        if adaln:
-            series[f"adaln_scale_{branch}"] = [a.weight for a in adaln]
-    params = [p for ps in series.values() for p in ps]
-    with _gathered(params):
+        if adaln:  # the modules (AdaLN, or LoopFormer's shortcut AdaLN: a bias, gate offset 0)
+            series[f"adaln_scale_{branch}"] = adaln
+    params = [p for ps in series.values() for x in ps for p in (x.parameters() if isinstance(x, nn.Module) else [x])]
+    with _gathered(params):  # from the weights, no module call (ZeRO-3's hooks would release them)
         for name, tensors in series.items():
-            if name.startswith("adaln"):  # g = 1 + (W psi)[:d]; the mean over channels and blocks
-                d = tensors[0].shape[0] // 2
-                g = torch.stack([1 + psi.to(w.dtype) @ w[:d].t() for w in tensors]).float().mean(dim=(0, 2))
+            if name.startswith("adaln"):  # g = offset + (W psi + b)[:d]; the mean over channels and blocks
+                g = torch.stack([a.gate_offset + F.linear(psi.to(a.weight.dtype), a.weight[:a.d],
+                                                          None if a.bias is None else a.bias[:a.d])
+                                 for a in tensors]).float().mean(dim=(0, 2))
             else:  # g = 1 + q^T psi
                 g = torch.stack([1 + psi.to(q.dtype) @ q for q in tensors]).float().mean(dim=0)
             values.update({f"{name}_l{l}": float(v) for l, v in enumerate(g.tolist(), start=1)})
@@ -94,7 +98,12 @@ def loop_dynamics(engine, model, tokens: torch.Tensor) -> dict[str, float]:
         values.update({f"batch_loss_r{r}": float(loss) for r, loss in sorted(losses.items())})
     finally:
         engine.train(was_training)
-    if model.uses_timestep:
-        psi = model._timestep_features(k, model.config.timestep_grid, tokens.device)
+    if model.uses_timestep:  # psi_l, or LoopFormer's c_l from its embedding (gathered under ZeRO-3)
+        embedding = getattr(model, "shortcut_embedding", None)
+        if embedding is None:
+            psi = model.timestep_inputs(k, model.config.timestep_grid, tokens.device)
+        else:
+            with _gathered(list(embedding.parameters())):
+                psi = timestep_inputs(model, k, model.config.timestep_grid, tokens.device, direct=True)
         values.update(gate_values(model, psi))
     return dict(zip(values, distributed.all_reduce_mean(list(values.values()))))

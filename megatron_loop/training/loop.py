@@ -32,8 +32,10 @@ from megatron_loop.data.loaders import LoaderFailure, end_loader_workers, loader
 from megatron_loop.errors import LoopDataError, os_error_text
 from megatron_loop.flops import mfu
 from megatron_loop.model.recompute import new_loop_schedules
+from megatron_loop.model.shortcut import shortcut_trajectory
 from megatron_loop.training import checkpoint, distributed, signals
 from megatron_loop.training.dynamics import loop_dynamics
+from megatron_loop.model.initial_state import step_seed
 from megatron_loop.training.loop_sampling import sample_train_loops
 from megatron_loop.training.metrics import MetricsLogger, memory_stats
 from megatron_loop.training.setup import Run, build_run
@@ -54,11 +56,13 @@ class CollectiveFailure(RuntimeError):
 # ----------------------------------------------------------------------------- steps
 
 
-def train_step(run: Run, k: int | None = None) -> tuple[float, float, dict[str, float | None], bool]:
+def train_step(run: Run, k: int | None = None, step: int = 0) -> tuple[float, float, dict[str, float | None], bool]:
     """One global batch: (mean loss over ranks and micro-batches, raw grad norm, lr per group, applied).
 
     ``k``: this step's loop count (``loop_sampling.sample_train_loops``; default K), the same for
     every micro-batch; ``train.backprop_loops`` truncates backpropagation to its last N loops.
+    ``step`` (0-based) seeds Huginn's noise state, ``model.initial_state: noise`` (model/initial_state.py),
+    and LoopFormer's short trajectories, ``train.shortcut_consistency`` (model/shortcut.py).
     """
     engine, k = run.engine, run.cfg.model.train_loops if k is None else k
     # Only non-default variable-depth settings reach the model: the paper's call is unchanged.
@@ -67,7 +71,14 @@ def train_step(run: Run, k: int | None = None) -> tuple[float, float, dict[str, 
         depth["backprop_loops"] = run.cfg.train.backprop_loops
     lrs = {f"lr_{g.get('name', i)}": g["lr"] for i, g in enumerate(run.optimizer.param_groups)}
     losses = []
-    for _ in range(run.accumulation):
+    for micro in range(run.accumulation):
+        if run.cfg.model.initial_state == "noise":  # Huginn: this micro-batch's s_0, stateless (initial_state.py)
+            depth["initial_state_seed"] = step_seed(run.cfg.train.seed, step, micro, run.info.rank)
+        # LoopFormer (train.shortcut_consistency, model/shortcut.py): this micro-batch's short trajectory,
+        # from (seed, step, micro-batch), the same on every rank
+        shortcut = shortcut_trajectory(run.cfg.train, run.cfg.model.train_loops, step, micro)
+        if shortcut is not None:
+            depth["shortcut"] = shortcut
         # pinned by the loader on CUDA (data/loaders.py): the copy is queued, the host does not wait
         tokens = next(run.train_iter)["tokens"].to(engine.device, non_blocking=True)
         loss = engine(tokens, num_loops=k, labels=tokens, compute_logits=False, **depth).loss
@@ -158,7 +169,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
             step_start = time.perf_counter()
             before = TrainState(**vars(state))
             loops = sample_train_loops(t, cfg.model.train_loops, state.step)  # from (seed, step): same on every rank
-            loss, grad_norm, lrs, applied = train_step(run, loops)
+            loss, grad_norm, lrs, applied = train_step(run, loops, state.step)
             step_s = time.perf_counter() - step_start
             for note in new_loop_schedules(run.engine.module):  # auto: each new plan and its assumptions
                 logger.message(note)

@@ -7,13 +7,23 @@ be run at any r afterwards:
 ``fixed``
     k = K at every step (the paper; the default).
 ``poisson_lognormal``
-    Huginn's schedule (Geiping et al. 2025, seal-rg/recurrent-pretraining,
-    ``recpre/raven_modeling_minimal.py::randomized_iteration_sampler``):
+    Huginn's schedule (Geiping et al. 2025, arXiv 2502.05171, Sec. 3.3, Eq. (2);
+    seal-rg/recurrent-pretraining ``recpre/model_dynamic.py::randomized_iteration_sampler``,
+    scheme "poisson-lognormal-filling", the one its released model trained with):
     lambda ~ LogNormal(mu, sigma), k = 1 + Poisson(lambda), mu = ln(K - 1) - sigma^2 / 2,
-    so E[lambda] = K - 1 and E[k] = K (Huginn's own mean is ``mean_recurrence + 1``: its
-    mu uses ln(mean_recurrence)). A heavy right tail: most steps are short, a few are deep.
-    ``train.loop_sampling_sigma`` is sigma (Huginn: 0.5); ``loop_sampling_min`` /
-    ``loop_sampling_max`` clip the draw (default: no clipping, as Huginn).
+    so E[lambda] = K - 1, E[k] = K and Var[k] = (K - 1) + (K - 1)^2 (e^{sigma^2} - 1).
+    Huginn writes the same draw with its mean recurrence M = ``mean_recurrence`` in place of
+    K - 1: mu = ln(t + s) - sigma^2 / 2 with t + s = M, p = Poisson(lambda) + 1, so its steps
+    have mean M + 1 (M = 32: 33 loops on average). Our K is that mean: K = M + 1 is Huginn's
+    sampler exactly (``tests/unit/training/test_loop_sampling.py`` compares the two). A heavy
+    right tail: most steps are short, a few are deep. ``train.loop_sampling_sigma`` is sigma
+    (Huginn: 0.5, fixed); ``loop_sampling_min`` / ``loop_sampling_max`` clip the draw (default:
+    no clipping, as Huginn).
+    Where Huginn differs: (a) with its default ``lockstep_n = False`` each rank seeds its own
+    draw (seed x (rank + 1)), so data-parallel ranks run different depths; here every rank runs
+    the same k (no rank waits for a deeper one, and the step is one depth). (b) Huginn's
+    evaluation runs M = K - 1 loops; ours the training K (``train.eval_loops``). (c) Huginn
+    starts from a (M - B) + B split of its mean, which for M < B averages B + 1 instead of M + 1.
 ``uniform``
     k ~ U{min, max} (both inclusive), ``max`` = 2K - min when null, so E[k] = K (Parcae-style
     per-batch sampling).
@@ -28,7 +38,9 @@ Timestep conditioning of a step with k loops uses the grid of k (T = k, the ``re
 which for k = K is the paper's training grid T = K).
 
 Truncated backpropagation (``train.backprop_loops: N``) is applied in ``LoopLM.forward``: the
-first k - N loops run without a graph. It cuts the embedding and the Prelude off from the
+first k - N loops run without a graph, i.e. min(N, k) loops are graphed -- Huginn's split of a
+draw p into n = max(p - B, 0) steps under ``torch.no_grad()`` and k = min(B, p) with gradients,
+B = ``mean_backprop_depth`` (8 of its 32 + 1), the last steps being the graphed ones in both. It cuts the embedding and the Prelude off from the
 gradient unless h0 reaches the graphed loops through an initial-state injection, as in Huginn
 and Parcae; :func:`megatron_loop.config.check_loop_sampling` refuses that combination when the
 config is loaded.

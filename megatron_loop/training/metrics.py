@@ -3,7 +3,8 @@ and Megatron-style log lines on rank 0.
 
 Only rank 0 writes. ``{output_dir}/metrics.jsonl`` holds one JSON object per line with an
 ``event`` key: ``train`` (step, loss, lr_muon, lr_adamw, grad_norm, tokens_per_s, mfu, memory,
-...), ``eval`` (``val_loss_r{r}`` per loop count), ``data`` (epochs the run reads of each
+...), ``eval`` (``val_loss_r{r}`` per loop count), ``start`` (the run's name, label and lr schedule, at
+every start and resume: training/banner.py), ``data`` (epochs the run reads of each
 prefix), ``summary`` (end of run), and lifecycle events (``resume``, ``checkpoint``,
 ``nonfinite``, ``stop``). On resume, records past the resumed step are dropped first (a crashed
 run may have logged steps that the resumed run replays), so the file is always the trajectory
@@ -56,18 +57,24 @@ def memory_stats() -> dict[str, float]:
     return {"mem_gib": rss, "mem_peak_gib": peak}
 
 
-def read_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """``(line, record)`` of every record of a metrics file, in order. Tolerant: a line torn by a
-    crash mid-write, or anything that is not a JSON object, is skipped."""
+def numbered_records(text: str) -> list[tuple[int, str, dict[str, Any] | None]]:
+    """``(line number, line, record)`` of every line of a metrics file's text; ``record`` is None
+    for a line that is not a JSON object (torn by a crash mid-write, or not written by the
+    trainer). NaN and Infinity parse (the trainer writes a non-finite loss as such)."""
     out = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            out.append((line, record))
+            record = None
+        out.append((number, line, record if isinstance(record, dict) else None))
     return out
+
+
+def read_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """``(line, record)`` of every record of a metrics file, in order. Tolerant: a line torn by a
+    crash mid-write, or anything that is not a JSON object, is skipped."""
+    return [(line, record) for _, line, record in numbered_records(path.read_text()) if record is not None]
 
 
 def record_step(record: dict[str, Any]) -> int:
@@ -193,7 +200,10 @@ class MetricsLogger:
         id_file = out / WANDB_ID_NAME
         run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
         write_atomic(id_file, run_id)  # a resumed run continues the same wandb run
-        return wandb.init(project=cfg.logging.wandb_project, name=cfg.logging.wandb_run_name,
+        from megatron_loop.config.naming import run_name
+
+        # named after train.output_dir unless the user named the run (config/naming.py)
+        return wandb.init(project=cfg.logging.wandb_project, name=run_name(cfg),
                           id=run_id, resume="allow", dir=str(out), mode=_wandb_mode(cfg),
                           config=cfg.to_dict())
 
@@ -226,7 +236,7 @@ class MetricsLogger:
         except OSError as e:  # name the file (a failed flush carries no file name)
             raise OSError(e.errno, e.strerror, str(self.path)) from None
         numeric = _numeric(record)
-        if self._wandb is not None and numeric:
+        if self._wandb is not None and numeric and event != "start":  # start: the schedule, no series
             self._wandb.log(numeric, step=record.get("step"))
         if self._tensorboard is not None and numeric and event in ("train", "eval", "dynamics"):
             for key, value in numeric.items():
@@ -256,10 +266,18 @@ class MetricsLogger:
             return
         self.train_usage = train_usage
         seq = self.cfg.train.seq_length
+        left = max(self.total_steps - self.start_step, 0)
         for u in train_usage:
             reuse = " (repeated data)" if u["epochs"] > 1 else ""
+            whole = f"{u['samples']:,} sequences = {u['epochs']:.2f} epochs{reuse}"
+            if self.start_step:  # a resumed run reads the rest (a blend: each prefix in its share)
+                more = round(u["samples"] * left / self.total_steps) if self.total_steps else 0
+                reads = (f"this run reads {more:,} more sequences (steps {self.start_step + 1}-{self.total_steps}); "
+                         f"the whole run reads {whole}")
+            else:
+                reads = f"this run reads {whole}"
             self.message(f"data: {u['prefix']}: {u['tokens']:,} tokens = {u['tokens'] // seq:,} sequences of {seq} "
-                         f"per epoch; this run reads {u['samples']:,} sequences = {u['epochs']:.2f} epochs{reuse}")
+                         f"per epoch; {reads}")
         if valid_batches:
             self.message(f"validation: {', '.join(valid_prefixes)}: {valid_batches} micro-batches at "
                          f"r = {', '.join(map(str, self.cfg.train.eval_loops))} every "

@@ -19,6 +19,7 @@ from megatron_loop.config import Config
 from megatron_loop.config.deepspeed import check_deepspeed_config
 from megatron_loop.data.prefix_files import prefix_file_problem
 from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
+from megatron_loop.plan import data_epochs, prefix_tokens, total_train_steps
 from megatron_loop.training.lock import LOCK_NAME
 from megatron_loop.training.metrics import METRICS_NAME
 
@@ -64,6 +65,23 @@ def check_input_files(cfg: Config, accumulation: int = 1, data_parallel_size: in
                             "expected a folder with tokenizer.json or a Hugging Face hub name such as "
                             "meta-llama/Llama-3.1-8B")
     return {**deepspeed, "train_prefixes": list(cfg.data.train_prefixes), "valid_prefixes": valid, "tokenizer": tok}
+
+
+def check_data_epochs(cfg: Config) -> None:
+    """Training reads no train prefix more than ``data.max_epochs`` times (before: a 4-token corpus
+    trained for "1024.00 epochs", exit 0). Beyond a few epochs repeated data stops helping and far
+    beyond, the model memorises the corpus. The dry run warns instead (above four epochs, naming this
+    refusal beyond the limit): it also plans paper configs against stand-in data."""
+    steps = total_train_steps(cfg)  # its own refusals first (a budget below one step, an index beyond memory)
+    limit = cfg.data.max_epochs
+    for i, (prefix, epochs) in enumerate(data_epochs(cfg, steps).items()):
+        if epochs > limit:
+            t = cfg.train
+            raise LoopDataError(
+                f"data.train_prefixes[{i}] '{prefix}': the plan reads {epochs:,.1f} epochs of its "
+                f"{prefix_tokens(prefix):,} tokens ({steps:,} steps x {t.global_batch_size} sequences of "
+                f"{t.seq_length}); expected at most data.max_epochs={limit:g}: add data, lower train.max_steps or "
+                "train.train_tokens, or raise data.max_epochs for a deliberate overfitting run")
 
 
 def is_hub_name(name: str) -> bool:

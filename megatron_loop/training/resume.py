@@ -7,7 +7,9 @@ ranks). A resume compares them with the new config before DeepSpeed reads a byte
 
 * applied exactly, and logged: the schedule (``train.lr``, ``max_steps``, ``train_tokens``,
   ``tokens_per_parameter``, the WSD fractions and ``min_lr_ratio``: the WSD split is re-derived
-  for the new total and the next update runs at the new schedule's rate) and the optimizer
+  for the new total and the next update runs at the new schedule's rate; from a checkpoint in its
+  decay, ``train.schedule_on_resume: continue_decay`` decays on from its rate instead of going back
+  to the peak, and the logged line says which, :func:`apply_plan`) and the optimizer
   hyperparameters (weight decay, betas, eps, Muon momentum / Nesterov / Newton-Schulz steps /
   scale, ``grad_clip``), which DeepSpeed would otherwise restore from the checkpoint;
 * applied through DeepSpeed's universal checkpoint: another number of data-parallel ranks under
@@ -37,7 +39,7 @@ from megatron_loop.errors import LoopConfigError
 from megatron_loop.checkpoint.tensor_parallel import check_resume as check_tensor_parallel_resume, configured_tensor_parallel_size
 
 SCHEDULE_KEYS = ("train.lr", "train.max_steps", "train.train_tokens", "train.tokens_per_parameter",
-                 "train.warmup_fraction", "train.stable_fraction", "train.min_lr_ratio")
+                 "train.warmup_fraction", "train.stable_fraction", "train.min_lr_ratio", "train.schedule_on_resume")
 OPTIMIZER_KEYS = ("train.weight_decay", "train.adam_beta1", "train.adam_beta2", "train.adam_eps",
                   "train.muon_momentum", "train.muon_nesterov", "train.muon_ns_steps", "train.muon_scale",
                   "train.grad_clip")
@@ -49,6 +51,9 @@ REFUSED = {
     "train.seed": "the seed fixes the document order of the packed data, so the rest of the run would read "
                   "another order",
     "train.precision": "fp32 and bf16 runs keep different ZeRO optimizer states",
+    # Ouro's Stage II freezes every parameter but the exit gate's: its optimizer holds other parameters
+    "train.exit_gate_objective": "Ouro's Stage II (adaptive_gate) trains the exit gate only, so its optimizer "
+                                 "state covers other parameters than Stage I's",
 }
 
 
@@ -212,25 +217,50 @@ class Hyperparameters:
                    list(sched.base_lrs), [dict(vars(fn)) for fn in sched.lr_lambdas])
 
 
-def apply_plan(engine, optimizer, fresh: Hyperparameters, plan: ResumeDecision) -> str | None:
+def apply_plan(engine, optimizer, fresh: Hyperparameters, plan: ResumeDecision, mode: str = "rederive",
+               kept: list[tuple[int, str]] = ()) -> str | None:
     """After DeepSpeed restored the checkpoint's optimizer and schedule: put the new config's
-    settings back where they changed. Returns a line describing the schedule now (or None)."""
+    settings back where they changed. ``mode`` is ``train.schedule_on_resume``; ``kept``: the
+    ``(step, tag)`` of the run's checkpoints (a line that advises a stable-phase one names it).
+    Returns the line saying what the schedule does from the next update on (or None: the schedule
+    is unchanged)."""
     if plan.optimizer:
         for group, values in zip(optimizer.param_groups, fresh.groups):
             group.update(values)
     if not plan.schedule:
         return None
     sched = engine.lr_scheduler
+    done = sched.last_epoch  # updates done: the checkpoint's last update ran at lambda(done - 1)
     before = [g["lr"] for g in optimizer.param_groups]
-    old_split = dict(vars(sched.lr_lambdas[0]))
+    old = sched.lr_lambdas[0]
+    old_split, old_value = dict(vars(old)), old(done - 1) if done > 0 else 0.0
+    was_decaying = done > 0 and old.in_decay(done)
     sched.base_lrs = list(fresh.base_lrs)
     for fn, values in zip(sched.lr_lambdas, fresh.lambdas):
         vars(fn).update(values)
+        if mode == "continue_decay" and was_decaying:  # decay on from where the checkpoint stopped
+            fn.decay_from_step, fn.decay_from_value = done, old_value
     for group, base, fn in zip(optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
         group["initial_lr"] = base
-        group["lr"] = base * fn(sched.last_epoch)
+        group["lr"] = base * fn(done)
     sched._last_lr = [g["lr"] for g in optimizer.param_groups]
-    new_split = vars(sched.lr_lambdas[0])
-    return (f"resume: schedule re-derived: WSD warmup/stable/decay {old_split['warmup']}/{old_split['stable']}/"
-            f"{old_split['decay']} -> {new_split['warmup']}/{new_split['stable']}/{new_split['decay']} updates; "
-            f"lr of update {sched.last_epoch + 1}: {before[0]:.6g} -> {optimizer.param_groups[0]['lr']:.6g}")
+    new = sched.lr_lambdas[0]
+    split = (f"WSD warmup/stable/decay {old_split['warmup']}/{old_split['stable']}/{old_split['decay']} -> "
+             f"{new.warmup}/{new.stable}/{new.decay} updates")
+    lr = f"lr of update {done + 1}: {before[0]:.6g} -> {optimizer.param_groups[0]['lr']:.6g}"
+    if new.decay_from_step is not None:
+        what = (f"continuing the decay (train.schedule_on_resume=continue_decay): linear from "
+                f"{old_value:.3g} x peak after update {done} to {new.final:g} x peak at update {new.total}")
+    elif was_decaying and new(done) > old_value:
+        last_stable = old_split["warmup"] + old_split["stable"]
+        stable = [tag for step, tag in sorted(kept, reverse=True) if 0 < step <= last_stable]
+        which = f"kept: {stable[0]}" if stable else "none is kept"
+        what = (f"the checkpoint is in its decay ({old_value:.3g} x peak at update {done}) and the new schedule "
+                f"goes back up to {new(done):.3g} x peak (re-warmed); to decay on instead set "
+                "train.schedule_on_resume=continue_decay, or resume from a checkpoint of the stable phase "
+                f"(update <= {last_stable}; {which}) to decay over the new end")
+    elif new.in_decay(done + 1):
+        what = f"decaying to {new.final:g} x peak at update {new.total}"
+    else:  # the WSD way: the stable phase is prolonged, the decay runs over the new end
+        what = f"the decay runs over updates {new.warmup + new.stable + 1}-{new.total}"
+    return f"resume: schedule re-derived: {split}; {lr}; {what}"

@@ -23,12 +23,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from megatron_loop.checkpoint.folders import complete_tags
 from megatron_loop.checkpoint.state import TrainState
 from megatron_loop.config import Config
 from megatron_loop.config.deepspeed import read_ds_config, with_universal_load, zero_stage
 from megatron_loop.data.loaders import SupervisedBatches, build_train_valid_loaders
 from megatron_loop.measure.peak_flops import peak_flops_per_device
 from megatron_loop.model import build_model
+from megatron_loop.model.exit_gate import configure_exit_training
 from megatron_loop.optim import build_engine
 from megatron_loop.optim.engine import describe_precision
 from megatron_loop.parallel.bootstrap import init_model_parallel
@@ -36,7 +38,7 @@ from megatron_loop.parallel.groups import current_placement
 from megatron_loop.parallel.parallelize import parallelize
 from megatron_loop.plan import accumulation_steps, total_train_steps
 from megatron_loop.training import checkpoint, distributed, preflight, signals
-from megatron_loop.training.banner import training_statement
+from megatron_loop.training.banner import start_record, training_statement
 from megatron_loop.training.distributed import DistInfo
 from megatron_loop.training.lock import RunLock
 from megatron_loop.training.metrics import MetricsLogger
@@ -112,6 +114,7 @@ def build_run(cfg: Config, resume: str | None,
     out = Path(t.output_dir)
     preflight.check_output_dir(out, t.resume or resume is not None)
     ds_config = Path(preflight.check_input_files(cfg, accumulation, data_parallel)["deepspeed_config"])
+    preflight.check_data_epochs(cfg)
     total_steps = total_train_steps(cfg)
 
     info = distributed.setup_distributed(t.collective_timeout_s)
@@ -152,6 +155,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
         ds = with_universal_load(ds)
 
     model = build_model(cfg.model, parallel=cfg.parallel)
+    configure_exit_training(model, t)  # Ouro's objective (train.exit_gate_objective), before the optimizer
     compile_note = parallelize(model, stage)
     parts = build_engine(model, t, micro_batch_size=t.micro_batch_size, grad_accum=accumulation,
                          total_steps=total_steps, ds_config=ds,
@@ -169,7 +173,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
             distributed.barrier()
             if info.is_main:
                 shutil.rmtree(load_dir, ignore_errors=True)
-        schedule_line = apply_plan(engine, optimizer, fresh, plan)
+        schedule_line = apply_plan(engine, optimizer, fresh, plan, t.schedule_on_resume, complete_tags(root))
         logger_msgs += checkpoint.resume_messages(point, plan, set_aside, schedule_line, state, info, resume,
                                                   total_steps)
     loaders.train_sampler.consumed_samples = state.consumed_samples  # exact next sample
@@ -195,6 +199,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     logger_msgs.append(compile_note)  # compiled blocks, or why not (ZeRO-3)
     for msg in logger_msgs:
         logger.message(msg)
+    logger.log(start_record(cfg, engine.lr_scheduler, optimizer, state.step, total_steps))  # label, schedule
     logger.data_usage(loaders.train_usage or [], loaders.valid_prefixes if valid_batches else [], len(valid_batches))
     if point is not None:
         logger.log({"event": "resume", "step": state.step, "checkpoint": str(point.path),

@@ -30,6 +30,20 @@ def tiny_model(prelude: int = 0, coda: int = 0, seed: int = 0, train_loops: int 
     return model
 
 
+def conditioned_model(prelude: int = 1, coda: int = 2, **conditioning):
+    """tiny-llama ``prelude + 2 x 3 + coda`` with the given conditioning, its vector parameters moved off
+    their initialisation (gates, norms and injections active)."""
+    torch.manual_seed(0)
+    cfg = build_model_config(dict(backbone="tiny-llama", core_layers=2, train_loops=3, prelude_layers=prelude,
+                                  coda_layers=coda, **conditioning))
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
 def write_prefix(directory: Path, num_docs: int = 12, vocab: int = 2000, seed: int = 0) -> str:
     """An indexed prefix of ``num_docs`` random documents (17-40 tokens each)."""
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder

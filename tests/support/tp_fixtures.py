@@ -14,8 +14,11 @@ CHUNK = 7  # tokens per loss chunk: several chunks, one of them ragged
 
 # name -> model section. ``llama``: untied head, initial + history injection, Loop Gating;
 # ``qwen``: QK norms (gradients partial over heads), tied embedding, dense injection, AdaLN,
-# per-loop activation checkpointing (the TP collectives rerun in the recomputation);
-# ``branch``: Branch Gating with scalar history, selective activation checkpointing.
+# per-loop activation checkpointing (the TP collectives rerun in the recomputation), Huginn's sandwich-normed
+# blocks and final norm on the recurrent output (model.block_norm, model.norm_core_output);
+# ``branch``: Branch Gating with scalar history, selective activation checkpointing;
+# ``shortcut``: LoopFormer's shortcut modulation trained with its objective (``forward_kwargs``: a full and a
+# short trajectory, their consistency MSE on the head input), per-loop activation checkpointing.
 MODELS = {
     "llama": dict(backbone="tiny-llama", prelude_layers=1, core_layers=2, coda_layers=1, train_loops=3,
                   vocab_size=256, initial_injection="channel", injection_init_noise=0.03,
@@ -23,11 +26,22 @@ MODELS = {
                   activation_checkpointing="none", compile=False),
     "qwen": dict(backbone="tiny-qwen", prelude_layers=1, core_layers=1, coda_layers=1, train_loops=2,
                  vocab_size=256, initial_injection="dense", timestep="adaln", activation_checkpointing="per_loop",
-                 compile=False),
+                 block_norm="sandwich", norm_core_output=True, compile=False),
     "branch": dict(backbone="tiny-llama", core_layers=2, train_loops=3, vocab_size=256,
                    history_injection="scalar", history_window=1, timestep="branch_gating",
                    activation_checkpointing="selective", compile=False),
+    "shortcut": dict(backbone="tiny-llama", core_layers=2, train_loops=3, vocab_size=256, timestep="shortcut",
+                     activation_checkpointing="per_loop", compile=False),
 }
+
+
+def forward_kwargs(model) -> dict:
+    """The training step's extra forward arguments: LoopFormer's objective on a fixed short trajectory."""
+    if model.config.timestep != "shortcut":
+        return {}
+    from megatron_loop.model.shortcut import ShortcutTrajectory
+
+    return {"shortcut": ShortcutTrajectory((1, 2))}
 
 
 def model_config(name: str):
@@ -60,7 +74,7 @@ def run(model, dp_ranks: list[int]) -> dict:
     losses, logits = [], []
     for r in dp_ranks:
         tokens, labels = batch(r)
-        out = model(tokens, labels=labels)
+        out = model(tokens, labels=labels, **forward_kwargs(model))
         (out.loss / len(dp_ranks)).backward()
         losses.append(out.loss.detach())
         logits.append(out.logits.detach())

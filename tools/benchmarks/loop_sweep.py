@@ -6,6 +6,10 @@
   against one forward per r (R(R+1)/2 loops). Timed as the peers mode times (``peers.measure_shuffled``:
   each round runs both in a shuffled order; process CPU time on CPU); the ratio is the paired one with
   its interquartile range.
+* probe sweep: the App. C.4 geometry probes (``tools/probe_geometry.py``, every metric with skip runs
+  of every occurrence, ``--interaction-sources all``) of the same model over the same r, on micro-batch
+  sequences of seq tokens, every position selected, one chunk: one pass for every r (``probes/runner.py``:
+  the forwards at r_max, a Coda readout per smaller r) against one pass per r (``--per-r``), paired as above.
 * eval start-up: lm-eval's ``TaskManager`` as a sweep builds it (``eval.harness.task_manager``), in a
   fresh process each time, for local tasks only (ours and an include folder: ``include_defaults=False``)
   against the same with one stock task (lm-eval's ~14,700 stock task YAMLs indexed too, what every
@@ -66,6 +70,37 @@ def bench_sweep_forwards(setup: Setup, family: str, loops: list[int]) -> list[Ro
     return rows
 
 
+def bench_probe_sweep(setup: Setup, family: str, loops: list[int]) -> list[Row]:
+    """The geometry probes' cost over r = ``loops``: one pass for every r against one pass per r."""
+    from megatron_loop.probes.runner import GeometryProbe, ProbeSettings, probe_passes
+    from megatron_loop.probes.sampling import ProbeSample, select_positions
+
+    core, train_loops = loop_shape(family)
+    cfg = model_config(setup, family, core, train_loops, compile=False)
+    model = build(cfg, setup).eval()
+    tokens = random_tokens(cfg, setup)
+    sample = ProbeSample(tokens.cpu(), select_positions(tokens.shape[0], tokens.shape[1] - 1, None))
+    probes = {name: GeometryProbe(model, sample, ProbeSettings(loops=loops, batch_size=tokens.shape[0],
+                                                               progress=False, one_pass=one_pass))
+              for name, one_pass in (("per-r", False), ("one-pass", True))}
+    modes = {name: probe_passes(model, [*loops, train_loops], one_pass).record()["mode"]  # what each case runs
+             for name, one_pass in (("per-r", False), ("one-pass", True))}
+    m = measure_shuffled({name: Case(probe.run, tokens.numel() * len(loops), memory=False)
+                          for name, probe in probes.items()}, setup)
+    name = f"probe {family} {core}x{train_loops} r={loops[0]}..{loops[-1]}"
+    params = {"loops": loops, "sources": "all", "sequences": sample.num_sequences, "positions": sample.num_positions,
+              "seq": setup.seq}
+    rows = [Row("sweep", f"{name} {case}", {**params, "passes": modes[case]},
+                {k: v for k, v in m[case].items() if k != "_step_times"}) for case in m]
+    ratios = paired_ratios(m["per-r"], m["one-pass"])
+    rows.append(Row("sweep", f"cost {name} one-pass / per-r", params,
+                    {"cost_ratio_paired": ratios["ratio_paired"], "q1": ratios["ratio_paired_q1"],
+                     "q3": ratios["ratio_paired_q3"], "cost_ratio_of_medians": ratios["tokens_per_s_ratio"]}))
+    del model, probes
+    release(setup)
+    return rows
+
+
 # One sweep's start-up in a fresh process: the imports untimed, then the harness's TaskManager for the
 # tasks asked (argv[2:]) over the include folder argv[1], in process CPU and wall seconds.
 _STARTUP = """
@@ -117,4 +152,5 @@ def bench_eval_startup(repeats: int) -> list[Row]:
 
 def run(setup: Setup, args: argparse.Namespace) -> list[Row]:
     return [*bench_sweep_forwards(setup, args.families[0], args.sweep_loops),
+            *bench_probe_sweep(setup, args.families[0], args.sweep_loops),
             *bench_eval_startup(args.startup_repeats)]

@@ -26,6 +26,7 @@ OUT_OF_RANGE = {
     "train.tokens_per_parameter=-20": "train.tokens_per_parameter=-20.0: expected a positive number "
                                       "(the Chinchilla token budget, 20 in the paper)",
     "train.train_tokens=0": "train.train_tokens=0: expected null or a positive integer",
+    "data.max_epochs=0": "data.max_epochs=0.0: expected a positive number of epochs",
 }
 CONTRADICTIONS = {
     "model.history_window=3": "model.history_window=3: expected 1 (the default) unless history_injection is set",

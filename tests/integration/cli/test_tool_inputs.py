@@ -6,6 +6,7 @@ one line, exit 2, nothing written."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -125,3 +126,54 @@ def test_list_configs_into_a_closed_pipe_exits_quietly(tmp_path):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0 and "BrokenPipeError" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("form", ["trailing_separator", "existing_folder"])
+def test_preprocess_refuses_a_prefix_that_names_a_folder(tmp_path, capsys, form):
+    """Before: ``--output-prefix bad/data/`` wrote the hidden files bad/data/.bin, .idx, .stats.json."""
+    from megatron_loop.data.preprocess import main
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text('{"text": "one"}\n')
+    folder = tmp_path / "bad" / "data"
+    folder.mkdir(parents=True)
+    prefix = f"{folder}/" if form == "trailing_separator" else str(folder)
+    args = ["--input", str(src), "--tokenizer", str(data_assets().tokenizer), "--output-prefix", prefix]
+    assert run_cli(main, args) == 2
+    assert _errors(capsys) == [f"error: --output-prefix {prefix}: names a folder; expected a path prefix such as "
+                               f"{folder / 'corpus'} (writes PREFIX.bin, PREFIX.idx and PREFIX.stats.json)"]
+    assert not list(folder.iterdir()) and sorted(p.name for p in folder.parent.iterdir()) == ["data"]
+
+
+def test_special_token_text_in_a_document_stays_text(tmp_path):
+    """Before: a literal <|endoftext|> in a document became the EOS id inside it (a document boundary
+    the packing and the loss then saw). Now only the appended EOS is one; the text decodes back."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from transformers import AutoTokenizer
+
+    from megatron_loop.data.preprocess import PreprocessOptions, preprocess
+
+    texts = ["the tag <|endoftext|> is text here", "a plain one"]
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    preprocess(str(src), str(data_assets().tokenizer), str(tmp_path / "p"), PreprocessOptions(progress=False))
+    tok = AutoTokenizer.from_pretrained(data_assets().tokenizer)
+    data = IndexedDataset(str(tmp_path / "p"))
+    for i, text in enumerate(texts):
+        ids = data[i].tolist()
+        assert [j for j, t in enumerate(ids) if t == tok.eos_token_id] == [len(ids) - 1]  # the appended EOS only
+        assert tok.decode(ids[:-1]) == text
+    assert len(data[0]) > len(tok(texts[0], add_special_tokens=False)["input_ids"]) + 1  # the tag spelled out
+
+
+def test_train_tokenizer_says_when_the_corpus_gives_fewer_tokens_than_asked(tmp_path, capsys):
+    """Before: --vocab-size 4096 gave 1,265 tokens without a word (model.vocab_size then set from the flag)."""
+    from tokenizers import Tokenizer
+
+    src = tmp_path / "notes.txt"
+    src.write_text("the cat sat on the mat\nthe dog sat on the log\n")
+    assert _tool("train_tokenizer")(["--input", str(src), "--output", str(tmp_path / "tok"), "--vocab-size", "4096"]) == 0
+    got = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json")).get_vocab_size()
+    assert 257 < got < 4096
+    assert _errors(capsys) == [f"note: --vocab-size 4,096: the corpus gave {got:,} tokens (no more pairs seen at least "
+                               f"twice), so the tokenizer has {got:,}; model.vocab_size must be >= {got:,}"]

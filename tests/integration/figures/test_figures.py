@@ -245,6 +245,41 @@ def test_training_curves_label_runs_by_folder_and_keep_the_legend_off_the_data(t
     plt.close(fig)
 
 
+def test_training_curves_name_runs_by_what_they_are_and_draw_the_warmup_logged_every_ten_steps(tmp_path):
+    """The start event training logs (training/banner.py start_record, here from a real WSD scheduler)
+    names the run NAME (p+sxK+c, conditioning) and carries its schedule: the lr panel draws every
+    step, warmup included, although the run logged its lr only every 10 steps (dots on the line)."""
+    import torch
+
+    from megatron_loop.config import config_from_dict
+    from megatron_loop.optim.schedule import wsd_lambda, wsd_scheduler, wsd_split
+    from megatron_loop.training.banner import start_record
+
+    cfg = config_from_dict({"model": {"prelude_layers": 1, "core_layers": 2, "train_loops": 3, "coda_layers": 1,
+                                      "history_injection": "scalar", "history_window": 2, "timestep": "loop_gating"},
+                            "train": {"output_dir": str(tmp_path / "runs" / "loopy" / "train"), "lr": 0.01}})
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "name": n} for n in ("muon", "adamw")]
+    optimizer = torch.optim.SGD(groups, lr=0.01)
+    lines = [start_record(cfg, wsd_scheduler(optimizer, 100), optimizer, 0, 100)]
+    lines += [{"event": "train", "step": s, "loss": 3.0, "lr_muon": 0.01 * wsd_lambda(s, *wsd_split(100)),
+               "lr_adamw": 0.01 * wsd_lambda(s, *wsd_split(100))} for s in range(10, 101, 10)]
+    folder = tmp_path / "runs" / "loopy" / "train"
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    run = read_run(folder)
+    assert run.label == "loopy (1+2x3+1, H(scalar, w=2)+LG)"
+    fig = plot_runs([run])
+    schedule, logged = fig.axes[1].get_lines()
+    assert list(schedule.get_xdata()) == list(range(1, 101))
+    assert list(schedule.get_ydata()[:6]) == pytest.approx([0.002, 0.004, 0.006, 0.008, 0.01, 0.01])  # warmup 5
+    assert schedule.get_ydata()[-1] == pytest.approx(0.001)  # the last update at 0.1 x peak
+    assert list(logged.get_xdata()) == list(range(10, 101, 10)) and logged.get_linestyle() == "None"
+    assert _legend(fig)[-2:] == ["loopy (1+2x3+1, H(scalar, w=2)+LG): learning rate at every step (Muon = AdamW)",
+                                 "loopy (1+2x3+1, H(scalar, w=2)+LG): learning rate as logged (every "
+                                 "train.log_interval steps)"]
+    plt.close(fig)
+
+
 # ------------------------------------------------------------------------------- docs/figures
 def test_docs_figures_are_drawn_from_the_reproduce_tables(tmp_path):
     """tools/docs_figures.py reads the numbers of docs/REPRODUCE.md's tables into the figures: the

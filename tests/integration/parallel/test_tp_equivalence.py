@@ -3,8 +3,9 @@ sequence parallelism) against the TP = 1 model, on CPU with gloo.
 
 ``tests/support/dist_scripts/tp_equivalence.py`` builds three tiny LoopLMs with conditioning
 (``tp_fixtures.MODELS``: initial + history injection + Loop Gating; QK norms + tied embedding +
-dense injection + AdaLN + per-loop checkpointing; Branch Gating + scalar history + selective
-checkpointing) with the TP = 1 seed at TP = 2 on 2 ranks
+dense injection + AdaLN + per-loop checkpointing + Huginn's sandwich-normed blocks and normed
+recurrent output; Branch Gating + scalar history + selective
+checkpointing; LoopFormer's shortcut modulation trained with its shortcut-consistency objective) with the TP = 1 seed at TP = 2 on 2 ranks
 and at TP = 2 x DP = 2 on 4 ranks, sequence parallelism off and on, and records the whole
 (gathered) weights, losses, logits and gradients. Tolerances (fp32): initial weights bitwise
 (the master weight is drawn whole and split); loss and logits within 1e-6 absolute (observed

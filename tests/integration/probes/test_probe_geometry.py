@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from probe_fixtures import tiny_model, write_prefix
+from probe_fixtures import conditioned_model, tiny_model, write_prefix
 
 from megatron_loop.cli import run_cli
 from megatron_loop.probes import cli
@@ -44,7 +44,11 @@ def test_cli_on_hf_export_writes_json_and_plots(tmp_path, capsys):
     for name in ("geometry_trajectory.png", "geometry_interaction.png"):
         assert name in report["files"]
         assert (tmp_path / "a" / name).read_bytes()[:8] == PNG_MAGIC
-    assert "wrote" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "wrote" in out
+    # loop gating on the rescaled grid: each L has its own trajectory, so one pass per L, and it says so
+    assert "loop sweep: one pass per r for r = 2, 3, 5 (timestep conditioning (loop_gating) on the rescaled grid" in err
+    assert report["sweep_passes"]["mode"] == "per-r"
 
     # the export probed again on the same sample, compared with the first report: ratio 1, 0 %
     again = args(prefix, tmp_path / "b", "--loops", "5", "--interaction-sources", "beyond_training",
@@ -64,6 +68,23 @@ def test_cli_on_hf_export_writes_json_and_plots(tmp_path, capsys):
         "14 here); expected the same sample (App. C.4 compares identical examples "
         "and masks)"]
     assert not (tmp_path / "c").exists()
+
+
+def test_cli_one_pass_sweep_equals_per_r(tmp_path, monkeypatch, capsys):
+    """No timestep conditioning: every L from the forwards at L_max, said on stderr and recorded; --per-r
+    gives the same geometry.json, bitwise, from one pass per L."""
+    prefix = write_prefix(tmp_path)
+    monkeypatch.setattr(cli, "check_source", lambda checkpoint, hf_dir: None)
+    monkeypatch.setattr(cli, "load_model", lambda checkpoint, hf_dir: conditioned_model(initial_injection="scalar"))
+    reports, lines = [], []
+    for name, extra in (("one", []), ("per_r", ["--per-r"])):
+        assert run_cli(cli.main, args(prefix, tmp_path / name, *extra)) == 0
+        lines.append(capsys.readouterr().err.strip().splitlines()[-1])
+        reports.append(json.loads((tmp_path / name / "geometry.json").read_text()))
+    assert lines == ["loop sweep: one forward per batch at r = 5 reads out r = 2, 3, 5 (the trajectory does not "
+                     "depend on r: no timestep conditioning)", "loop sweep: one pass per r for r = 2, 3, 5 (--per-r)"]
+    assert [r.pop("sweep_passes")["mode"] for r in reports] == ["one-pass", "per-r"]
+    assert reports[0]["loops"] == reports[1]["loops"]
 
 
 @pytest.mark.parametrize("extra,needle", [

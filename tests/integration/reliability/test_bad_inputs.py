@@ -2,16 +2,24 @@
 tool) with exit 2 and ONE ``error: ...`` line naming the key or file and what is expected, and
 leaves nothing half-written (no output folder; an existing run folder unchanged).
 
-All CLI runs are launched up front, a few at a time, by one module fixture; each test then checks
-its own result. Cases raised by the config, data, model I/O and training code alike.
+One module fixture runs every case up front; each test then checks its own result. Cases raised
+by the config, data, model I/O and training code alike. A case that stops before training creates
+a process group runs in this process through the CLI's own ``main(argv)`` (stderr and the exit code
+as the user sees them; reaching the process group fails the case), the others, the fault-injection
+wrapper and at least one case of each CLI (:data:`SUBPROCESS`) as real processes, a few at a time,
+meanwhile: the interpreter-level path (imports, ``__main__``, exit status) stays covered.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import os
 import re
 import shutil
 import subprocess
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +29,7 @@ import pytest
 from data_fixtures import data_assets
 from megatron_loop.training.lock import RunLock
 from train_fixtures import FAULTS, command, copy_run, env, reference_run, tiny_config
-from testpaths import REPO
+from testpaths import REPO, load_script
 
 pytestmark = pytest.mark.slow
 
@@ -77,6 +85,12 @@ def _cases(root: Path) -> dict[str, Case]:
     device = _copy_prefix(assets.prefix, root / "device" / "p")
     os.unlink(device + ".bin")
     os.symlink("/dev/zero", device + ".bin")  # endless zeros, no size
+
+    from megatron_loop.data.preprocess import PreprocessOptions, preprocess
+
+    four = root / "four" / "p"  # a corpus of a few tokens: 10 steps x 8 x 32 tokens read it hundreds of times
+    (root / "four.jsonl").write_text('{"text": "a cat"}\n')
+    preprocess(str(root / "four.jsonl"), str(assets.tokenizer), str(four), PreprocessOptions(progress=False))
 
     previous = copy_run(reference_run().run_dir, root / "previous")
     other_arch = copy_run(reference_run().run_dir, root / "other_arch")
@@ -182,6 +196,15 @@ def _cases(root: Path) -> dict[str, Case]:
             rf"--output {re.escape(str(runs['in_use']))}: holds a training run or checkpoints \(run\.lock, "
             r"metrics\.jsonl, checkpoints\); a run is training there \(host .+, pid \d+, started .+\); --overwrite "
             r"replaces only an export", script=str(REPO / "tools" / "convert_to_hf.py"), untouched=[runs["in_use"]]),
+        "data_read_too_often": c(data(str(four)), rf"data\.train_prefixes\[0\] '{re.escape(str(four))}': the plan "
+                                                  r"reads [\d,.]+ epochs of its \d+ tokens \(10 steps x 8 sequences "
+                                                  r"of 32\); expected at most data\.max_epochs=100: add data"),
+        "convert_tag_outside_the_checkpoints": Case(  # another run's checkpoint through --tag
+            ["--checkpoint", str(previous / "checkpoints"), "--output", str(root / "hf_tag"),
+             "--tag", "../../other_arch/checkpoints/global_step10"],
+            rf"--tag names '\.\./\.\./other_arch/checkpoints/global_step10', a path, not a checkpoint of "
+            rf"{re.escape(str(previous / 'checkpoints'))}; expected the name of a checkpoint folder in it",
+            script=str(REPO / "tools" / "convert_to_hf.py"), absent=[root / "hf_tag"], untouched=[other_arch]),
         "convert_corrupt_named_checkpoint": Case(
             ["--checkpoint", str(corrupt_tag), "--output", str(root / "hf_corrupt")],
             rf"{re.escape(str(shard))}: sha256 differs from .*manifest\.json \(corrupt file\)",
@@ -195,9 +218,58 @@ def _with(case: Case, pattern: str) -> Case:
     return case
 
 
+# Real processes: the cases that get past the checks made before training creates its process group
+# (the data loader, the resume, the run lock), the fault-injection wrapper, and at least one case of
+# each CLI for the interpreter-level path. The others run in this process (_run_in_process).
+SUBPROCESS = {
+    "wrong_magic", "truncated_idx", "short_bin", "token_ids_beyond_vocab", "checkpoint_other_architecture",
+    "resume_path_missing", "output_dir_in_use", "resume_seq_length_changed", "resume_zero_stage_changed",
+    "output_dir_read_only", "metrics_not_writable_on_resume",  # past the process group, or a wrapper
+    "unknown_key", "convert_corrupt_named_checkpoint",  # a config error as a process; convert_to_hf.py's one
+}
+
+
 def _run(case: Case) -> subprocess.CompletedProcess:
     return subprocess.run(command(*case.args, script=case.script), cwd=REPO, env=env(), capture_output=True,
                           text=True, timeout=400)
+
+
+@functools.lru_cache(maxsize=None)
+def _main(script: str):
+    """The ``main`` of ``pretrain_loop.py`` or a tool, loaded once."""
+    return load_script(script if script == "pretrain_loop.py" else str(Path(script).relative_to(REPO))).main
+
+
+class _ProcessGroupReached(Exception):
+    """An in-process case got as far as creating a process group: it belongs in SUBPROCESS."""
+
+
+def _run_in_process(case: Case) -> subprocess.CompletedProcess:
+    """``main(argv)`` of the case's script as its ``__main__`` calls it, from the repository root like
+    :func:`_run`; an uncaught exception is printed as the interpreter would (exit 1), SystemExit
+    (argparse) gives its code. The process group is never created here."""
+    import megatron_loop.training.setup as setup
+
+    main = _main(case.script)
+    out, err = io.StringIO(), io.StringIO()
+
+    def refuse(*args, **kwargs):
+        raise _ProcessGroupReached(case.args)
+
+    with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        original, setup.distributed.setup_distributed = setup.distributed.setup_distributed, refuse
+        try:
+            code = main(case.args)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        except _ProcessGroupReached:
+            raise
+        except Exception:
+            traceback.print_exc()
+            code = 1
+        finally:
+            setup.distributed.setup_distributed = original
+    return subprocess.CompletedProcess(case.args, code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -208,8 +280,10 @@ def outcomes(tmp_path_factory):
     before = {name: [_snapshot(p) for p in case.untouched] for name, case in cases.items()}
     holder = RunLock(root / "in_use").acquire()  # a live run on that folder
     try:
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            results = dict(zip(cases, pool.map(_run, cases.values())))
+        with ThreadPoolExecutor(max_workers=3) as pool:  # the processes run while the rest runs here
+            launched = {name: pool.submit(_run, case) for name, case in cases.items() if name in SUBPROCESS}
+            results = {name: _run_in_process(case) for name, case in cases.items() if name not in SUBPROCESS}
+            results.update({name: future.result() for name, future in launched.items()})
     finally:
         holder.release()
     return {name: (cases[name], results[name], before[name]) for name in cases}
@@ -224,6 +298,7 @@ CASE_NAMES = [
     "config_not_yaml", "convert_missing_checkpoint", "collective_timeout_not_positive", "output_dir_in_use",
     "resume_seq_length_changed", "resume_zero_stage_changed", "output_dir_read_only",
     "metrics_not_writable_on_resume", "convert_overwrite_of_a_live_run", "convert_corrupt_named_checkpoint",
+    "data_read_too_often", "convert_tag_outside_the_checkpoints",
 ]
 
 
@@ -238,6 +313,15 @@ def test_bad_input_fails_cleanly(outcomes, name):
     for path in case.absent:
         assert not path.exists(), f"{path} was created"
     assert [_snapshot(p) for p in case.untouched] == before
+
+
+def test_in_process_runs_print_what_the_process_prints(outcomes):
+    """The in-process runner against the real process on the same case: the same exit code and error line."""
+    case, process, _ = outcomes["unknown_key"]
+    again = _run_in_process(case)
+    assert (again.returncode, again.stdout) == (process.returncode, process.stdout) == (2, "")
+    assert [line for line in again.stderr.splitlines() if line.startswith("error: ")] == \
+        [line for line in process.stderr.splitlines() if line.startswith("error: ")]
 
 
 def test_batch_arithmetic_with_data_parallel_ranks_names_the_keys():

@@ -15,6 +15,7 @@ import pytest
 import json
 
 from megatron_loop.config import config_from_dict
+from megatron_loop.model.initial_state import step_seed
 from megatron_loop.training.loop_sampling import sample_train_loops
 from testpaths import TRAIN_SCRIPTS
 from train_fixtures import (assert_same_weights, check_ok, final_weights, losses, records, reference_run, run_cli,
@@ -41,9 +42,14 @@ def test_paper_setting_through_the_new_paths_is_the_default_run_bit_for_bit(tmp_
 @pytest.mark.distributed
 def test_sampled_loops_are_equal_on_every_rank_micro_batch_and_across_resume(tmp_path):
     """2 gloo ranks, 2 micro-batches per rank and step; stopped after step 2 (exit_interval) and
-    resumed to step 4: every training forward of both ranks ran the draw of its step."""
+    resumed to step 4: every training forward of both ranks ran the draw of its step. The model is
+    Huginn's (sandwich blocks, the state drawn from noise, model/initial_state.py): each micro-batch's
+    noise seed is step_seed(train.seed, step, micro-batch, rank), so the resumed run redraws the noise
+    of the remaining steps exactly, with nothing in the checkpoint."""
     steps, k = 4, 3
-    config = tiny_config(tmp_path, model={"train_loops": k, "initial_injection": "scalar"},
+    huginn = {"initial_injection": "dense", "initial_state": "noise", "block_norm": "sandwich",
+              "norm_core_output": True}
+    config = tiny_config(tmp_path, model={"train_loops": k, **huginn},
                          train={"max_steps": steps, "save_interval": 100, "eval_interval": 0,
                                 "loop_sampling": "poisson_lognormal", "backprop_loops": 1})
     rec = tmp_path / "calls"
@@ -53,17 +59,20 @@ def test_sampled_loops_are_equal_on_every_rank_micro_batch_and_across_resume(tmp
     check_ok(resumed)
     assert "resuming from" in resumed.stdout + resumed.stderr
 
-    cfg = config_from_dict({"model": {"backbone": "tiny-llama", "train_loops": k, "initial_injection": "scalar"},
+    cfg = config_from_dict({"model": {"backbone": "tiny-llama", "train_loops": k, **huginn},
                             "train": {"loop_sampling": "poisson_lognormal", "backprop_loops": 1}})
     expected = [sample_train_loops(cfg.train, k, s) for s in range(steps)]
     assert len(set(expected)) > 1, expected  # the seed gives several depths in these steps
     per_rank = [[json.loads(line) for line in (tmp_path / f"calls.rank{r}.jsonl").read_text().splitlines()]
                 for r in (0, 1)]
-    assert per_rank[0] == per_rank[1]
+    assert [c[:3] for c in per_rank[0]] == [c[:3] for c in per_rank[1]]
     accumulation = 2  # global 8 = micro 2 x 2 micro-batches x 2 ranks
     assert [c[0] for c in per_rank[0]] == [n for n in expected for _ in range(accumulation)]
-    for num_loops, backprop, grid in per_rank[0]:
+    for num_loops, backprop, grid, _ in per_rank[0]:
         assert backprop == 1 and grid == (None if num_loops == k else "rescaled")  # psi on the grid of the draw
+    for rank in (0, 1):  # Huginn's noise: a pure function of (seed, step, micro-batch, rank), across the resume
+        assert [c[3] for c in per_rank[rank]] == [step_seed(42, s, m, rank) for s in range(steps)
+                                                  for m in range(accumulation)]
     run = tmp_path / "run"
     assert [r["train_loops"] for r in records(run, "train")] == expected
     assert [r["step"] for r in records(run, "resume")] == [2]

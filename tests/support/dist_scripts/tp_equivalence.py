@@ -57,7 +57,7 @@ def main() -> None:
             engine = build_engine(model, OptimizerSettings(lr=0.0), micro_batch_size=fx.MICRO, grad_accum=1,
                                   total_steps=1, bf16=False, zero_stage=0).engine
             tokens, labels = fx.batch(layout.dp_rank)
-            result = engine(tokens, labels=labels)
+            result = engine(tokens, labels=labels, **fx.forward_kwargs(model))
             engine.backward(result.loss)  # the TP sum in backward, then the engine's DP mean
             out = {"losses": result.loss.detach()[None], "logits": result.logits.detach()[None]}
             before = {}

@@ -2,7 +2,8 @@
 
     python tests/support/train_scripts/record_loops.py OUT_PREFIX [pretrain_loop.py arguments]
 
-Appends one JSON line ``[num_loops, backprop_loops, timestep_grid]`` per training micro-batch
+Appends one JSON line ``[num_loops, backprop_loops, timestep_grid, initial_state_seed]`` per training
+micro-batch
 to ``OUT_PREFIX.rank{RANK}.jsonl`` (the sampled-loop tests compare ranks, steps and resumes).
 """
 
@@ -30,7 +31,8 @@ def main() -> int:
 
     def recording(self, *args, **kwargs):
         if self.training:
-            calls.append([kwargs.get("num_loops"), kwargs.get("backprop_loops"), kwargs.get("timestep_grid")])
+            calls.append([kwargs.get("num_loops"), kwargs.get("backprop_loops"), kwargs.get("timestep_grid"),
+                          kwargs.get("initial_state_seed")])
         return forward(self, *args, **kwargs)
 
     LoopLM.forward = recording

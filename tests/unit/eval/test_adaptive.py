@@ -51,8 +51,18 @@ def test_thresholds_and_criteria():
     assert [threshold_key(t) for t in (0.0, 1e-4, 0.5)] == ["0", "0.0001", "0.5"]
     session = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(model_type="looplm")))
     check_adaptive(session, "kl", 8)
-    with pytest.raises(LoopConfigError, match=r"--exit-criterion 'entropy': expected one of \('kl', 'cosine'\)"):
+    with pytest.raises(LoopConfigError,
+                       match=r"--exit-criterion 'entropy': expected one of \('kl', 'cosine', 'q_exit'\)"):
         check_adaptive(session, "entropy", 8)
+    # Ouro's Q-exit: probabilities, and an export with the learned exit gate
+    assert parse_thresholds("0.5,1", "q_exit") == [0.5, 1.0]
+    with pytest.raises(LoopConfigError, match=r"--exit-thresholds '0.5,2' with --exit-criterion q_exit: expected "
+                                              r"probabilities q in \[0, 1\]"):
+        parse_thresholds("0.5,2", "q_exit")
+    with pytest.raises(LoopConfigError, match="--exit-criterion q_exit: the export has no learned exit gate"):
+        check_adaptive(session, "q_exit", 8)
+    gated = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(model_type="looplm", exit_gate="learned")))
+    check_adaptive(gated, "q_exit", 8)
     with pytest.raises(LoopConfigError, match="--exit-max-loops 0: expected an integer >= 1"):
         check_adaptive(session, "cosine", 0)
     native = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(model_type="llama")))

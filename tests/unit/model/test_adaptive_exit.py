@@ -20,7 +20,7 @@ def test_check_exit_accepts_the_criteria_and_refuses_bad_settings():
     for criterion, threshold in (("none", 0.0), ("kl", 1e-3), ("cosine", 0)):
         check_exit(criterion, threshold)
     with pytest.raises(LoopConfigError,
-                       match=r"^exit_criterion='entropy': expected one of \('none', 'kl', 'cosine'\)$"):
+                       match=r"^exit_criterion='entropy': expected one of \('none', 'kl', 'cosine', 'q_exit'\)$"):
         check_exit("entropy", 0.1)
     for threshold in (-1e-3, math.nan):
         with pytest.raises(LoopConfigError, match=rf"^exit_threshold={threshold!r}: expected a number >= 0$"):

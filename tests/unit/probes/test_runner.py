@@ -1,17 +1,18 @@
 """Probes on a real tiny LoopLM: hook placement, the telescoping identity, computational
-interaction, batching invariance and the sampling rules."""
+interaction, batching invariance, the sampling rules, and one pass for every loop count (bitwise the
+per-L sweep) or one per L where the trajectory depends on L."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from probe_fixtures import tiny_model, write_prefix
+from probe_fixtures import conditioned_model, tiny_model, write_prefix
 
-from megatron_loop.errors import LoopDataError
+from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.model.compat import rope_freqs
 from megatron_loop.model.conditioning import timestep_features
 from megatron_loop.probes import metrics
-from megatron_loop.probes.runner import GeometryProbe, ProbeSettings
+from megatron_loop.probes.runner import GeometryProbe, ProbeSettings, probe_passes
 from megatron_loop.probes.sampling import ProbeSample, load_probe_sample, select_positions
 
 SEQ = 13  # tokens per window: 12 prediction positions
@@ -156,3 +157,75 @@ def test_blocks_compiled_in_place_are_probed_eagerly():
     probed = run(compiled, sample, [3], sources="none")["loops"]["3"]
     assert probed["block"] == eager["block"] and probed["loop"] == eager["loop"]
     assert all(block._compiled_call_impl is not None for block in compiled.core)  # restored
+
+
+# ---------------------------------------------------------------------- one pass for every loop count
+def block_calls(model, fn):
+    """How many block forwards ``fn`` runs (every prelude, core and coda call)."""
+    calls = []
+    handles = [b.register_forward_hook(lambda *a: calls.append(1)) for b in model.blocks()]
+    try:
+        fn()
+    finally:
+        for h in handles:
+            h.remove()
+    return len(calls)
+
+
+@pytest.mark.parametrize("conditioning,loops,why", [
+    (dict(), [1, 2, 4], "no timestep conditioning"),
+    (dict(initial_injection="scalar", history_injection="scalar", history_window=2), [2, 4],
+     "no timestep conditioning"),
+    (dict(initial_injection="scalar", timestep="loop_gating", timestep_grid="prefix"), [1, 3],
+     "timestep conditioning (loop_gating) on the prefix grid, r <= K = 3"),
+    (dict(history_injection="scalar", timestep="adaln", timestep_grid="prefix"), [2, 3],
+     "timestep conditioning (adaln) on the prefix grid, r <= K = 3"),
+    (dict(timestep="branch_gating", timestep_grid="prefix"), [1, 2], "timestep conditioning (branch_gating)"),
+    (dict(timestep="shortcut", timestep_grid="prefix"), [1, 2, 3], "timestep conditioning (shortcut)"),  # LoopFormer
+    (dict(block_norm="sandwich", norm_core_output=True), [1, 4], "no timestep conditioning"),  # Coda reads Norm(h^r)
+])
+def test_one_pass_report_is_bitwise_the_per_loop_sweep(conditioning, loops, why):
+    """Where the trajectory does not depend on L, every metric (block terms of the prelude, loop and Coda
+    occurrences, loop terms, N/B/C of every skip) equals one pass per L exactly, for other skip groupings."""
+    model, sample = conditioned_model(**conditioning), random_sample()
+    told = []
+    per_r = run(model, sample, loops, one_pass=False)
+    one = GeometryProbe(model, sample, ProbeSettings(loops=loops, progress=False, skip_batch=3)).run(told.append)
+    assert one.pop("sweep_passes") == {"mode": "one-pass", "loops": sorted({*loops, 3}),
+                                       "reason": told[0].reason}
+    assert told[0].one_pass and why in told[0].line()
+    assert per_r.pop("sweep_passes")["mode"] == "per-r"
+    assert one == per_r
+    assert one["loops"][str(max(loops))]["interaction"]["N"][0][-1] > 0  # Coda targets were measured
+
+
+def test_one_pass_runs_the_forward_once_and_each_coda_readout():
+    """Without skip runs a chunk costs D(L_max) + c (n - 1) block calls, not the sum of D(L)."""
+    model, sample = conditioned_model(), random_sample(num_sequences=2, num_positions=24)
+    loops, depth = [1, 2, 4], lambda L: 1 + 2 * L + 2  # noqa: E731
+    one = block_calls(model, lambda: run(model, sample, loops, sources="none"))
+    per_r = block_calls(model, lambda: run(model, sample, loops, sources="none", one_pass=False))
+    assert (one, per_r) == (2 * (depth(4) + 2 * 3), 2 * sum(depth(L) for L in [1, 2, 3, 4]))
+
+
+def test_r_dependent_trajectory_falls_back_to_one_pass_per_loop_count():
+    """The rescaled grid (t_l = l / L) and the prefix grid beyond K: one pass per L, saying why."""
+    told = []
+    report = GeometryProbe(tiny_model(), random_sample(), ProbeSettings(loops=[2, 4], progress=False,
+                                                                        sources="none")).run(told.append)
+    assert report["sweep_passes"]["mode"] == "per-r" and not told[0].one_pass
+    assert "rescaled grid: t_l = l/r and dt = 1/r depend on r" in told[0].line()
+    assert "one pass per r for r = 2, 3, 4" in told[0].line()
+    prefix = conditioned_model(timestep="adaln", timestep_grid="prefix")
+    passes = probe_passes(prefix, [2, 5])
+    assert not passes.one_pass and "no step for r = 5 > K = 3" in passes.reason
+    assert probe_passes(prefix, [2, 3], allowed=False).reason == "--per-r"
+
+
+def test_one_pass_refuses_a_coda_that_reads_something_else():
+    """The Coda readouts feed the Coda ``coda_input(x^(L))``; a forward that feeds it anything else is
+    refused rather than read out wrongly at the smaller L."""
+    model = conditioned_model()
+    model.coda[0].register_forward_pre_hook(lambda module, args: (2 * args[0], *args[1:]))
+    with pytest.raises(LoopConfigError, match=r"the Coda's input at r = 3 is not LoopLM.coda_input\(h\^r\)"):
+        run(model, random_sample(), [1, 3], sources="none")

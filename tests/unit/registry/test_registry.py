@@ -88,7 +88,10 @@ def test_every_run_builds_with_the_papers_parameter_count():
     with_paper = 0
     for run in registry.RUNS.values():
         total, backbone = registry.parameter_counts(run.model_fields())
-        assert total - backbone == run.paper_conditioning_parameters(), run.name
+        # Ouro's exit gate (pilot_ouro_3x4_*): w [1, d] and b [1] beyond the paper's conditioning
+        gate = (build_model_config(run.model_fields()).hidden_size + 1
+                if dict(run.model).get("exit_gate") == "learned" else 0)
+        assert total - backbone == run.paper_conditioning_parameters() + gate, run.name
         if run.paper_params is not None:
             with_paper += 1
             assert abs(backbone - run.paper_params) * 2 <= run.paper_params_precision, (run.name, backbone)
@@ -132,12 +135,13 @@ def test_registry_covers_every_run_the_paper_trains():
         assert label in combos, label
     pilot = [r for r in runs if r.train]
     assert collections.Counter(dict(r.train)["optimizer"] for r in pilot) == {"adamw": 6, "muon_adamw": 6}
-    # Table 7's six architectures, Ouro included (BaseLoop 3x4 without its exit gate, said in its note)
+    # Table 7's six architectures; Ouro is BaseLoop 3x4 with its learned exit gate and Stage I objective
     assert {r.name.rsplit("_", 1)[0] for r in pilot} == {f"pilot_{a}" for a in (
         "nonloop_12x1", "nonloop_3x1", "baseloop_3x4", "loopformer_3x4", "ouro_3x4", "huginn_1+2x5+1")}
     ouro = registry.RUNS["pilot_ouro_3x4_muon"]
-    assert ouro.model_fields() == registry.RUNS["pilot_baseloop_3x4_muon"].model_fields()
-    assert "exit gate" in ouro.note and "App. D.1" in ouro.note
+    assert ouro.model_fields() == {**registry.RUNS["pilot_baseloop_3x4_muon"].model_fields(), "exit_gate": "learned"}
+    assert dict(ouro.train)["exit_gate_objective"] == "entropy_regularized"
+    assert "exit gate" in ouro.note and "App. D.1" in ouro.note and "stand" not in ouro.note
 
 
 def test_studies_resolve_and_cover_every_run():

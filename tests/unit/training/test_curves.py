@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_loop.training.curves import plot_dynamics, read_run
+from megatron_loop.training.curves import plot_dynamics, plot_runs, read_run
 from testpaths import load_script
 
 
@@ -71,3 +71,48 @@ def test_curves_go_to_png_pdf_or_svg_and_the_shared_learning_rate_is_labelled(tm
     with pytest.raises(LoopConfigError, match=r"expected a \.png, \.pdf or \.svg file"):
         save_figure(fig, tmp_path / "c.jpg")
     assert not (tmp_path / "c.jpg").exists()
+
+
+def test_plot_metrics_names_what_it_skips_and_refuses_what_it_cannot_draw(tmp_path, capsys):
+    """Garbage lines, records without a step and values that are not (non-negative) numbers are left
+    out with one warning line each, naming the file and line numbers; a panel left empty is said; a
+    file with no finite loss, or a PNG given as RUN, is one error line and exit 2, nothing written."""
+    import math
+
+    tool = load_script("tools/plot_metrics.py")
+    run = tmp_path / "a"
+    _write(run, dynamics=False)  # lines 1-4: steps 1-4
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write("not json\n")  # 5
+        f.write(json.dumps({"event": "train", "step": "six", "loss": 1.0}) + "\n")  # 6
+        f.write(json.dumps({"event": "train", "step": 7, "loss": "low", "grad_norm": -1.0, "mfu": math.nan}) + "\n")
+        f.write("\n" + json.dumps({"event": "eval", "step": 7, "val_loss_r2": [1]}) + "\n")  # 8 blank, 9
+    assert tool.main([str(run), "--output", str(tmp_path / "a.png")]) == 0
+    file = run / "metrics.jsonl"
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: {file}: line 5: not a JSON record; skipped",
+        f"warning: {file}: line 6: no step (expected an integer >= 0); skipped",
+        f"warning: {file}: line 7: loss is not a non-negative number ('low'); not drawn",
+        f"warning: {file}: line 7: grad_norm is not a non-negative number (-1.0); not drawn",
+        f"warning: {file}: line 9: val_loss_r2 is not a non-negative number ([1]); not drawn"]
+    fig = plot_runs([read_run(run)])
+    assert list(fig.axes[0].get_lines()[0].get_ydata())[:4] == pytest.approx([4.9, 4.8, 4.7, 4.6])
+
+    nan = tmp_path / "nan"
+    nan.mkdir()
+    (nan / "metrics.jsonl").write_text("".join(json.dumps({"event": "train", "step": s, "loss": math.nan,
+                                                           "grad_norm": math.nan}) + "\n" for s in (1, 2)))
+    assert tool.main([str(nan), "--output", str(tmp_path / "n.png")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: {nan / 'metrics.jsonl'}: no training step with a finite loss (2 'train' records); nothing to draw")
+    with (nan / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"event": "train", "step": 3, "loss": 2.0, "grad_norm": math.inf}) + "\n")
+    assert tool.main([str(nan), "--output", str(tmp_path / "n.png")]) == 0
+    assert capsys.readouterr().err == (f"warning: {nan / 'metrics.jsonl'}: grad_norm is NaN or infinite in all 3 "
+                                       "'train' records; its panel is empty\n")
+
+    png = tmp_path / "a.png"
+    assert tool.main([str(png), "--output", str(tmp_path / "p.png")]) == 2
+    assert capsys.readouterr().err == (f"error: {png}: a PNG image; expected a metrics.jsonl written by "
+                                       "pretrain_loop.py (or its run folder)\n")
+    assert not (tmp_path / "p.png").exists() and not (tmp_path / "n_dynamics.png").exists()

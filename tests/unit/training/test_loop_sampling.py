@@ -6,6 +6,7 @@ tests/integration/training/test_loop_sampling_runs.py.)"""
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 
@@ -77,3 +78,30 @@ def test_distributions_have_mean_k_and_respect_the_range():
     assert set(uni) == set(range(1, 8)) and statistics.mean(uni) == pytest.approx(4, abs=0.2)  # U{1..2K-1}
     clipped = _cfg(loop_sampling="poisson_lognormal", loop_sampling_min=2, loop_sampling_max=6).train
     assert {sample_train_loops(clipped, 4, s) for s in range(n)} == set(range(2, 7))
+
+
+def test_poisson_lognormal_is_huginns_sampler_with_k_its_mean_plus_one():
+    """Huginn's "poisson-lognormal-filling" (recpre/model_dynamic.py::randomized_iteration_sampler), written
+    here from its definition with torch's samplers: M = mean_recurrence, B = mean_backprop_depth,
+    lambda ~ LogNormal(ln M - sigma^2/2, 0.5), p = Poisson(lambda) + 1, n = max(p - B, 0) steps without a
+    graph and min(B, p) with one. Ours with K = M + 1 and backprop_loops = B: the same law of p (mean M + 1,
+    variance M + M^2 (e^{sigma^2} - 1)) and the same graphed split (LoopLM.forward: max(r - N, 0) loops
+    without a graph, flops.graphed_loops)."""
+    from megatron_loop.flops import graphed_loops
+
+    m, b, sigma, n = 5, 2, 0.5, 6000
+    cfg = _cfg({"train_loops": m + 1}, loop_sampling="poisson_lognormal", backprop_loops=b)
+    ours = np.array([sample_train_loops(cfg.train, m + 1, s) for s in range(n)])
+    g = torch.Generator().manual_seed(0)
+    rate = torch.zeros(n).log_normal_(mean=math.log(m) - sigma**2 / 2, std=sigma, generator=g)
+    huginn = (torch.poisson(rate, generator=g) + 1).long().numpy()
+    var = m + m**2 * (math.exp(sigma**2) - 1)
+    for draws in (ours, huginn):
+        assert abs(draws.mean() - (m + 1)) < 4 * math.sqrt(var / n)  # E[p] = M + 1 = K
+        assert draws.var() == pytest.approx(var, rel=0.12)
+    top = max(ours.max(), huginn.max()) + 1
+    tv = 0.5 * np.abs(np.bincount(ours, minlength=top) / n - np.bincount(huginn, minlength=top) / n).sum()
+    assert tv < 0.05  # the same distribution (sampling noise of two 6000-draw histograms: ~0.02)
+    for p in range(1, 12):  # Huginn's n = max(p - B, 0) without a graph, k = min(B, p) with one
+        assert graphed_loops(cfg.model, p, cfg.train.backprop_loops) == min(b, p)
+        assert p - graphed_loops(cfg.model, p, cfg.train.backprop_loops) == max(p - b, 0)

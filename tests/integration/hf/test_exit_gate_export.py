@@ -1,0 +1,139 @@
+"""Ouro's learned exit gate in the HF export: the export equals the training model (logits and the exit
+distribution p(t|x)) at several r, Q-exit makes the same per-token decisions in both, cached decoding
+under Q-exit equals cache-free decoding (the "latest" KV policy of the per-token exit), one-pass readouts
+stay bitwise those of per-r forwards, and an export without the gate refuses Q-exit with one line.
+
+One tiny CoreLoop 1+1x3+1 with the gate, exported from its state dict once for the module (no training
+run: the gate's weights are drawn so that tokens exit at different loops).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_fixtures import greedy_without_cache, left_padded_batch
+from megatron_loop.config import build_model_config
+from megatron_loop.hf.convert import export_state_dict
+from megatron_loop.model.looplm import build_model
+
+PAD, NEW_TOKENS, CAP = 0, 5, 5
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = build_model_config(dict(backbone="tiny-llama", prelude_layers=1, core_layers=2, train_loops=3, coda_layers=1,
+                                  vocab_size=640, exit_gate="learned", activation_checkpointing="none"))
+    looplm = build_model(cfg).eval()
+    with torch.no_grad():  # a gate that separates tokens (its initialisation puts every lambda near 1/2)
+        looplm.exit_gate.weight.normal_(0.0, 0.3)
+        looplm.exit_gate.bias.fill_(-0.5)
+    folder = export_state_dict(looplm.state_dict(), cfg, tmp_path_factory.mktemp("ouro") / "hf")
+    hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    assert hf.config.exit_gate == "learned"
+    return looplm, hf
+
+
+def test_export_equals_the_training_model_with_its_exit_distribution(models):
+    looplm, hf = models
+    x = torch.randint(1, 600, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for r in (1, 3, 5):
+            ours, theirs = looplm(x, num_loops=r), hf(x, num_loops=r, use_cache=False)
+            torch.testing.assert_close(ours.logits, theirs.logits, rtol=1e-5, atol=1e-5)
+            assert theirs.exit_pdf.shape == (2, 9, r)
+            torch.testing.assert_close(ours.exit_pdf, theirs.exit_pdf, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(theirs.exit_pdf.sum(-1), torch.ones(2, 9))
+        for q in (0.3, 0.6, 0.9):
+            ours = looplm(x, num_loops=CAP, exit_criterion="q_exit", exit_threshold=q)
+            theirs = hf(x, num_loops=CAP, exit_criterion="q_exit", exit_threshold=q, use_cache=False,
+                        output_hidden_states=True)
+            assert torch.equal(ours.exit_loops, theirs.exit_loops)
+            torch.testing.assert_close(ours.logits, theirs.logits, rtol=1e-5, atol=1e-5)
+            # by hand, in float64, along the adaptive run's own trajectory (its later states attend to the
+            # frozen keys/values of exited tokens): lambda_t of each state, CDF(t) = sum_j lambda_j S_{j-1},
+            # the exit at the first t with CDF(t) >= q, the cap otherwise
+            lam = torch.stack([torch.sigmoid(hf.model.exit_gate(hf.model.norm(h)).double())
+                               for h in theirs.hidden_states[1:]], -1)
+            survival = torch.cumprod(torch.cat([torch.ones_like(lam[..., :1]), 1 - lam[..., :-1]], -1), -1)
+            reached = (lam * survival).cumsum(-1) >= q
+            first = reached.double().argmax(-1) + 1
+            assert torch.equal(theirs.exit_loops, torch.where(reached.any(-1), first, CAP))
+        assert len(ours.exit_loops.unique()) >= 2 or len(theirs.exit_loops.unique()) >= 2
+
+
+def test_cached_q_exit_decoding_equals_cache_free_and_one_pass_readouts_are_exact(models):
+    _, hf = models
+    ids, mask = left_padded_batch(PAD)
+    hf.config.num_loops, hf.config.exit_criterion, hf.config.exit_threshold = CAP, "q_exit", 0.6
+    try:
+        seen = []
+        hook = hf.register_forward_hook(lambda module, args, output: seen.append(output.exit_loops))
+        try:
+            with torch.no_grad():
+                out = hf.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                  pad_token_id=PAD, eos_token_id=None)
+        finally:
+            hook.remove()
+        assert len(torch.cat(seen, dim=1).unique()) >= 2  # tokens ran different loop counts
+        torch.testing.assert_close(out, greedy_without_cache(hf, ids, mask, NEW_TOKENS), rtol=0, atol=0)
+    finally:
+        hf.config.num_loops, hf.config.exit_criterion, hf.config.exit_threshold = None, "none", 0.0
+    x = torch.randint(1, 600, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        for criterion, q in (("none", 0.0), ("q_exit", 0.6)):
+            read = hf.loop_readouts(x, range(1, CAP + 1), exit_criterion=criterion, exit_threshold=q)
+            for r in range(1, CAP + 1):
+                alone = hf(x, num_loops=r, exit_criterion=criterion, exit_threshold=q, use_cache=False).logits
+                assert torch.equal(read[r], alone), (criterion, r)
+
+
+def test_q_exit_needs_the_gate_and_a_probability():
+    from megatron_loop.hf.modeling_looplm import LoopLMConfig
+
+    assert LoopLMConfig().exit_gate == "none"  # exports written before the gate existed
+    with pytest.raises(ValueError, match="^exit_criterion='q_exit' exits on the learned exit gate's cumulative"):
+        LoopLMConfig(exit_criterion="q_exit", exit_threshold=0.5)
+    with pytest.raises(ValueError, match=r"^exit_threshold=2 with exit_criterion='q_exit': expected q in \[0, 1\]"):
+        LoopLMConfig(exit_gate="learned", exit_criterion="q_exit", exit_threshold=2)
+    with pytest.raises(ValueError, match=r"^LoopLMConfig.exit_gate='ouro': expected one of \('none', 'learned'\)"):
+        LoopLMConfig(exit_gate="ouro")
+
+
+def test_eval_loops_sweeps_q_exit_thresholds(models, tmp_path):
+    """``tools/eval_loops.py --exit-criterion q_exit``: q = 0 exits every token after one loop (the fixed model
+    at r = 1, exactly: the gate reads no timestep) and q = 1 never before the cap (the fixed r = cap)."""
+    import importlib.util
+    import json
+
+    from data_fixtures import REPO, data_assets
+
+    looplm, _ = models
+    folder = export_state_dict(looplm.state_dict(), looplm.config, tmp_path / "hf",
+                               tokenizer=str(data_assets().tokenizer))
+    spec = importlib.util.spec_from_file_location("eval_loops_tool", REPO / "tools" / "eval_loops.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main(["--model", str(folder), "--loops", "1,3", "--tasks", "none", "--valid-prefix",
+                      data_assets().prefix + "_valid", "--seq-length", "32", "--valid-sequences", "4",
+                      "--batch-size", "4", "--output", str(tmp_path / "eval"), "--no-progress",
+                      "--exit-criterion", "q_exit", "--exit-thresholds", "0,1"]) == 0
+    res = json.loads((tmp_path / "eval" / "results.json").read_text())
+    rows = res["adaptive"]["by_threshold"]
+    assert res["adaptive"]["criterion"] == "q_exit" and res["adaptive"]["max_loops"] == 3
+    assert rows["0"]["loops_per_token"] == 1.0 and rows["0"]["heldout"] == res["heldout"]["1"]
+    assert rows["1"]["loops_per_token"] == 3.0 and rows["1"]["heldout"] == res["heldout"]["3"]
+    # the learned depth distribution: the mean p(t|x) at r = 3 over the same held-out windows
+    from megatron_loop.data.packed import PackedDataset
+
+    windows = PackedDataset(data_assets().prefix + "_valid", seq_length=32, seed=1234)
+    tokens = torch.stack([windows[i]["tokens"] for i in range(min(4, len(windows)))])
+    with torch.no_grad():
+        pdf = looplm(tokens, num_loops=3).exit_pdf.double().reshape(-1, 3)
+    depth = res["adaptive"]["exit_distribution"]
+    assert depth["tokens"] == pdf.shape[0] and depth["loops"] == 3
+    torch.testing.assert_close(torch.tensor(depth["mean_pdf"], dtype=torch.float64), pdf.mean(0), rtol=1e-5, atol=1e-6)
+    assert depth["expected_loop"] == pytest.approx(float((pdf.mean(0) * torch.arange(1, 4)).sum()), rel=1e-5)
