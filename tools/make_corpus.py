@@ -4,11 +4,11 @@ ProofWriter- and BBH tracking-style), with held-out lm-eval tasks. Nothing is do
 
     python tools/make_corpus.py --output-dir runs/corpus --seed 0
     python tools/eval_loops.py ... --include-path runs/corpus/eval --tasks clutrr=looplm_clutrr_local
-    (cd runs/corpus/eval && lm_eval ... --include_path . --tasks looplm_clutrr_local)
+    lm_eval ... --include_path runs/corpus/eval --tasks looplm_clutrr_local
 
-The task YAMLs name their items relative to their own folder, so a copied corpus reads its own
-items: tools/eval_loops.py resolves them against the YAML's folder; lm_eval alone reads them from
-the working directory (hence the cd).
+The task YAMLs name their items by absolute path (lm_eval resolves data_files against the working
+directory); a copied or moved corpus still reads its own items through tools/eval_loops.py, which
+reads the file of that name beside the YAML and says so (plain lm_eval reads what the YAML names).
 """
 
 from __future__ import annotations

@@ -50,16 +50,24 @@ class _WeightsOnlyTorch:
     bf16 runs at ZeRO 1 train with DeepSpeed's BF16_Optimizer (fp32 gradient accumulation,
     :mod:`megatron_loop.optim.engine`), whose ``bf16_zero_pp_rank_*`` shards carry no
     ``zero_stage``, so zero_to_fp32 calls them "not a zero checkpoint"; their fp32 partitions are
-    laid out as ZeRO 1's (each group's weights back to back, padding at the end, equal parts)."""
+    laid out as ZeRO 1's (each group's weights back to back, padding at the end, equal parts).
+
+    The module state dicts it reads are kept (``module_states``): at ZeRO 1 DeepSpeed records no frozen
+    parameters for zero_to_fp32 (it does from ZeRO 2 on), so parameters without optimizer state
+    (``requires_grad=False``: the LM of Ouro's Stage II) are read from there (:func:`read_zero_weights`)."""
+
+    def __init__(self):
+        self.module_states: list[dict] = []
 
     def __getattr__(self, name: str):
         return getattr(torch, name)
 
-    @staticmethod
-    def load(path, map_location=None, **_):
+    def load(self, path, map_location=None, **_):
         from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, SINGLE_PARTITION_OF_FP32_GROUPS, ZERO_STAGE
 
         state = safe_load(path, map_location=map_location)
+        if isinstance(state, dict) and isinstance(state.get("module"), dict):
+            self.module_states.append(state["module"])
         optim = state.get(OPTIMIZER_STATE_DICT) if isinstance(state, dict) else None
         if isinstance(optim, dict) and SINGLE_PARTITION_OF_FP32_GROUPS in optim and ZERO_STAGE not in optim:
             optim[ZERO_STAGE] = 1
@@ -84,7 +92,8 @@ def read_zero_weights(chosen: SelectedCheckpoint) -> dict[str, torch.Tensor]:
     """fp32 model weights of the one model replica in ``chosen``, consolidated by DeepSpeed's zero_to_fp32."""
     from deepspeed.utils import zero_to_fp32
 
-    real_torch, zero_to_fp32.torch = zero_to_fp32.torch, _WeightsOnlyTorch()
+    reader = _WeightsOnlyTorch()
+    real_torch, zero_to_fp32.torch = zero_to_fp32.torch, reader
     try:
         state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(chosen.root), tag=chosen.tag)
     except (FileNotFoundError, ValueError, RuntimeError, KeyError, EOFError,
@@ -93,6 +102,8 @@ def read_zero_weights(chosen: SelectedCheckpoint) -> dict[str, torch.Tensor]:
                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     finally:
         zero_to_fp32.torch = real_torch
+    for module in reader.module_states[:1]:  # frozen parameters at ZeRO 1 (whole there; ZeRO 3's are empty)
+        state.update({k: v for k, v in module.items() if k not in state and torch.is_tensor(v) and v.numel() > 0})
     return {k: v.float() for k, v in state.items()}
 
 

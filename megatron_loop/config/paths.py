@@ -56,5 +56,7 @@ def resolve_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
     if d.tokenizer:
         d.tokenizer = absolute(d.tokenizer, os.path.exists)
     t.deepspeed_config = locate(t.deepspeed_config, base)
+    if t.init_from:  # another run's checkpoint, read again by every resume's config comparison
+        t.init_from = absolute(t.init_from, os.path.exists)
     check_prefixes(d, os.path.realpath)  # two spellings of one file (relative/absolute, a symlink)
     return cfg

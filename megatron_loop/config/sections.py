@@ -172,6 +172,12 @@ class TrainConfig(OptimizerSettings):
     # WSD split for the new total; ``continue_decay``: from a checkpoint in its decay, decay on from
     # its lr to min_lr_ratio at the new end instead of going back to the peak (optim/schedule.py).
     schedule_on_resume: str = "rederive"
+    # A weights-only start (training/init_from.py): another run's checkpoint folder or one global_step* folder
+    # in it; a fresh start takes that model's weights (optimizer, schedule, step and data position start
+    # fresh), a resume of this run's own checkpoint ignores it. init_from_missing: parameters of this model
+    # the checkpoint lacks are an error, or keep their initialisation (keep_init: a gate added to a plain run).
+    init_from: str | None = None
+    init_from_missing: str = "error"
     nan_policy: str = "skip"
     max_consecutive_nonfinite: int = 5
     wall_time_limit_s: float | None = None

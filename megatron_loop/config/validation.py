@@ -35,6 +35,7 @@ DATA_ORDERS = ("shuffled", "stream")
 LOOP_SAMPLINGS = ("fixed", "poisson_lognormal", "uniform")  # train.loop_sampling (training/loop_sampling.py)
 EXIT_GATES = ("none", "learned")  # model.exit_gate: Ouro's learned exit gate (model/exit_gate.py)
 EXIT_GATE_OBJECTIVES = ("none", "entropy_regularized", "adaptive_gate")  # train.exit_gate_objective: Stage I, II
+INIT_FROM_MISSING = ("error", "keep_init")  # train.init_from_missing (training/init_from.py)
 # model.exit_gate under tensor parallelism (the config check and LoopLM's own)
 EXIT_GATE_TP_REFUSAL = ("model.exit_gate='learned': expected parallel.tensor_model_parallel_size=1 (Ouro's "
                         "objective weighs per-token losses, which the vocabulary-parallel head does not return)")
@@ -49,6 +50,7 @@ CHOICES = {
     "model.exit_gate": EXIT_GATES, "train.exit_gate_objective": EXIT_GATE_OBJECTIVES,
     "train.loop_sampling": LOOP_SAMPLINGS, "train.precision": ("auto", "bf16", "fp32"),
     "train.nan_policy": ("skip", "stop"), "train.schedule_on_resume": ("rederive", "continue_decay"),
+    "train.init_from_missing": INIT_FROM_MISSING,
     "train.muon_scale": ("match_rms_adamw", "original"),
     "data.order": DATA_ORDERS, "logging.wandb_mode": ("auto", "online", "offline", "disabled"),
 }
@@ -213,6 +215,13 @@ def validate_train(train: TrainConfig, prefix: str = "train") -> None:
     need(train.nan_policy in ("skip", "stop"), "nan_policy", "'skip' or 'stop'")
     need(train.schedule_on_resume in CHOICES["train.schedule_on_resume"], "schedule_on_resume",
          "'rederive' or 'continue_decay'")
+    need(train.init_from is None or bool(str(train.init_from).strip()), "init_from",
+         "null or the path of another run's checkpoint folder (.../train/checkpoints) or of one global_step* "
+         "folder in it")
+    need(train.init_from_missing in INIT_FROM_MISSING, "init_from_missing", f"one of {INIT_FROM_MISSING}")
+    need(train.init_from is not None or train.init_from_missing == "error", "init_from_missing",
+         "its default 'error' unless train.init_from is set (it decides what a weights-only start does with "
+         "parameters the checkpoint lacks)")
     need(train.max_consecutive_nonfinite >= 1, "max_consecutive_nonfinite", "a positive integer")
     need(train.wall_time_limit_s is None or train.wall_time_limit_s > 0, "wall_time_limit_s",
          "null or a positive number of seconds")

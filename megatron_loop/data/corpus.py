@@ -146,20 +146,21 @@ def _interleave(rows: list[dict], key: str = "depth") -> list[dict]:
 
 
 def lm_eval_task_yaml(task: str, jsonl_path: Path, trained_depths: Iterable[int] = ()) -> str:
-    """A local lm-eval multiple-choice task reading ``jsonl_path``, named by its file name: the YAML
-    is written next to it, so a copied corpus folder reads its own items (``tools/eval_loops.py``
-    resolves the path against the YAML's folder, megatron_loop/eval/harness.py; lm-eval alone
-    resolves ``data_files`` against the working directory). ``trained_depths`` go into the task's
-    metadata, where the loop sweep reads which depths the training documents covered."""
+    """A local lm-eval multiple-choice task reading ``jsonl_path`` (absolute: lm-eval resolves
+    ``data_files`` against the working directory, not the YAML's folder, and plain ``lm_eval`` must
+    work from anywhere). A copied or moved corpus folder still reads its own items through this
+    stack: ``tools/eval_loops.py`` reads the file of that name beside the YAML and says so
+    (``eval/harness.py`` ``located_spec``). ``trained_depths`` go into the task's metadata, where the
+    loop sweep reads which depths the training documents covered."""
     depths = list(trained_depths)
     return (
-        "# data_files: relative to this folder (tools/eval_loops.py --include-path reads them from here;\n"
-        "# lm_eval itself reads them from the working directory: run it in this folder)\n"
+        "# data_files: absolute, for lm_eval run from anywhere; tools/eval_loops.py reads the file of that\n"
+        "# name beside this YAML when the folder was copied or moved (and says so)\n"
         f"task: {TASK_NAMES[task]}\n"
         "dataset_path: json\n"
         "dataset_kwargs:\n"
         "  data_files:\n"
-        f"    test: {json.dumps(jsonl_path.name)}\n"
+        f"    test: {json.dumps(str(jsonl_path.resolve()))}\n"
         "test_split: test\n"
         "output_type: multiple_choice\n"
         # Column names, not templates: lm-eval reads a feature of that name directly.

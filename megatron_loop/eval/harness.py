@@ -138,11 +138,12 @@ def _data_files_map(files, resolve):
 
 def located_spec(manager, name: str):
     """What to load task ``name`` by: its name, or, for a task YAML with local ``data_files``, its
-    config with each relative path taken from the YAML's folder (tools/make_corpus.py writes them
-    relative, so a copied corpus folder reads its own files; lm-eval itself takes them from the
-    working directory, although it resolves ``include:`` from the YAML's folder). An absolute path
-    outside the YAML's folder is read as written, with one line on stderr naming it: a copied
-    folder would otherwise read the original's files without a word."""
+    config with each path located from the YAML's folder. Relative paths are read from the YAML's
+    folder (lm-eval itself takes them from the working directory, although it resolves ``include:``
+    from the YAML's folder). An absolute path outside the YAML's folder (tools/make_corpus.py writes
+    absolute ones, so that plain lm_eval works from anywhere) is a corpus folder copied or moved: the
+    file of that name beside the YAML is read when there is one, else the path as written; either way
+    one line on stderr names what is read, so a copy never reads the original's items without a word."""
     from lm_eval.tasks._index import Kind
     from lm_eval.tasks._yaml_loader import load_yaml
 
@@ -154,20 +155,24 @@ def located_spec(manager, name: str):
     if not files:
         return name
     folder = Path(entry.yaml_path).resolve().parent
-    outside = []
+    notes = []
 
     def resolve(path: str) -> str:
         p = Path(path).expanduser()
         if not p.is_absolute():
             return str(folder / p) if (folder / p).exists() else path  # else lm-eval's reading (the cwd)
-        if not p.resolve().is_relative_to(folder):
-            outside.append(str(p))
+        if p.resolve().is_relative_to(folder):
+            return str(p)
+        beside = folder / p.name
+        if beside.is_file():
+            notes.append(f"reads {beside}, the file of that name beside it, not {p} (its folder was copied or moved)")
+            return str(beside)
+        notes.append(f"reads {p}: an absolute path outside the task's folder, read as written")
         return str(p)
 
     config["dataset_kwargs"] = {**config["dataset_kwargs"], "data_files": _data_files_map(files, resolve)}
-    for path in outside:
-        print(f"note: lm-eval task {name!r} ({entry.yaml_path}) reads {path}: an absolute path outside the "
-              "task's folder, read as written", file=sys.stderr, flush=True)
+    for note in notes:
+        print(f"note: lm-eval task {name!r} ({entry.yaml_path}) {note}", file=sys.stderr, flush=True)
     return config
 
 

@@ -165,9 +165,22 @@ def ensure_groups() -> None:
     one-process gloo world over an in-memory store, and megatron-core's groups (TP = 1 unless some
     were built already)."""
     if not dist.is_initialized():
+        if parallel_state.model_parallel_is_initialized():  # groups of a world that is gone: not reusable
+            parallel_state.destroy_model_parallel()
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         init_model_parallel(1)
+
+
+def shutdown_groups() -> None:
+    """End the world this process is in: megatron-core's groups, then the default process group. The
+    groups go first and together -- megatron-core's ``parallel_state`` would otherwise keep groups of a
+    destroyed world as 'initialised', and a later :func:`ensure_groups` in the same process (a CLI run
+    through ``main(argv)``, then a model built) would hand layers a group no world has registered."""
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def groups_ready() -> bool:

@@ -51,10 +51,9 @@ def main(cfg, args) -> int:
 
 
 def _shutdown() -> None:
-    import torch.distributed as dist
+    from megatron_loop.parallel.bootstrap import shutdown_groups
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    shutdown_groups()
 
 
 __all__ = ["main"]

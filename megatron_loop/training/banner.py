@@ -91,15 +91,18 @@ def training_statement(cfg: Config, data_parallel_size: int, accumulation: int) 
     return startup_statement(cfg, run_summary(cfg, data_parallel_size, accumulation, files))
 
 
-def start_record(cfg: Config, scheduler, optimizer, start_step: int, total_steps: int) -> dict:
+def start_record(cfg: Config, scheduler, optimizer, start_step: int, total_steps: int,
+                 init_from: dict | None = None) -> dict:
     """The ``start`` event of metrics.jsonl, logged by every start and resume: what the run is (its
     name and label, :mod:`megatron_loop.config.naming`) and the learning-rate schedule it follows
     from ``start_step`` on (peak lr per group and the :class:`~megatron_loop.optim.schedule.WSDMultiplier`
     fields), so ``tools/plot_metrics.py`` draws the lr at every step, warmup included, while the
-    ``train`` records sample it every ``train.log_interval`` steps."""
+    ``train`` records sample it every ``train.log_interval`` steps. ``init_from``: where the run's first
+    weights came from (a weights-only start, :mod:`megatron_loop.training.init_from`: path, step, run)."""
     from megatron_loop.config.naming import model_conditioning, run_label, run_name
 
     names = [g.get("name", str(i)) for i, g in enumerate(optimizer.param_groups)]
     return {"event": "start", "step": start_step, "run": run_name(cfg), "label": run_label(cfg),
             "layout": cfg.model.layout, "conditioning": model_conditioning(cfg.model), "total_steps": total_steps,
-            "schedule": {"peak_lr": dict(zip(names, scheduler.base_lrs)), **vars(scheduler.lr_lambdas[0])}}
+            "schedule": {"peak_lr": dict(zip(names, scheduler.base_lrs)), **vars(scheduler.lr_lambdas[0])},
+            **({"init_from": init_from} if init_from else {})}

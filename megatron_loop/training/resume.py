@@ -19,6 +19,8 @@ ranks). A resume compares them with the new config before DeepSpeed reads a byte
   reads), ``train.precision`` and the ZeRO stage (different optimizer state layouts), the training
   data (sizes, weights and a sampled content hash), the tokenizer's files (a folder retrained in
   place), and another data-parallel size under ZeRO 3;
+* ignored: ``train.init_from`` / ``init_from_missing``, a fresh start's source of weights
+  (:mod:`megatron_loop.training.init_from`), already in the checkpoint's weights;
 * everything else (intervals, retention, validation, logging, workers, paths) simply takes effect.
 """
 
@@ -53,8 +55,11 @@ REFUSED = {
     "train.precision": "fp32 and bf16 runs keep different ZeRO optimizer states",
     # Ouro's Stage II freezes every parameter but the exit gate's: its optimizer holds other parameters
     "train.exit_gate_objective": "Ouro's Stage II (adaptive_gate) trains the exit gate only, so its optimizer "
-                                 "state covers other parameters than Stage I's",
+                                 "state covers other parameters than Stage I's (Stage II starts from Stage I's "
+                                 "weights in a new train.output_dir with train.init_from naming Stage I's checkpoints)",
 }
+# Keys of a fresh start only (training/init_from.py): a resume reads its own checkpoint, whatever they say.
+START_ONLY_KEYS = ("train.init_from", "train.init_from_missing")
 
 
 def data_fingerprint(cfg: Config) -> list[dict[str, Any]]:
@@ -141,7 +146,7 @@ def decide_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_
     new = {**_flat("train", current["train"]), **_flat("data", current["data"]),
            **_flat("logging", current["logging"])}
     for key in sorted(new):
-        if key not in old or old[key] == new[key]:
+        if key not in old or old[key] == new[key] or key in START_ONLY_KEYS:
             continue
         change = f"{key} {_show(old[key])} -> {_show(new[key])}"
         if key in REFUSED:

@@ -2,10 +2,11 @@
 
 The trainer's boundary (torchtitan's ``Trainer.__init__``, OLMo-core's ``TrainModule`` setup): the
 checks that need no process group run first (one clear error, nothing written), then the world and
-megatron-core's groups (:mod:`megatron_loop.parallel.bootstrap`), the run lock, the resume decision
+megatron-core's groups (:mod:`megatron_loop.parallel.bootstrap`), the source of a weights-only start
+checked (``train.init_from``, :mod:`megatron_loop.training.init_from`), the run lock, the resume decision
 (rank 0 decides, every rank follows: :mod:`megatron_loop.training.checkpoint`), the loaders, the model
-built plain (:func:`megatron_loop.model.build_model`) and prepared for training by the one
-preparation stage (:func:`megatron_loop.parallel.parallelize.parallelize`), the DeepSpeed engine
+built plain (:func:`megatron_loop.model.build_model`; a weights-only start loads its weights here) and
+prepared for training by the one preparation stage (:func:`megatron_loop.parallel.parallelize.parallelize`), the DeepSpeed engine
 (:func:`megatron_loop.optim.build_engine`) and the restored state. The step and the loop that use
 what this builds are :mod:`megatron_loop.training.loop`.
 """
@@ -37,7 +38,7 @@ from megatron_loop.parallel.bootstrap import init_model_parallel
 from megatron_loop.parallel.groups import current_placement
 from megatron_loop.parallel.parallelize import parallelize
 from megatron_loop.plan import accumulation_steps, total_train_steps
-from megatron_loop.training import checkpoint, distributed, preflight, signals
+from megatron_loop.training import checkpoint, distributed, init_from, preflight, signals
 from megatron_loop.training.banner import start_record, training_statement
 from megatron_loop.training.distributed import DistInfo
 from megatron_loop.training.lock import RunLock
@@ -121,9 +122,12 @@ def build_run(cfg: Config, resume: str | None,
     layout = init_model_parallel(cfg.parallel.tensor_model_parallel_size, cfg.parallel.sequence_parallel,
                                  t.collective_timeout_s)
     assert layout.dp_size == data_parallel, (layout, data_parallel)  # the same world, counted twice
+    # a weights-only start (train.init_from): its checkpoint checked against this model before anything is written
+    resuming = resume is not None or (t.resume and bool(complete_tags(out / preflight.CHECKPOINTS)))
+    source = init_from.choose_source(cfg, resuming, info)
     lock = take_output_dir(out, info)  # one run per folder; writable; nothing written before this
     try:
-        return _build_locked(cfg, resume, stopper, info, lock, out, ds_config, accumulation, total_steps)
+        return _build_locked(cfg, resume, stopper, info, lock, out, ds_config, accumulation, total_steps, source)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -131,7 +135,8 @@ def build_run(cfg: Config, resume: str | None,
 
 
 def _build_locked(cfg: Config, resume: str | None, stopper: StopController | None, info: DistInfo,
-                  lock: RunLock | None, out: Path, ds_config: Path, accumulation: int, total_steps: int):
+                  lock: RunLock | None, out: Path, ds_config: Path, accumulation: int, total_steps: int,
+                  source: init_from.InitSource | None = None):
     t = cfg.train
     if info.is_main:  # the resolved config (YAML + --set overrides + backbone preset + defaults)
         # on stderr with the rest of the run's log (step lines, summary); stdout carries data only
@@ -155,6 +160,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
         ds = with_universal_load(ds)
 
     model = build_model(cfg.model, parallel=cfg.parallel)
+    kept = init_from.load_source_weights(model, source) if source is not None else []  # before the engine
     configure_exit_training(model, t)  # Ouro's objective (train.exit_gate_objective), before the optimizer
     compile_note = parallelize(model, stage)
     parts = build_engine(model, t, micro_batch_size=t.micro_batch_size, grad_accum=accumulation,
@@ -166,6 +172,15 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     logger_msgs = [describe_precision(engine)]
     if lock is not None and lock.taken_over:
         logger_msgs.append(lock.takeover_note())
+    settings = run_settings(cfg, info.world_size, stage)
+    if source is not None:  # the lineage every checkpoint of this run records (manifest)
+        settings[init_from.MANIFEST_KEY] = source.record()
+        logger_msgs.append(source.describe(kept))
+    elif point is not None and (point.manifest or {}).get(init_from.MANIFEST_KEY):
+        settings[init_from.MANIFEST_KEY] = point.manifest[init_from.MANIFEST_KEY]
+    if point is not None and t.init_from:
+        logger_msgs.append(f"train.init_from={t.init_from!r} ignored: resuming this run's own checkpoint "
+                           "(a weights-only start applies to a fresh start only)")
     if point is not None:
         fresh = Hyperparameters.of(engine, optimizer)  # the new config's settings, before the load
         state = checkpoint.load_checkpoint(engine, point, info, load_dir=load_dir)
@@ -188,7 +203,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     run = Run(cfg=cfg, info=info, engine=engine, optimizer=optimizer, train_iter=batches,
               valid_batches=valid_batches, accumulation=accumulation, total_steps=total_steps,
               zero_stage=stage, peak_flops=peak, root=root,
-              settings=run_settings(cfg, info.world_size, stage), lock=lock)
+              settings=settings, lock=lock)
     if stopper is not None:
         launchers = distributed.launcher_processes()
         if launchers:
@@ -199,7 +214,8 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     logger_msgs.append(compile_note)  # compiled blocks, or why not (ZeRO-3)
     for msg in logger_msgs:
         logger.message(msg)
-    logger.log(start_record(cfg, engine.lr_scheduler, optimizer, state.step, total_steps))  # label, schedule
+    logger.log(start_record(cfg, engine.lr_scheduler, optimizer, state.step, total_steps,  # label, schedule
+                            source.record() if source is not None else None))
     logger.data_usage(loaders.train_usage or [], loaders.valid_prefixes if valid_batches else [], len(valid_batches))
     if point is not None:
         logger.log({"event": "resume", "step": state.step, "checkpoint": str(point.path),

@@ -265,10 +265,9 @@ def test_lm_eval_command_line_runs_with_num_loops(tmp_path):
     out = subprocess.run(
         [str(Path(sys.executable).with_name("lm_eval")),  # the console script of this interpreter's lm-eval
          "--model", "hf", "--model_args", f"pretrained={folder},trust_remote_code=True,num_loops={r}",
-         "--tasks", "looplm_clutrr_local", "--include_path", ".",
+         "--tasks", "looplm_clutrr_local", "--include_path", str(data_assets().corpus / "eval"),
          "--limit", "3", "--batch_size", "2", "--device", "cpu", "--log_samples", "--output_path", str(tmp_path)],
-        # a generated task's data_files are relative to its folder (relocatable): plain lm_eval runs there
-        cwd=data_assets().corpus / "eval", capture_output=True, text=True, env=offline_env(), timeout=300)
+        capture_output=True, text=True, env=offline_env(), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "looplm_clutrr_local" in out.stdout and "acc_norm" in out.stdout
     sample = json.loads(next(tmp_path.rglob("samples_looplm_clutrr_local_*.jsonl")).read_text().splitlines()[0])

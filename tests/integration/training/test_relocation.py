@@ -60,12 +60,15 @@ def test_a_copied_run_folder_reads_the_copy_and_an_extension_continues_the_decay
     # export without --tokenizer: the run config's tokenizer, found relative to the copy
     convert_checkpoint(copy / "model" / "train" / "checkpoints", copy / "model" / "hf")
     assert (copy / "model" / "hf" / "tokenizer.json").read_text() == (copy / "tokenizer" / "tokenizer.json").read_text()
-    # the copy's lm-eval task reads the copy's items (its YAML names them relative to its folder)
+    # the copy's lm-eval task reads the copy's items (its YAML names the original's by absolute path, for plain
+    # lm_eval run from anywhere): the file of that name beside the YAML, with one line saying so
     specs = resolve_tasks(["facts"])
+    capsys.readouterr()
     tasks = load_tasks(specs, task_manager([str(copy / "corpus" / "eval")], names=["looplm_facts_local"]))
     items = [json.loads(line) for line in (copy / "corpus" / "eval" / "facts.jsonl").read_text().splitlines()]
     assert len(list(tasks["looplm_facts_local"].test_docs())) == len(items)
-    assert "gone" not in capsys.readouterr().err  # and no line about reading the original
+    assert f"reads {(copy / 'corpus' / 'eval' / 'facts.jsonl').resolve()}, the file of that name beside it" in \
+        capsys.readouterr().err
 
     # resume the copy from step 9 (in its decay: split(10) = 0/8/2, update 9 ran at 0.55 x peak, the old
     # schedule's update 10 at 0.1 x peak), extended to 13 steps: the re-derived split 1/11/1 would run

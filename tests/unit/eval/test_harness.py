@@ -30,28 +30,45 @@ def test_local_tasks_only_skip_the_stock_catalogue(tmp_path, monkeypatch):
 
 
 def test_task_data_files_are_read_from_the_yaml_folder_and_outside_ones_are_named(tmp_path, capsys):
-    """tools/make_corpus.py names a task's items relative to its YAML (a copied corpus reads its own);
-    the sweep resolves them against the YAML's folder, not the working directory. An absolute path
-    outside the folder is read as written, with one line naming it."""
+    """tools/make_corpus.py names a task's items by absolute path (plain lm_eval works from anywhere).
+    The sweep reads a path inside the YAML's folder as written; an absolute path outside it (the folder
+    was copied or moved) from the file of that name beside the YAML when there is one, else as written,
+    each with one line naming what is read; a relative path from the YAML's folder, not the cwd."""
     from megatron_loop.data.corpus import lm_eval_task_yaml
 
     folder, elsewhere = tmp_path / "corpus" / "eval", tmp_path / "elsewhere"
     folder.mkdir(parents=True)
     elsewhere.mkdir()
     rows = [{"query": f"q{i}", "choices": ["a", "b"], "gold": i % 2} for i in range(3)]
-    for path in (folder / "facts.jsonl", elsewhere / "facts.jsonl"):
+    for path in (folder / "facts.jsonl", elsewhere / "facts.jsonl", elsewhere / "only_there.jsonl"):
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (folder / "facts.yaml").write_text(lm_eval_task_yaml("facts", folder / "facts.jsonl"))
-    assert 'test: "facts.jsonl"' in (folder / "facts.yaml").read_text()
-    outside = (folder / "facts.yaml").read_text().replace('"facts.jsonl"', f'"{elsewhere / "facts.jsonl"}"')
-    (folder / "other.yaml").write_text(outside.replace("task: looplm_facts_local", "task: looplm_other_local"))
-    manager = harness.task_manager([str(folder)], names={"looplm_facts_local", "looplm_other_local"})
-    spec = harness.located_spec(manager, "looplm_facts_local")
-    assert spec["dataset_kwargs"]["data_files"] == {"test": str(folder.resolve() / "facts.jsonl")}
+    own = lm_eval_task_yaml("facts", folder / "facts.jsonl")
+    assert f'test: "{(folder / "facts.jsonl").resolve()}"' in own
+    (folder / "facts.yaml").write_text(own)
+
+    def variant(task: str, path: str) -> None:
+        text = own.replace(f'"{(folder / "facts.jsonl").resolve()}"', f'"{path}"')
+        (folder / f"{task}.yaml").write_text(text.replace("task: looplm_facts_local", f"task: looplm_{task}_local"))
+
+    variant("moved", str(elsewhere / "facts.jsonl"))  # a copied folder: its YAML names the original's file
+    variant("other", str(elsewhere / "only_there.jsonl"))
+    variant("relative", "facts.jsonl")
+    names = {f"looplm_{t}_local" for t in ("facts", "moved", "other", "relative")}
+    manager = harness.task_manager([str(folder)], names=names)
+
+    def data_files(task: str) -> str:
+        return harness.located_spec(manager, f"looplm_{task}_local")["dataset_kwargs"]["data_files"]["test"]
+
+    assert data_files("facts") == str((folder / "facts.jsonl").resolve())
+    assert data_files("relative") == str(folder.resolve() / "facts.jsonl")
     assert capsys.readouterr().err == ""
-    assert harness.located_spec(manager, "looplm_other_local")["dataset_kwargs"]["data_files"] == {
-        "test": str(elsewhere / "facts.jsonl")}
+    assert data_files("moved") == str(folder.resolve() / "facts.jsonl")
+    assert capsys.readouterr().err == (
+        f"note: lm-eval task 'looplm_moved_local' ({folder.resolve() / 'moved.yaml'}) reads "
+        f"{folder.resolve() / 'facts.jsonl'}, the file of that name beside it, not {elsewhere / 'facts.jsonl'} "
+        "(its folder was copied or moved)\n")
+    assert data_files("other") == str(elsewhere / "only_there.jsonl")
     assert capsys.readouterr().err == (f"note: lm-eval task 'looplm_other_local' ({folder.resolve() / 'other.yaml'}) "
-                                       f"reads {elsewhere / 'facts.jsonl'}: an absolute path outside the task's "
+                                       f"reads {elsewhere / 'only_there.jsonl'}: an absolute path outside the task's "
                                        "folder, read as written\n")
     assert harness.located_spec(manager, "looplm_clutrr") == "looplm_clutrr"  # no local data files: by name
