@@ -43,14 +43,15 @@ def test_paper_setting_through_the_new_paths_is_the_default_run_bit_for_bit(tmp_
 def test_sampled_loops_are_equal_on_every_rank_micro_batch_and_across_resume(tmp_path):
     """2 gloo ranks, 2 micro-batches per rank and step; stopped after step 2 (exit_interval) and
     resumed to step 4: every training forward of both ranks ran the draw of its step. The model is
-    Huginn's (sandwich blocks, the state drawn from noise, model/initial_state.py): each micro-batch's
+    Huginn's (sandwich blocks, the state drawn from noise, model/initial_state.py), trained in bf16 through
+    DeepSpeed's engine (the precision users run on GPU): each micro-batch's
     noise seed is step_seed(train.seed, step, micro-batch, rank), so the resumed run redraws the noise
     of the remaining steps exactly, with nothing in the checkpoint."""
     steps, k = 4, 3
     huginn = {"initial_injection": "dense", "initial_state": "noise", "block_norm": "sandwich",
               "norm_core_output": True}
     config = tiny_config(tmp_path, model={"train_loops": k, **huginn},
-                         train={"max_steps": steps, "save_interval": 100, "eval_interval": 0,
+                         train={"max_steps": steps, "save_interval": 100, "eval_interval": 0, "precision": "bf16",
                                 "loop_sampling": "poisson_lognormal", "backprop_loops": 1})
     rec = tmp_path / "calls"
     common = (str(rec), "--config", str(config))
@@ -58,6 +59,7 @@ def test_sampled_loops_are_equal_on_every_rank_micro_batch_and_across_resume(tmp
     resumed = run_cli(*common, nproc=2, launcher="torchrun", script=RECORD)
     check_ok(resumed)
     assert "resuming from" in resumed.stdout + resumed.stderr
+    assert "precision bf16" in resumed.stdout + resumed.stderr
 
     cfg = config_from_dict({"model": {"backbone": "tiny-llama", "train_loops": k, **huginn},
                             "train": {"loop_sampling": "poisson_lognormal", "backprop_loops": 1}})
