@@ -5,12 +5,13 @@ plain-number ticks, and the name a run goes by on a figure."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 from matplotlib.ticker import NullLocator  # noqa: E402
+
+from megatron_loop.config.naming import run_folder_name  # noqa: E402
 
 
 def legend_outside(ax, fig, every_axis: bool = False, extra: dict | None = None) -> None:
@@ -48,10 +49,5 @@ def log_y(ax, count: int = 7) -> None:
     ax.set_ylim(low, high)
 
 
-from megatron_loop.config.naming import PIPELINE_FOLDERS, run_folder_name  # noqa: E402,F401  (re-exported)
-
-
-def run_name(path: str | Path) -> str:
-    """NAME of runs/NAME/train[/checkpoints[/global_stepN]] or runs/NAME/hf
-    (:func:`megatron_loop.config.naming.run_folder_name`, which training uses without matplotlib)."""
-    return run_folder_name(path)
+# NAME of runs/NAME/train[/checkpoints[/global_stepN]] or runs/NAME/hf (training reads it without matplotlib)
+run_name = run_folder_name

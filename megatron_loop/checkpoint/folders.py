@@ -73,12 +73,9 @@ def run_folder(output_dir: str | os.PathLike) -> Path:
     """The folder a run's own files live in, which moves with it: the parent of its named folder
     (``runs/demo`` for ``runs/demo/model/train``, as tools/pipeline.sh lays out a demo: corpus,
     tokenizer, data and each model side by side)."""
-    from megatron_loop.config.naming import PIPELINE_FOLDERS
+    from megatron_loop.config.naming import named_folder
 
-    folder = Path(output_dir).resolve()
-    while folder.parent != folder and folder.name in PIPELINE_FOLDERS:
-        folder = folder.parent
-    return folder.parent
+    return named_folder(output_dir).parent
 
 
 def _paths(d: dict) -> dict[str, str]:

@@ -21,13 +21,18 @@ TIMESTEP_LABEL = {"loop_gating": "LG", "branch_gating": "BG", "adaln": "AdaLN",
                   "shortcut": "Shortcut"}  # LoopFormer's shortcut modulation on (t, dt)
 
 
-def run_folder_name(path: str | Path) -> str:
-    """NAME of runs/NAME/train[/checkpoints[/global_stepN]] or runs/NAME/hf: the first folder up the
-    path that is not one of the pipeline's fixed folder names."""
+def named_folder(path: str | Path) -> Path:
+    """runs/NAME of runs/NAME/train[/checkpoints[/global_stepN]] or runs/NAME/hf: the first folder up
+    the path that is not one of the pipeline's fixed folder names."""
     folder = Path(path).resolve()
     while folder.parent != folder and (folder.name in PIPELINE_FOLDERS or folder.name.startswith("global_step")):
         folder = folder.parent
-    return folder.name
+    return folder
+
+
+def run_folder_name(path: str | Path) -> str:
+    """NAME of runs/NAME/train[/checkpoints[/global_stepN]] or runs/NAME/hf (:func:`named_folder`)."""
+    return named_folder(path).name
 
 
 def conditioning_notation(initial: str = "none", history: str = "none", window: int = 1, timestep: str = "none",

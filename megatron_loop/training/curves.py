@@ -83,7 +83,7 @@ def read_run(path: str | os.PathLike, label: str | None = None) -> RunCurves:
     if not file.is_file():
         raise LoopDataError(f"{p}: no {METRICS_NAME}; expected a run folder (train.output_dir) or its "
                             f"{METRICS_NAME}")
-    from megatron_loop.plotting import run_name  # matplotlib: reading metrics must not load it
+    from megatron_loop.config.naming import run_folder_name as run_name
 
     text = _read_text(file)
     run = RunCurves(label or "", file)
