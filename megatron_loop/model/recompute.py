@@ -2,9 +2,9 @@
 
 Training backpropagates through all K loops, so without checkpointing the activations of
 L(K) = p + K s + c blocks are alive at the end of the forward. This module holds the policies, the
-memory model, the planner and :func:`apply_activation_checkpointing`, which makes a built model keep
-what they say (each loop asks once per forward how it runs; each block's forward is wrapped). It is
-applied from outside the model, by :func:`megatron_loop.parallel.parallelize.parallelize`; a model
+memory model, the planner and :class:`ActivationCheckpointing`, which makes a built model keep what they
+say (each loop asks once per forward how it runs; each block's forward is wrapped). It is applied from
+outside the model, by :func:`megatron_loop.parallel.parallelize.apply_activation_checkpointing`; a model
 built for inference, export or probes keeps every activation its autograd needs. ``model.activation_checkpointing``:
 
 * ``none``      -- keep everything (fastest, most memory).
@@ -342,7 +342,8 @@ class ActivationCheckpointing:
         self.schedules: dict[tuple, LoopSchedule] = {}  # auto, per input shape
         self._plans_to_report: list[str] = []  # new plans' descriptions, for the training log
         # What the training step will still allocate when a plan is made (optimizer state, DeepSpeed's
-        # buckets): set by optim.build_engine, counted by an ``auto`` plan without a budget.
+        # buckets): given once the engine exists (parallelize.count_pending_memory), counted by an ``auto``
+        # plan without a budget.
         self.pending_memory: Callable[[], PendingMemory] | None = None
         self.in_selective_loop = False  # while a selective loop runs, its blocks keep only matmul/attention outputs
         self._runners = {NONE: _call, FULL: self._run_full_loop, SELECTIVE: self._run_selective_loop}
@@ -408,22 +409,6 @@ class ActivationCheckpointing:
             return run_checkpointed(self.block_kind(), forward, hidden, rotary_pos_emb, psi)
 
         return checkpointed
-
-
-def apply_activation_checkpointing(model: nn.Module, settings: CheckpointingSettings) -> ActivationCheckpointing | None:
-    """Make ``model`` keep what ``settings`` say for backward (replacing any earlier settings). Gradients
-    are identical in every mode; ``none`` removes checkpointing (returns None)."""
-    blocks = model.blocks()
-    for block in blocks:
-        block.__dict__.pop("forward", None)  # the class's forward again
-    if settings.mode == "none":
-        model.checkpointing = None
-        return None
-    applied = ActivationCheckpointing(model, settings)
-    for block in blocks:
-        block.forward = applied.checkpointed_forward(block)
-    model.checkpointing = applied
-    return applied
 
 
 def new_loop_schedules(model: nn.Module) -> list[str]:

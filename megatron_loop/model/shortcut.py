@@ -132,6 +132,6 @@ def shortcut_objective(model, input_ids: torch.Tensor, labels: torch.Tensor | No
     full = model.forward(input_ids, labels=labels, compute_logits=compute_logits, return_hidden=True)
     short = model.forward(input_ids, labels=labels, compute_logits=False, return_hidden=True,
                           loop_steps=tuple(spec.steps))
-    consistency = shortcut_consistency_loss(full.hidden, short.hidden, model.tensor_parallel.layout.tp_size)
+    consistency = shortcut_consistency_loss(full.hidden, short.hidden, model.tensor_parallel.placement.tp_size)
     loss = full.loss + spec.short_loss_weight * short.loss + spec.consistency_weight * consistency
     return loss, full.logits

@@ -10,9 +10,10 @@ Everything else reads the groups that exist (:mod:`megatron_loop.parallel.groups
   rendezvous in its own namespace of torchrun's store, so that a restarted job starts afresh.
 * :func:`init_model_parallel` -- megatron-core's tensor- and data-parallel groups over that world,
   bounded by the same timeout (megatron-core's default is 30 minutes).
-* :func:`ensure_groups` -- what a model built outside a launcher needs (tests, export, probes): the
-  world that exists, or a one-process gloo world over an in-memory store, and megatron-core's groups
-  (TP = 1 unless built already). :func:`megatron_loop.model.build_model` calls it.
+* :func:`ensure_groups` -- megatron-core's groups for a process outside a launcher that needs them (a test
+  of megatron-core's own attention, a single-process engine): the world that exists, or a one-process gloo
+  world over an in-memory store, and megatron-core's groups (TP = 1 unless built already). Building a model
+  needs none: :func:`megatron_loop.model.build_model` creates no group and reads none.
 
 megatron-core orders ranks TP-fastest: with world size W and TP size N, ranks ``[k N, (k + 1) N)``
 form TP group k and ranks ``{j, j + N, j + 2N, ...}`` form DP group j. Launchers number the ranks of

@@ -8,8 +8,8 @@ outside, in this order (:func:`parallelize`):
 
 1. the TP sum of partial gradients (:func:`megatron_loop.parallel.grads.register_tp_gradient_sum`),
    inside backward, before DeepSpeed takes the gradients;
-2. activation recomputation as ``model.activation_checkpointing*`` asks
-   (:func:`megatron_loop.model.recompute.apply_activation_checkpointing`);
+2. activation recomputation as ``model.activation_checkpointing*`` asks (:func:`apply_activation_checkpointing`,
+   the policies of :mod:`megatron_loop.model.recompute`);
 3. compiled blocks where :func:`compile_decision` says so (:func:`apply_compile`). Recomputation comes
    first: a checkpointed block's forward is replaced on the instance and ``nn.Module.compile``
    compiles the module's call, so a compiled block traces its checkpointed region (the selective
@@ -18,7 +18,8 @@ outside, in this order (:func:`parallelize`):
    submodule (the LM head in the chunked loss), so DeepSpeed gathers them for the root's forward.
 
 Models built for inference, export or probes skip this stage: they run eager and keep every
-activation their autograd needs.
+activation their autograd needs. What this stage adds to a model is declared on it (``LoopLM.checkpointing``,
+``compile_note``, ``tp_gradient_sum``) and set here only.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Callable
 from torch import nn
 
 from megatron_loop.model.compat import make_megatron_compilable
-from megatron_loop.model.recompute import CheckpointingSettings, apply_activation_checkpointing
+from megatron_loop.model.recompute import ActivationCheckpointing, CheckpointingSettings, PendingMemory
 from megatron_loop.parallel.grads import register_tp_gradient_sum
 
 
@@ -44,6 +45,30 @@ def parallelize(model: nn.Module, zero_stage: int) -> str:
         register_external_parameters(model)
     model.compile_note = note
     return note
+
+
+def apply_activation_checkpointing(model: nn.Module, settings: CheckpointingSettings) -> ActivationCheckpointing | None:
+    """Make ``model`` keep what ``settings`` say for backward (replacing any earlier settings): its
+    ``checkpointing`` and each block's forward wrapped. Gradients are identical in every mode; ``none``
+    removes checkpointing (returns None)."""
+    blocks = model.blocks()
+    for block in blocks:
+        block.__dict__.pop("forward", None)  # the class's forward again
+    if settings.mode == "none":
+        model.checkpointing = None
+        return None
+    applied = ActivationCheckpointing(model, settings)
+    for block in blocks:
+        block.forward = applied.checkpointed_forward(block)
+    model.checkpointing = applied
+    return applied
+
+
+def count_pending_memory(model: nn.Module, pending: Callable[[], PendingMemory]) -> None:
+    """Once the engine exists: let an ``auto`` plan without a budget count what the training step will still
+    allocate (the optimizer state of its first step, DeepSpeed's buckets: ``optim.memory.pending_training_memory``)."""
+    if model.checkpointing is not None:
+        model.checkpointing.pending_memory = pending
 
 
 def register_external_parameters(model: nn.Module) -> None:

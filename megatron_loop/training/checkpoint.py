@@ -104,7 +104,7 @@ def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.
         try:
             write_manifest(partial, {"tag": tag, "step": state.step, "consumed_samples": state.consumed_samples,
                                      "model": model_signature(cfg), **settings,
-                                     **tensor_parallel_fields(engine.module)})
+                                     **tensor_parallel_fields(engine.module, engine.module.tensor_parallel.placement)})
             publish(root, partial, tag)
             save_run_config(root, cfg)
         except OSError as e:

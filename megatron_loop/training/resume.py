@@ -38,7 +38,7 @@ from megatron_loop.config import Config
 from megatron_loop.data.indexed import content_fingerprint
 from megatron_loop.data.tokenizer import tokenizer_fingerprint
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.checkpoint.tensor_parallel import check_resume as check_tensor_parallel_resume, configured_tensor_parallel_size
+from megatron_loop.checkpoint.tensor_parallel import check_resume as check_tensor_parallel_resume
 
 SCHEDULE_KEYS = ("train.lr", "train.max_steps", "train.train_tokens", "train.tokens_per_parameter",
                  "train.warmup_fraction", "train.stable_fraction", "train.min_lr_ratio", "train.schedule_on_resume")
@@ -114,7 +114,7 @@ def decide_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_
     naming the key) or return what to apply."""
     manifest = point.manifest or {}
     where = point.path / MANIFEST
-    tp = configured_tensor_parallel_size(cfg)
+    tp = cfg.parallel.tensor_model_parallel_size
     check_tensor_parallel_resume(point.manifest, where, tp, world_size // tp)
     saved_model = manifest.get("model", {})
     for key, value in model_signature(cfg).items():

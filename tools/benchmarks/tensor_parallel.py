@@ -66,8 +66,8 @@ def bench_tensor_parallel(setup: Setup, config: str, tp_sizes: list[int], sequen
     for parallel in configs:
         tp, sp = parallel.tensor_model_parallel_size, parallel.sequence_parallel
         parallel_state.destroy_model_parallel()  # megatron-core's groups are process-global: one TP size at a time
-        init_model_parallel(tp, sp)
-        model = build(cfg.model, setup, parallel)  # prepared as for training: the TP gradient sum in backward
+        placement = init_model_parallel(tp, sp)
+        model = build(cfg.model, setup, placement)  # prepared as for training: the TP gradient sum in backward
         tokens = random_tokens(cfg.model, setup, micro)
 
         def step(model=model, tokens=tokens) -> None:

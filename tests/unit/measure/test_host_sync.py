@@ -14,7 +14,8 @@ from megatron_loop.config import build_model_config
 from megatron_loop.optim import MuonAdamW, role_param_groups
 from megatron_loop.measure import host_sync
 from megatron_loop.measure.host_sync import find_host_syncs
-from megatron_loop.model.recompute import CheckpointingSettings, apply_activation_checkpointing
+from megatron_loop.model.recompute import CheckpointingSettings
+from megatron_loop.parallel.parallelize import apply_activation_checkpointing
 
 PAGEABLE = "host-to-device copy from pageable memory"
 HOST_BUILT = "host-to-device copy of a tensor built on the host"

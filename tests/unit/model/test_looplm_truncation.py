@@ -11,7 +11,8 @@ import torch
 from megatron_loop import LoopConfigError, build_model
 from megatron_loop.config import build_model_config
 from megatron_loop.flops import block_forward_flops_per_token, hardware_flops_per_token, train_flops_per_token
-from megatron_loop.model.recompute import CheckpointingSettings, apply_activation_checkpointing
+from megatron_loop.model.recompute import CheckpointingSettings
+from megatron_loop.parallel.parallelize import apply_activation_checkpointing
 from megatron_loop.model.conditioning import history_window
 
 CONDITIONED = dict(backbone="tiny-llama", prelude_layers=1, core_layers=2, coda_layers=1, train_loops=3,

@@ -16,7 +16,8 @@ from megatron_loop.model import recompute
 from megatron_loop.model.recompute import (FULL, NONE, SELECTIVE, LoopMemory, loop_memory, schedule_loops,
                                                predicted_peak)
 from megatron_loop.measure.memory import peak_memory_delta
-from megatron_loop.model.recompute import CheckpointingSettings, apply_activation_checkpointing
+from megatron_loop.model.recompute import CheckpointingSettings
+from megatron_loop.parallel.parallelize import apply_activation_checkpointing, count_pending_memory
 
 MODES = ("none", "per_loop", "selective", "auto", "per_block")
 CPU = torch.device("cpu")
@@ -179,7 +180,7 @@ def test_device_budget_counts_what_the_first_step_allocates(monkeypatch):
     muon = sum(p.numel() for p in model.parameters() if roles.uses_muon(p))
     state = 4 * (muon + 2 * (model.num_parameters() - muon))  # fp32 momentum; two fp32 moments
     buckets = 2**16
-    model.checkpointing.pending_memory = lambda: recompute.PendingMemory(unallocated_optimizer_state(optimizer), buckets)
+    count_pending_memory(model, lambda: recompute.PendingMemory(unallocated_optimizer_state(optimizer), buckets))
     batch, seq = 2, 64
     x = torch.randint(0, 2048, (batch, seq))
     mem = loop_memory(model.config, batch, seq, 4, model.loss_chunk_tokens, 4 * model.num_parameters())

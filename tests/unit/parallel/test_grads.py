@@ -53,7 +53,7 @@ def test_nothing_is_partial_at_tp_1():
     model = _model()
     assert partial_grad_parameters(model) == []
     assert register_tp_gradient_sum(model) == 0
-    assert _hooked(model) == set() and not hasattr(model, "_tp_gradient_sum")
+    assert _hooked(model) == set() and model.tp_gradient_sum is False
 
 
 def test_partial_gradients_are_the_qk_norms_without_sequence_parallelism_and_every_replicated_one_with_it():
@@ -70,7 +70,7 @@ def test_the_sum_is_registered_once_per_model():
     model = _model(2, sequence_parallel=True)
     assert register_tp_gradient_sum(model) == len(REPLICATED)
     assert register_tp_gradient_sum(model) == len(REPLICATED)  # the count again, no second hook
-    assert model._tp_gradient_sum is True
+    assert model.tp_gradient_sum is True
     assert _hooked(model) == REPLICATED
     assert all(len(p._backward_hooks) == 1 for name, p in model.named_parameters() if name in REPLICATED)
 

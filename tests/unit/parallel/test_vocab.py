@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron_loop.config import ParallelConfig, build_model_config
+from megatron_loop.config import build_model_config
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
 from megatron_loop.model.loss import torch_chunk_loss
@@ -111,10 +111,10 @@ def test_the_gradient_of_the_head_input_is_summed_over_the_tp_group(monkeypatch)
     assert torch.equal(h.grad, torch.arange(3.0)[:, None, None].expand(3, 2, 4))  # one rank: the sum is itself
 
 
-def test_the_configured_tp_size_must_be_the_groups():
+def test_the_placement_tp_size_must_be_the_groups():
     cfg = build_model_config(dict(backbone="tiny-llama", core_layers=1, train_loops=2))
-    assert TensorParallelEdges.of(cfg, ParallelConfig(1)).layout.tp_size == 1
-    assert TensorParallelEdges.of(cfg, None).layout == TP1
+    assert TensorParallelEdges.of(cfg, ParallelPlacement(tp_size=1)).placement.tp_size == 1
+    assert TensorParallelEdges.of(cfg, None).placement == TP1
     with pytest.raises(LoopConfigError, match=r"^parallel.tensor_model_parallel_size=2: this process's "
                                               r"tensor-parallel groups have size 1"):
-        TensorParallelEdges.of(cfg, ParallelConfig(2))
+        TensorParallelEdges.of(cfg, ParallelPlacement(tp_size=2))
