@@ -33,7 +33,7 @@ MANIFEST_KEY = "tensor_parallel"
 
 def manifest_fields(module: torch.nn.Module, placement) -> dict[str, Any]:
     """``{"tensor_parallel": {"size", "data_parallel_size", "sharded": {name: [dim, stride]}}}`` of ``module``
-    trained at ``placement`` (:class:`~megatron_loop.parallel.groups.ParallelPlacement`: the TP and DP sizes)."""
+    trained at ``placement`` (:class:`~megatron_loop.model.placement.ParallelPlacement`: the TP and DP sizes)."""
     sharded = {name: [int(param.partition_dim), int(getattr(param, "partition_stride", 1))]
                for name, param in module.named_parameters() if is_tensor_parallel(param)}
     tp = placement.tp_size

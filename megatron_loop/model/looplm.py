@@ -23,7 +23,7 @@ inference (``adaptive_exit.py``). The training loop draws r per step (``training
 
 The loss (``loss.py``) is a chunked linear + cross-entropy that never materialises the
 full-vocabulary logits of the batch. How the model executes for training -- activation
-checkpointing (``recompute.py``; gradients equal in every mode) and compiled blocks -- is
+recomputation (``recompute.py``; gradients equal in every mode) and compiled blocks -- is
 applied from outside after the model is built (``parallel/parallelize.py``); the loop itself stays in Python, so
 any r reuses the compiled blocks. The step never reads a value back to the host.
 """
@@ -54,8 +54,8 @@ from megatron_loop.model.loss import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked
 from megatron_loop.model.shortcut import ShortcutTrajectory, shortcut_objective
 from megatron_loop.model.shortcut import timestep_inputs as shortcut_timestep_inputs
 from megatron_loop.config.validation import EXIT_GATE_TP_REFUSAL
-from megatron_loop.parallel.groups import ParallelPlacement
-from megatron_loop.parallel.vocab import TensorParallelEdges, lm_head, token_embedding
+from megatron_loop.model.placement import ParallelPlacement
+from megatron_loop.model.vocab import TensorParallelEdges, lm_head, token_embedding
 
 with __import__("warnings").catch_warnings():
     __import__("warnings").simplefilter("ignore")
@@ -83,7 +83,7 @@ class LoopLM(nn.Module):
     """A looped decoder ``p+s×K+c`` built from megatron-core blocks.
 
     Built plain: the constructor creates no process group and reads no global parallel state. ``placement``
-    (:class:`~megatron_loop.parallel.groups.ParallelPlacement`, None: one rank) says where this rank sits in
+    (:class:`~megatron_loop.model.placement.ParallelPlacement`, None: one rank) says where this rank sits in
     the tensor- and data-parallel grid; at TP > 1 the caller owns megatron-core's groups of that size
     (``parallel.bootstrap.init_model_parallel``), inside which megatron-core builds its layers.
     ``fast_path=False`` builds the blocks from megatron-core's modules only (the reference the default fast
@@ -151,9 +151,9 @@ class LoopLM(nn.Module):
         with torch.device("cpu"):
             self._inv_freq_fp32 = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         # ---- what training adds, set by parallel/parallelize.py only (a model built for inference, export or
-        # probes keeps these): what each loop keeps for backward (None: everything; an ActivationCheckpointing
+        # probes keeps these): what each loop keeps for backward (None: everything; an ActivationRecompute
         # when applied), the line saying what runs compiled, whether the TP sum of partial gradients is hooked.
-        self.checkpointing = None
+        self.recompute = None
         self.compile_note: str | None = None
         self.tp_gradient_sum = False
         self.loss_chunk_tokens = DEFAULT_CHUNK_TOKENS
@@ -304,8 +304,8 @@ class LoopLM(nn.Module):
         w = cfg.history_window if self.history_injection is not None else 0
         # Truncated backpropagation: loops 0 .. detached-1 run without a graph; h_detached is a constant.
         detached = 0 if backprop_loops is None else max(r - int(backprop_loops), 0)
-        # How each graphed loop runs (activation checkpointing, when applied); detached loops keep nothing
-        runners = None if self.checkpointing is None else self.checkpointing.loop_runners(r - detached, h)
+        # How each graphed loop runs (activation recomputation, when applied); detached loops keep nothing
+        runners = None if self.recompute is None else self.recompute.loop_runners(r - detached, h)
         token_exit = None
         if exit_criterion != "none":
             readout = ((lambda x: self.exit_gate(self.norm(x))) if exit_criterion == "q_exit"

@@ -114,7 +114,7 @@ def shortcut_consistency_loss(full: torch.Tensor, short: torch.Tensor, tp_size: 
     stays float64), with no gradient into ``full``.
 
     Under tensor parallelism both are the head input, whole on every rank, whose backward sums the
-    ranks' gradients (the vocabulary shards' partial sums, ``parallel/vocab.py`` ``head_input``): the
+    ranks' gradients (the vocabulary shards' partial sums, ``model/vocab.py`` ``head_input``): the
     MSE, the same on every rank, would reach x_short ``tp_size`` times, so its gradient is divided by
     ``tp_size`` (its value is not)."""
     dtype = torch.promote_types(short.dtype, torch.float32)

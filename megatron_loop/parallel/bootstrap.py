@@ -1,6 +1,6 @@
 """The one place that creates process groups and picks rendezvous ports.
 
-Everything else reads the groups that exist (:mod:`megatron_loop.parallel.groups`); nothing under
+Everything else reads the groups that exist (:mod:`megatron_loop.model.placement`); nothing under
 ``model/`` creates one (``tests/unit/test_import_layers.py`` keeps it so). Three entry points:
 
 * :func:`init_world` -- the launcher's world (``deepspeed``, ``torchrun``, bare SLURM ``srun``; plain
@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.parallel.cpu import make_megatron_collectives_cpu_capable
-from megatron_loop.parallel.groups import ParallelPlacement, current_placement
+from megatron_loop.model.placement import ParallelPlacement, current_placement
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

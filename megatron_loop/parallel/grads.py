@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from megatron_loop.parallel.groups import tensor_parallel_group
+from megatron_loop.model.placement import tensor_parallel_group
 
 QK_NORMS = (".q_layernorm.", ".k_layernorm.")
 

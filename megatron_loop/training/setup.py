@@ -35,7 +35,7 @@ from megatron_loop.model.exit_gate import configure_exit_training
 from megatron_loop.optim import build_engine
 from megatron_loop.optim.engine import describe_precision
 from megatron_loop.parallel.bootstrap import init_model_parallel
-from megatron_loop.parallel.groups import current_placement
+from megatron_loop.model.placement import current_placement
 from megatron_loop.optim.memory import pending_training_memory
 from megatron_loop.parallel.parallelize import count_pending_memory, parallelize
 from megatron_loop.plan import accumulation_steps, total_train_steps
@@ -44,7 +44,7 @@ from megatron_loop.training.banner import start_record, training_statement
 from megatron_loop.training.distributed import DistInfo
 from megatron_loop.training.lock import RunLock
 from megatron_loop.training.metrics import MetricsLogger
-from megatron_loop.training.resume import Hyperparameters, ResumeDecision, apply_plan, decide_resume, run_settings
+from megatron_loop.training.resume import Hyperparameters, ResumeDecision, apply_decision, decide_resume, run_settings
 from megatron_loop.training.signals import StopController
 
 
@@ -151,14 +151,14 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     stage = zero_stage(ds)
     root = out / preflight.CHECKPOINTS
     point = checkpoint.choose_resume_point(root, resume, t.resume, info)  # what changed: refused before any work
-    plan = decide_resume(point, cfg, info.world_size, stage) if point else ResumeDecision()
+    decision = decide_resume(point, cfg, info.world_size, stage) if point else ResumeDecision()
 
     loaders = data_loaders(cfg, total_steps)
     signals.protect_loader_workers(loaders.train, loaders.valid)  # a group signal must not kill a worker
 
     set_aside = checkpoint.start_branch(root, point, out, info) if point is not None else None
-    load_dir = checkpoint.universal_copy(root, point, info) if plan.universal else None
-    if plan.universal:  # DeepSpeed re-partitions a universal checkpoint over this world
+    load_dir = checkpoint.universal_copy(root, point, info) if decision.universal else None
+    if decision.universal:  # DeepSpeed re-partitions a universal checkpoint over this world
         ds = with_universal_load(ds)
 
     model = build_model(cfg.model, placement)  # plain: the groups above are this run's
@@ -191,8 +191,8 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
             distributed.barrier()
             if info.is_main:
                 shutil.rmtree(load_dir, ignore_errors=True)
-        schedule_line = apply_plan(engine, optimizer, fresh, plan, t.schedule_on_resume, complete_tags(root))
-        logger_msgs += checkpoint.resume_messages(point, plan, set_aside, schedule_line, state, info, resume,
+        schedule_line = apply_decision(engine, optimizer, fresh, decision, t.schedule_on_resume, complete_tags(root))
+        logger_msgs += checkpoint.resume_messages(point, decision, set_aside, schedule_line, state, info, resume,
                                                   total_steps)
     loaders.train_sampler.consumed_samples = state.consumed_samples  # exact next sample
     valid_batches = [] if loaders.valid is None else list(islice(loaders.valid, t.eval_batches))
@@ -223,5 +223,5 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     if point is not None:
         logger.log({"event": "resume", "step": state.step, "checkpoint": str(point.path),
                     "skipped": list(point.notes), "set_aside": str(set_aside) if set_aside else None,
-                    "universal": plan.universal, "changes": plan.schedule + plan.optimizer + plan.other})
+                    "universal": decision.universal, "changes": decision.schedule + decision.optimizer + decision.other})
     return run, state, logger

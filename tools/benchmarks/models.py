@@ -35,7 +35,7 @@ def model_config(setup: Setup, family: str, core: int, loops: int, **overrides) 
     """``family``'s backbone (CPU: at ``CPU_WIDTHS``) with ``core`` x ``loops``, checkpointing off."""
     gpu_backbone, cpu_backbone, _, _ = FAMILIES[family]
     values = dict(backbone=gpu_backbone if setup.cuda else cpu_backbone, core_layers=core, train_loops=loops,
-                  activation_checkpointing="none", compile=setup.compile)
+                  recompute="none", compile=setup.compile)
     if not setup.cuda:
         values.update(CPU_WIDTHS)
     values.update(overrides)
@@ -53,7 +53,7 @@ def build(cfg: ModelConfig, setup: Setup, placement=None, zero_stage: int = 0) -
     """The model of ``cfg`` (this rank's shards at ``placement``, which ``init_model_parallel`` returned) on the
     setup's device and dtype,
     seeded so every case starts equal, prepared as training prepares it for ``zero_stage``
-    (``parallelize``: activation checkpointing, compilation, the TP gradient sum)."""
+    (``parallelize``: activation recomputation, compilation, the TP gradient sum)."""
     torch.manual_seed(0)
     model = build_model(cfg, placement).to(device=setup.device, dtype=setup.dtype).train()
     parallelize(model, zero_stage=zero_stage)

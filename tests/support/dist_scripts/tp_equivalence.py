@@ -28,7 +28,7 @@ from megatron_loop.optim import OptimizerSettings, build_engine  # noqa: E402
 from megatron_loop.parallel.grads import partial_grad_parameters, register_tp_gradient_sum  # noqa: E402
 from megatron_loop.parallel.parallelize import parallelize  # noqa: E402
 from megatron_loop.parallel.shards import gather_whole  # noqa: E402
-from megatron_loop.parallel.groups import data_parallel_group  # noqa: E402
+from megatron_loop.model.placement import data_parallel_group  # noqa: E402
 from megatron_loop.training.distributed import setup_distributed  # noqa: E402
 
 

@@ -39,7 +39,7 @@ from megatron_loop.optim import muon  # noqa: E402
 from megatron_loop.parallel.bootstrap import init_model_parallel  # noqa: E402
 from megatron_loop.parallel.parallelize import parallelize  # noqa: E402
 from megatron_loop.parallel.shards import gather_whole  # noqa: E402
-from megatron_loop.parallel.groups import data_parallel_group  # noqa: E402
+from megatron_loop.model.placement import data_parallel_group  # noqa: E402
 from megatron_loop.training import checkpoint as C  # noqa: E402
 from megatron_loop.training.distributed import DistInfo  # noqa: E402
 from megatron_loop.training.resume import run_settings  # noqa: E402

@@ -26,7 +26,7 @@ def megatron_groups():
 
 
 def make(**kw):
-    base = dict(backbone="tiny-qwen", core_layers=2, train_loops=K, activation_checkpointing="none")
+    base = dict(backbone="tiny-qwen", core_layers=2, train_loops=K, recompute="none")
     base.update(kw)
     torch.manual_seed(0)
     return build_model(build_model_config(base)).eval()

@@ -1,5 +1,5 @@
 """``model/looplm.py``, the LoopLM architecture: parameter counts, initialisation, causality, weight tying,
-r != K, overfitting (the loss: test_loss.py; activation checkpointing: test_recompute.py; truncated
+r != K, overfitting (the loss: test_loss.py; activation recomputation: test_recompute.py; truncated
 backpropagation: test_looplm_truncation.py; the config's errors: tests/unit/config/)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py dr
 
 
 def tiny(**kw):
-    base = dict(backbone="tiny-llama", core_layers=2, train_loops=3, activation_checkpointing="none")
+    base = dict(backbone="tiny-llama", core_layers=2, train_loops=3, recompute="none")
     base.update(kw)
     return build_model_config(base)
 

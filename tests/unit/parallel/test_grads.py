@@ -17,8 +17,8 @@ from megatron_loop import build_model
 from megatron_loop.config import build_model_config
 from megatron_loop.parallel import grads
 from megatron_loop.parallel.grads import partial_grad_parameters, register_tp_gradient_sum
-from megatron_loop.parallel.groups import ParallelPlacement
-from megatron_loop.parallel.vocab import TensorParallelEdges
+from megatron_loop.model.placement import ParallelPlacement
+from megatron_loop.model.vocab import TensorParallelEdges
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

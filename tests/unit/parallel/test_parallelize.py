@@ -15,18 +15,18 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from megatron_loop import build_model, load_config
 from megatron_loop.config import build_model_config
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.model.recompute import CheckpointingSettings
-from megatron_loop.parallel.parallelize import apply_activation_checkpointing
+from megatron_loop.model.recompute import RecomputeSettings
+from megatron_loop.parallel.parallelize import apply_recompute
 from megatron_loop.parallel import parallelize as preparation
 from megatron_loop.parallel.bootstrap import ensure_groups
-from megatron_loop.parallel.groups import ParallelPlacement
+from megatron_loop.model.placement import ParallelPlacement
 from megatron_loop.parallel.parallelize import apply_compile, parallelize
-from megatron_loop.parallel.vocab import TensorParallelEdges
+from megatron_loop.model.vocab import TensorParallelEdges
 
 
 def _config(**kw):
     base = dict(backbone="tiny-llama", prelude_layers=1, core_layers=2, coda_layers=1, train_loops=3,
-                timestep="branch_gating", activation_checkpointing="none")
+                timestep="branch_gating", recompute="none")
     base.update(kw)
     return build_model_config(base)
 
@@ -65,11 +65,11 @@ def test_compiled_blocks_match_eager_and_never_recompile_across_r():
 
 @pytest.mark.parametrize("mode", ["per_loop", "selective", "per_block"])
 def test_compiled_training_step_matches_eager_gradients(mode):
-    """Checkpointing applied first, compilation second: a compiled block traces its checkpointed
+    """Recomputation applied first, compilation second: a compiled block traces its recomputed
     region (the selective policy included) and the gradients stay those of eager."""
     eager, compiled = _pair(_config(timestep="none"))
     for model in (eager, compiled):
-        apply_activation_checkpointing(model, CheckpointingSettings(mode))
+        apply_recompute(model, RecomputeSettings(mode))
     counter = _compiled_graphs()
     apply_compile(compiled, backend=counter)
     x = torch.randint(0, 2048, (2, 16))
@@ -127,12 +127,12 @@ def test_when_training_compiles(monkeypatch, compile_key, cuda):
 
 
 def test_the_steps_run_in_order_and_zero3_registration_only_at_stage_3(monkeypatch):
-    """TP sum, recomputation (as ``model.activation_checkpointing`` asks), compile when the rule says so,
-    ZeRO-3 registration: recomputation before compile, so that a compiled block traces its checkpointed
+    """TP sum, recomputation (as ``model.recompute`` asks), compile when the rule says so,
+    ZeRO-3 registration: recomputation before compile, so that a compiled block traces its recomputed
     region (test_compiled_training_step_matches_eager_gradients)."""
     calls = []
     monkeypatch.setattr(preparation, "register_tp_gradient_sum", lambda m: calls.append("tp sum"))
-    monkeypatch.setattr(preparation, "apply_activation_checkpointing",
+    monkeypatch.setattr(preparation, "apply_recompute",
                         lambda m, settings: calls.append(f"recompute {settings.mode}"))
     monkeypatch.setattr(preparation, "apply_compile", lambda m: calls.append("compile"))
     monkeypatch.setattr(preparation, "register_external_parameters", lambda m: calls.append("zero-3"))
@@ -141,7 +141,7 @@ def test_the_steps_run_in_order_and_zero3_registration_only_at_stage_3(monkeypat
                 (False, 3): ["tp sum", "recompute per_loop", "zero-3"]}
     for (compile_key, zero), steps in expected.items():
         calls.clear()
-        model = build_model(_config(compile=compile_key, activation_checkpointing="per_loop"), device="meta")
+        model = build_model(_config(compile=compile_key, recompute="per_loop"), device="meta")
         note = parallelize(model, zero)
         assert calls == steps, (compile_key, zero)
         assert note == preparation.compile_decision(model.config, zero)[1] == model.compile_note
@@ -184,12 +184,12 @@ def test_zero3_registers_the_head_weight_with_deepspeed_as_an_external_parameter
 def test_parallelize_sets_only_what_the_model_declares():
     """What training adds to a model (recomputation, the compile note, the TP gradient sum) is declared by
     the model and set by this stage: parallelize adds no attribute of its own."""
-    model = build_model(_config(activation_checkpointing="per_loop"))
+    model = build_model(_config(recompute="per_loop"))
     declared = set(vars(model))
-    assert (model.checkpointing, model.compile_note, model.tp_gradient_sum) == (None, None, False)
+    assert (model.recompute, model.compile_note, model.tp_gradient_sum) == (None, None, False)
     parallelize(model, 1)
     assert set(vars(model)) == declared
-    assert model.checkpointing is not None and model.compile_note.startswith("model.compile=")
+    assert model.recompute is not None and model.compile_note.startswith("model.compile=")
 
 
 # the modules that build, train, step and save a model; the model's own constructor sets its fields
@@ -223,5 +223,5 @@ def test_no_module_but_the_preparation_stage_sets_attributes_on_a_model(tmp_path
              if p.relative_to(REPO).as_posix() not in OWN_FIELDS | STEP_OBJECTIVE_PENDING]
     assert [hit for p in files for hit in _model_attribute_assignments(p)] == []
     bad = tmp_path / "bad.py"
-    bad.write_text("def f(model, engine):\n    model.checkpointing = 1\n    engine.module.note = 2\n")
+    bad.write_text("def f(model, engine):\n    model.recompute = 1\n    engine.module.note = 2\n")
     assert len(_model_attribute_assignments(bad)) == 2  # the check sees both spellings

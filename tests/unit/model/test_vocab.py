@@ -1,4 +1,4 @@
-"""``parallel/vocab.py``: the vocabulary under tensor parallelism. In one process the TP group has one
+"""``model/vocab.py``: the vocabulary under tensor parallelism. In one process the TP group has one
 rank, whose shard is the whole vocabulary: the vocab-parallel cross-entropy (its max / sum-exp / target
 logit all-reduces over the TP group) must then be F.cross_entropy exactly, with the gradient softmax -
 onehot; the TP = 1 embedding and head are torch's own modules with their roles and initialisation; the
@@ -18,10 +18,10 @@ from megatron_loop.config import build_model_config
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
 from megatron_loop.model.loss import torch_chunk_loss
-from megatron_loop.parallel import vocab
+from megatron_loop.model import vocab
 from megatron_loop.parallel.bootstrap import ensure_groups
-from megatron_loop.parallel.groups import ParallelPlacement
-from megatron_loop.parallel.vocab import TensorParallelEdges, lm_head, token_embedding, vocab_parallel_chunk
+from megatron_loop.model.placement import ParallelPlacement
+from megatron_loop.model.vocab import TensorParallelEdges, lm_head, token_embedding, vocab_parallel_chunk
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -28,7 +28,7 @@ from torch import nn
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
 from megatron_loop.config.parallel import ParallelConfig
-from megatron_loop.parallel.groups import ParallelPlacement, tensor_parallel_group
+from megatron_loop.model.placement import ParallelPlacement, tensor_parallel_group
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
