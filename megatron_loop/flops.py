@@ -23,7 +23,7 @@ forward FLOPs per token (at r = K / 3K: Qwen 4x7 dense I +1.8 / +2.0 %, dense H 
 dense I + H w = 4 +3.5 / +5.4 %; Qwen 2x14 dense I +3.5 %; Llama 4x5 dense I +2.5 %, 2x10 +5.0 %):
 the smaller the core, the larger the share.
 
-Hardware FLOPs (:func:`hardware_flops_per_token`) add what activation checkpointing recomputes
+Hardware FLOPs (:func:`hardware_flops_per_token`) add what activation recomputation recomputes
 (blocks only; a recomputed loop's dense injection, at most 2-6 % of it, is not added):
 one more forward of the looped block occurrences but the last loop's (``per_loop``: (r-1)*s,
 see ``LoopLM.forward``) or of every block (``per_block``: L(r)); ``selective`` recomputes every
@@ -36,7 +36,7 @@ the Prelude, the last N loops and the Coda (L_bwd = p + N*s + c), and the LM hea
 
     train = forward(L(r)) + 2 * [L_bwd * block + dense injection of the last N loops + 2 * d * V]
 
-which is 3 x forward when N >= r. Checkpointing then recomputes only graphed blocks (``per_loop``:
+which is 3 x forward when N >= r. Recomputation then reruns only graphed blocks (``per_loop``:
 (N-1)*s, ``per_block``: L_bwd). With sampled loop counts (``train.loop_sampling``) the training
 loop passes each step's r, so MFU is per step.
 
@@ -66,7 +66,7 @@ def block_forward_flops_per_token(cfg: ModelConfig, seq_length: int) -> float:
 
 
 def selective_recompute_flops_per_token(cfg: ModelConfig) -> float:
-    """The matmuls the selective policy recomputes in one block (``model/checkpointing.py``: every
+    """The matmuls the selective policy recomputes in one block (``model/recompute.py``: every
     other matmul is kept, so the attention output projection and the MLP down projection are redone)."""
     return 2 * (cfg.num_attention_heads * cfg.head_dim * cfg.hidden_size + cfg.intermediate_size * cfg.hidden_size)
 
@@ -128,18 +128,18 @@ def train_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | No
 def hardware_flops_per_token(cfg: ModelConfig, seq_length: int, num_loops: int | None = None,
                              full_loops: int | None = None, backprop_loops: int | None = None,
                              selective_loops: int = 0) -> float:
-    """Model FLOPs plus the forward recomputation of ``cfg.activation_checkpointing`` (graphed blocks only).
+    """Model FLOPs plus the forward recomputation of ``cfg.recompute`` (graphed blocks only).
 
     ``selective`` recomputes the attention output and down projections of every looped block but
     the last loop's; ``auto`` is counted as its upper bound ``per_loop`` unless ``full_loops`` (the
     planned number of recomputed loops) is given, and ``selective_loops`` its selective ones.
     """
     n = graphed_loops(cfg, num_loops, backprop_loops)
-    if cfg.activation_checkpointing == "selective":
+    if cfg.recompute == "selective":
         selective_loops = n - 1
     recomputed = {"none": 0, "selective": 0, "per_loop": (n - 1) * cfg.core_layers,
                   "auto": (n - 1 if full_loops is None else full_loops) * cfg.core_layers,
-                  "per_block": cfg.prelude_layers + n * cfg.core_layers + cfg.coda_layers}[cfg.activation_checkpointing]
+                  "per_block": cfg.prelude_layers + n * cfg.core_layers + cfg.coda_layers}[cfg.recompute]
     return (train_flops_per_token(cfg, seq_length, num_loops, backprop_loops)
             + recomputed * block_forward_flops_per_token(cfg, seq_length)
             + selective_loops * cfg.core_layers * selective_recompute_flops_per_token(cfg))

@@ -16,7 +16,7 @@ transient buffers; ``measure.memory.peak_memory_delta``), measured in one extra 
 
 Modes (each case of a mode runs in this one process, side by side):
   loop-vs-nonloop  LoopLM vs NonLoop at equal effective depth (Llama 4x5 vs 20x1, Qwen 4x7 vs 28x1)
-  checkpointing    activation checkpointing none / per_loop / selective / auto / per_block across K (the
+  checkpointing    activation recomputation none / per_loop / selective / auto / per_block across K (the
                    none case optionally at a smaller --ac-reference-micro-batch, for micro-batches it cannot fit)
   recompute        what recomputation costs under each per-loop checkpointing kind, in forwards of the
                    recomputed loop (the cost the auto planner ranks plans by)
@@ -58,7 +58,7 @@ for path in (TOOLS.parent, TOOLS):  # the repository (megatron_loop) and tools/ 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from megatron_loop.config import CHECKPOINTING  # noqa: E402
+from megatron_loop.config import RECOMPUTE_MODES  # noqa: E402
 
 from benchmarks.harness import Row, fail, make_setup  # noqa: E402
 from benchmarks.rendering import report  # noqa: E402
@@ -120,9 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for --mode train (repeatable), e.g. --set model.compile=true")
     ap.add_argument("--ac-budget-gib", type=float, default=None,
-                    help="activation_checkpointing=auto budget in the checkpointing mode (default: midway)")
-    ap.add_argument("--ac-modes", default=",".join(CHECKPOINTING),
-                    help="activation_checkpointing modes of the checkpointing mode (comma list)")
+                    help="recompute=auto budget in the checkpointing mode (default: midway)")
+    ap.add_argument("--ac-modes", default=",".join(RECOMPUTE_MODES),
+                    help="recompute modes of the checkpointing mode (comma list)")
     ap.add_argument("--ac-reference-micro-batch", type=int, default=None,
                     help="checkpointing mode: run the none case at this micro-batch (one that fits unconstrained); "
                          "time_vs_none is then per token")

@@ -9,7 +9,7 @@ command), each ``tools/bench.py`` step's JSON, each training run's ``metrics.jso
 device (``device.txt`` beside the logs) -- and writes ``OUT_DIR/REPORT.md`` or, with ``--first``,
 ``OUT_DIR/summary.md`` (through a temporary file). A step that failed, ran out of time or was
 skipped is reported as such, with the last error line of its log. Every training figure is printed
-beside the device it came from and the activation-checkpointing plan the run logged (``auto`` plans
+beside the device it came from and the activation-recomputation plan the run logged (``auto`` plans
 differently on an H100 and an H200); the targets are for one H100, so a figure from another device
 gets no verdict.
 

@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.tokenizer:
             check_tokenizer_location(args.tokenizer)
-        from megatron_loop.hf.convert import convert_checkpoint
+        from megatron_loop.export.convert import convert_checkpoint
 
         path = convert_checkpoint(ckpt, out, tag=args.tag, tokenizer=args.tokenizer, overwrite=args.overwrite,
                                   max_shard_size=shard_size)

@@ -126,8 +126,9 @@ def _run(argv: Sequence[str] | None) -> int:
     from megatron_loop.eval.plots import write_all_plots
     from megatron_loop.eval.report import (check_comparable, check_output, format_table, partial_folder, publish,
                                            read_results, write_results, write_results_json)
-    from megatron_loop.eval.sweep import (SweepSettings, check_loop_limit, export_config, open_session,
-                                          resolve_seq_length, run_sweep, sweep_fingerprint)
+    from megatron_loop.eval.sweep import (SweepSettings, check_loop_limit, open_session, resolve_seq_length,
+                                          run_sweep, sweep_fingerprint)
+    from megatron_loop.export.load import export_config
     from megatron_loop.eval.tasks import resolve_tasks
 
     tasks = [] if args.tasks == "none" else resolve_tasks(args.tasks.split(",") if args.tasks else None)

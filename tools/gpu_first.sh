@@ -30,7 +30,7 @@
 #   headline  deepspeed --num_gpus 1 pretrain_loop.py --config examples/llama_4x5.yaml as shipped
 #             (compile, fused loss, checkpointing auto, ZeRO-1 bf16 with fp32 gradient accumulation),
 #             data overridden, micro-batch 38 x accumulation 2, 12 steps, no final checkpoint
-#   second    the same with model.activation_checkpointing=per_loop (step train-per_loop), or, if the
+#   second    the same with model.recompute=per_loop (step train-per_loop), or, if the
 #             headline failed, with model.compile=false (step train-eager); fail-fast: no other
 #             training run starts after a failed one
 #   loss      bench.py --mode loss (fused vs chunked speed, host syncs)
@@ -196,7 +196,7 @@ fi
 
 if [ "$(step_status headline)" = ok ]; then
   if enough_time train-per_loop 90; then
-    train_command train-per_loop --set model.activation_checkpointing=per_loop
+    train_command train-per_loop --set model.recompute=per_loop
     train_step train-per_loop 150 "${TRAIN_CMD[@]}"
     keep_metrics train-per_loop second.jsonl
   fi

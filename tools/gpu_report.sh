@@ -166,10 +166,10 @@ bench() {  # bench ID CAP_S ARGS...: one tools/bench.py run writing OUT_DIR/ID.j
 FAILED=0
 if [ -n "${GPU_REPORT_ONLY:-}" ] && selected train-llama; then  # the first session's runs, on request
   train_run train-llama examples/llama_4x5.yaml 150 || FAILED=1
-  train_run train-llama-per_loop examples/llama_4x5.yaml 110 --set model.activation_checkpointing=per_loop || FAILED=1
+  train_run train-llama-per_loop examples/llama_4x5.yaml 110 --set model.recompute=per_loop || FAILED=1
 fi
 train_run train-qwen examples/qwen_4x7.yaml 150 || FAILED=1
-train_run train-qwen-per_loop examples/qwen_4x7.yaml 110 --set model.activation_checkpointing=per_loop || FAILED=1
+train_run train-qwen-per_loop examples/qwen_4x7.yaml 110 --set model.recompute=per_loop || FAILED=1
 bench ckpt 90 --mode checkpointing "${COMPILE[@]}" --families llama --loops 5 --micro-batch $MB_PAPER \
     --ac-modes none,per_loop,selective,auto --ac-reference-micro-batch $MB_SMALL "${CKPT_BUDGET[@]}" || FAILED=1
 bench peers 150 --mode peers "${COMPILE[@]}" --families llama --micro-batch $MB_SMALL || FAILED=1

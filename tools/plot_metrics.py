@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # after parsing: --help and usage errors answer without importing matplotlib
     from megatron_loop.errors import LoopConfigError, LoopDataError
-    from megatron_loop.training.curves import plot_dynamics, plot_runs, read_run, save_figure
+    from megatron_loop.curves import plot_dynamics, plot_runs, read_run, save_figure
 
     try:
         labels = args.labels.split(",") if args.labels else [None] * len(args.runs)

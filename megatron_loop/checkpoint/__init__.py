@@ -18,7 +18,7 @@ manifest, renames the folder to ``<tag>`` and only then replaces ``latest`` (tem
 
 Modules, by job:
 
-* ``layout``: the names (tags, ``latest``, ``.partial``, ``set_aside``), the run config file;
+* ``folders``: the names (tags, ``latest``, ``.partial``, ``set_aside``), the run config file;
 * ``manifest``: writing and verifying ``manifest.json``, the architecture a checkpoint belongs to;
 * ``selection``: which checkpoint a resume, an export or a probe reads (``latest`` verified,
   falling back to the newest older one that verifies);

@@ -19,9 +19,9 @@ from megatron_loop.errors import LoopDataError
 FORMAT_VERSION = 1
 
 # Model keys that change how the same weights are computed, not which weights exist: a run may
-# resume with activation checkpointing or compilation switched.
-EXECUTION_KEYS = frozenset({"activation_checkpointing", "activation_checkpointing_budget_gib", "compile",
-                            "activation_checkpointing_selective_cost", "loss_implementation"})
+# resume with activation recomputation or compilation switched.
+EXECUTION_KEYS = frozenset({"recompute", "recompute_budget_gib", "compile",
+                            "recompute_selective_cost", "loss_implementation"})
 
 
 def model_signature(cfg: Config) -> dict[str, Any]:

@@ -25,19 +25,19 @@ import torch
 
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.checkpoint.folders import MANIFEST
-from megatron_loop.parallel.mpu import data_parallel_size, tensor_parallel_size
 from megatron_loop.parallel.grads import is_tensor_parallel
 from megatron_loop.parallel.shards import whole_of
 
 MANIFEST_KEY = "tensor_parallel"
 
 
-def manifest_fields(module: torch.nn.Module) -> dict[str, Any]:
-    """``{"tensor_parallel": {"size", "data_parallel_size", "sharded": {name: [dim, stride]}}}``."""
+def manifest_fields(module: torch.nn.Module, placement) -> dict[str, Any]:
+    """``{"tensor_parallel": {"size", "data_parallel_size", "sharded": {name: [dim, stride]}}}`` of ``module``
+    trained at ``placement`` (:class:`~megatron_loop.model.placement.ParallelPlacement`: the TP and DP sizes)."""
     sharded = {name: [int(param.partition_dim), int(getattr(param, "partition_stride", 1))]
                for name, param in module.named_parameters() if is_tensor_parallel(param)}
-    tp = tensor_parallel_size()
-    return {MANIFEST_KEY: {"size": tp, "data_parallel_size": data_parallel_size(),
+    tp = placement.tp_size
+    return {MANIFEST_KEY: {"size": tp, "data_parallel_size": placement.dp_size,
                            "sharded": sharded if tp > 1 else {}}}
 
 
@@ -45,13 +45,6 @@ def saved_layout(manifest: dict | None) -> tuple[int, int | None]:
     """(TP size, DP size or None) a checkpoint was written with (TP = 1 for checkpoints before TP)."""
     fields = (manifest or {}).get(MANIFEST_KEY) or {}
     return int(fields.get("size", 1)), fields.get("data_parallel_size")
-
-
-def configured_tensor_parallel_size(cfg) -> int:
-    """``parallel.tensor_model_parallel_size`` of a run config (a config without a ``parallel``
-    section: the size of megatron-core's groups in this process)."""
-    parallel = getattr(cfg, "parallel", None)
-    return int(parallel.tensor_model_parallel_size) if parallel is not None else tensor_parallel_size()
 
 
 def check_resume(manifest: dict | None, where: Path, tp: int, dp: int) -> None:

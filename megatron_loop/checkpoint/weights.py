@@ -9,8 +9,7 @@ import os
 
 import torch
 
-from megatron_loop.checkpoint.folders import CONFIG_NAME, load_run_config
-from megatron_loop.checkpoint.selection import SelectedCheckpoint, report_selection, select_checkpoint
+from megatron_loop.checkpoint.selection import SelectedCheckpoint, select_checkpoint
 from megatron_loop.errors import LoopDataError
 from megatron_loop.optim.schedule import WSDMultiplier
 
@@ -105,25 +104,3 @@ def read_zero_weights(chosen: SelectedCheckpoint) -> dict[str, torch.Tensor]:
     for module in reader.module_states[:1]:  # frozen parameters at ZeRO 1 (whole there; ZeRO 3's are empty)
         state.update({k: v for k, v in module.items() if k not in state and torch.is_tensor(v) and v.numel() > 0})
     return {k: v.float() for k, v in state.items()}
-
-
-def load_model_from_checkpoint(ckpt_dir: str | os.PathLike, tag: str | None = None, quiet: bool = False):
-    """(LoopLM in fp32 eval mode, Config) from a training checkpoint folder (root or tag folder)."""
-    from megatron_loop.model import build_model  # megatron-core, slow to import: only where a model is built
-
-    chosen = select_checkpoint(ckpt_dir, tag)
-    if not quiet:
-        report_selection(chosen)
-    cfg = load_run_config(chosen.root)
-    state = read_weights(chosen)
-    model = build_model(cfg.model)
-    # megatron-core linears add ``_extra_state`` entries (None); only tensors are weights.
-    expected = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
-    if set(state) != set(expected) or any(state[k].shape != expected[k].shape for k in state):
-        missing = sorted(set(expected) - set(state))[:3]
-        unexpected = sorted(set(state) - set(expected))[:3]
-        raise LoopDataError(
-            f"{chosen.path}: checkpoint does not match the architecture in {CONFIG_NAME} "
-            f"(missing {missing}, unexpected {unexpected}, or shapes differ)")
-    model.load_state_dict(state, strict=False)
-    return model.eval(), cfg

@@ -17,13 +17,13 @@ from megatron_loop.config.presets import BACKBONES, LLAMA3_ROPE_SCALING
 from megatron_loop.config.parallel import ParallelConfig
 from megatron_loop.config.sections import (SECTIONS, Config, DataConfig, LoggingConfig, ModelConfig, OptimizerSettings,
                                            TrainConfig)
-from megatron_loop.config.validation import (CHECKPOINTING, DATA_ORDERS, HISTORY_INJECTIONS, INITIAL_INJECTIONS,
+from megatron_loop.config.validation import (RECOMPUTE_MODES, DATA_ORDERS, HISTORY_INJECTIONS, INITIAL_INJECTIONS,
                                              LOOP_GATING_REFERENCES, LOOP_SAMPLINGS, LOSS_IMPLEMENTATIONS,
                                              NOISY_INITIAL_INJECTIONS, OPTIMIZERS, TIMESTEP_GRIDS, TIMESTEPS,
                                              check_loop_sampling, loop_range)
 
 __all__ = [
-    "BACKBONES", "CHECKPOINTING", "DATA_ORDERS", "HISTORY_INJECTIONS", "INITIAL_INJECTIONS", "LLAMA3_ROPE_SCALING",
+    "BACKBONES", "RECOMPUTE_MODES", "DATA_ORDERS", "HISTORY_INJECTIONS", "INITIAL_INJECTIONS", "LLAMA3_ROPE_SCALING",
     "LOOP_GATING_REFERENCES", "LOOP_SAMPLINGS", "LOSS_IMPLEMENTATIONS", "NOISY_INITIAL_INJECTIONS", "OPTIMIZERS",
     "SECTIONS", "TIMESTEPS", "TIMESTEP_GRIDS", "VALID_SUFFIX", "Config", "DataConfig",
     "LoggingConfig", "ModelConfig", "OptimizerSettings", "ParallelConfig", "TrainConfig", "build_model_config", "check_loop_sampling",

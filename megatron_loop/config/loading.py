@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import types
 from decimal import Decimal
 from dataclasses import fields
@@ -21,6 +22,35 @@ from megatron_loop.config.sections import SECTIONS, Config, ModelConfig
 from megatron_loop.config.validation import CHOICES
 from megatron_loop.config.yaml_reader import read_yaml, yaml_problem
 from megatron_loop.errors import LoopConfigError
+
+
+# Keys renamed (old section.key -> new key of the same section). A config written with the old name still
+# loads; the first use in a process says so once on stderr (a run config saved before the rename, an old YAML).
+RENAMED_KEYS = {
+    "model.activation_checkpointing": "recompute",
+    "model.activation_checkpointing_budget_gib": "recompute_budget_gib",
+    "model.activation_checkpointing_selective_cost": "recompute_selective_cost",
+}
+_said: set[str] = set()
+
+
+def renamed(section: str, values: dict) -> dict:
+    """``values`` (one section's mapping) with every old key of :data:`RENAMED_KEYS` under its new name;
+    both names at once is an error naming them."""
+    values = dict(values)
+    for old, new in RENAMED_KEYS.items():
+        old_section, _, old_key = old.partition(".")
+        if old_section != section or old_key not in values:
+            continue
+        if new in values:
+            raise LoopConfigError(f"{section}.{old_key}: the old name of {section}.{new}, both given; expected only "
+                                  f"{section}.{new}")
+        values[new] = values.pop(old_key)
+        if old not in _said:
+            _said.add(old)
+            print(f"note: {old} is now {section}.{new} (renamed: activation recomputation, not an on-disk "
+                  "checkpoint); the old name still loads", file=sys.stderr)
+    return values
 
 
 # "1e9", "2.5E+3": numbers YAML 1.1 reads as strings (its floats need a dot); accepted where the
@@ -94,6 +124,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def _build_section(cls: type, values: dict, section: str) -> Any:
+    values = renamed(section, values)
     hints = get_type_hints(cls)
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(values) - known)
@@ -106,7 +137,7 @@ def _build_section(cls: type, values: dict, section: str) -> Any:
 
 def build_model_config(values: dict, section: str = "model") -> ModelConfig:
     """A ModelConfig from a mapping; ``backbone`` fills every field the mapping leaves out."""
-    values = dict(values)
+    values = renamed(section, values)
     backbone = values.get("backbone")
     if backbone is not None:
         if backbone not in BACKBONES:

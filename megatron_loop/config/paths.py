@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from megatron_loop.config.deepspeed import locate
 from megatron_loop.config.validation import check_prefixes
 
-if TYPE_CHECKING:
-    from megatron_loop.config.sections import Config
+# ``Config`` in the annotations is sections.Config: sections imports this module (the validation prefix),
+# so this one names it without importing it back.
 
 # The validation split tools/preprocess_data.py --validation-documents writes next to train prefix P.
 VALID_SUFFIX = "_valid"

@@ -3,7 +3,7 @@
 The ``model:`` section uses the HF export vocabulary of SPEC.md (``prelude_layers``,
 ``core_layers``, ``train_loops``, ``coda_layers``, ``initial_injection``, ...), plus
 ``backbone`` (a preset from App. C.1 whose fields the others override) and
-``activation_checkpointing``. The checks of the values are in :mod:`megatron_loop.config.validation`.
+``recompute``. The checks of the values are in :mod:`megatron_loop.config.validation`.
 """
 
 from __future__ import annotations
@@ -63,17 +63,17 @@ class ModelConfig:
     initial_state: str = "prelude"
     initial_state_std: float | None = None
     initial_state_seed: int = 0
-    activation_checkpointing: str = "per_loop"
-    # activation_checkpointing=auto: GiB of activation memory a training micro-batch may use
+    recompute: str = "per_loop"
+    # recompute=auto: GiB of activation memory a training micro-batch may use
     # (peak above parameters, gradients and optimizer state); null: 90 % of the GPU minus what is
-    # allocated at the first step (no limit on CPU). See megatron_loop/model/checkpointing.py.
-    activation_checkpointing_budget_gib: float | None = None
-    # activation_checkpointing=auto: what recomputing a selective loop costs, in loop forwards;
+    # allocated at the first step (no limit on CPU). See megatron_loop/model/recompute.py.
+    recompute_budget_gib: float | None = None
+    # recompute=auto: what recomputing a selective loop costs, in loop forwards;
     # null: the FLOP share of the matmuls the selective policy recomputes (unmeasured on GPU,
-    # where elementwise work adds to it; tools/bench.py measures it). See checkpointing.py.
-    activation_checkpointing_selective_cost: float | None = None
+    # where elementwise work adds to it; tools/bench.py measures it). See megatron_loop/model/recompute.py.
+    recompute_selective_cost: float | None = None
     # torch.compile each transformer block once (static shapes) and reuse it at every loop:
-    # changing r never recompiles (megatron_loop/model/apply.py). auto: on when CUDA is available (it
+    # changing r never recompiles (megatron_loop/parallel/parallelize.py). auto: on when CUDA is available (it
     # pays there, docs/BENCHMARKS.md), off on CPU (start-up time, needs a C++ compiler).
     compile: bool | str = "auto"
     # LM head + cross-entropy: chunked (torch, the reference), fused (Liger-Kernel's Triton

@@ -8,19 +8,19 @@ their ``validate`` methods (:mod:`megatron_loop.config.sections`).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from megatron_loop.config.presets import BACKBONES
 from megatron_loop.errors import LoopConfigError
 
-if TYPE_CHECKING:
-    from megatron_loop.config.sections import Config, DataConfig, LoggingConfig, ModelConfig, TrainConfig
+# The section types in the annotations (Config, ModelConfig, ...) are config/sections.py's: sections imports
+# this module (each section's ``validate``), so this one names them without importing them back.
 
 INITIAL_INJECTIONS = ("none", "scalar", "channel", "residual_channel", "dense")
 HISTORY_INJECTIONS = ("none", "scalar", "channel", "dense")
 TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln", "shortcut")  # shortcut: LoopFormer (model/shortcut.py)
 TIMESTEP_GRIDS = ("rescaled", "prefix")
-CHECKPOINTING = ("none", "per_loop", "selective", "auto", "per_block")  # megatron_loop/model/checkpointing.py
+RECOMPUTE_MODES = ("none", "per_loop", "selective", "auto", "per_block")  # model.recompute: megatron_loop/model/recompute.py
 LOSS_IMPLEMENTATIONS = ("auto", "chunked", "fused")  # megatron_loop/model/loss.py
 # The readings of the paper's ambiguous passages, as switches (defaults = the original
 # behaviour). Each is documented where it acts and in docs/CONFIG.md.
@@ -44,7 +44,7 @@ EXIT_GATE_TP_REFUSAL = ("model.exit_gate='learned': expected parallel.tensor_mod
 CHOICES = {
     "model.initial_injection": INITIAL_INJECTIONS, "model.history_injection": HISTORY_INJECTIONS,
     "model.timestep": TIMESTEPS, "model.timestep_grid": TIMESTEP_GRIDS,
-    "model.activation_checkpointing": CHECKPOINTING, "model.loss_implementation": LOSS_IMPLEMENTATIONS,
+    "model.recompute": RECOMPUTE_MODES, "model.loss_implementation": LOSS_IMPLEMENTATIONS,
     "model.loop_gating_reference": LOOP_GATING_REFERENCES, "model.block_norm": BLOCK_NORMS,
     "model.initial_state": INITIAL_STATES, "train.optimizer": OPTIMIZERS,
     "model.exit_gate": EXIT_GATES, "train.exit_gate_objective": EXIT_GATE_OBJECTIVES,
@@ -125,14 +125,14 @@ def validate_model(model: ModelConfig, prefix: str = "model") -> None:
          "initial_state_std" if model.initial_state_std is not None else "initial_state_seed",
          "its default unless initial_state is 'noise'")
     need(0 <= model.initial_state_seed <= MAX_SEED, "initial_state_seed", f"an integer in [0, {MAX_SEED}]")
-    need(model.activation_checkpointing in CHECKPOINTING, "activation_checkpointing", f"one of {CHECKPOINTING}")
-    need(model.activation_checkpointing_budget_gib is None or (
-        model.activation_checkpointing == "auto" and model.activation_checkpointing_budget_gib > 0),
-        "activation_checkpointing_budget_gib", "null, or a positive number of GiB with activation_checkpointing=auto")
-    need(model.activation_checkpointing_selective_cost is None or (
-        model.activation_checkpointing == "auto" and 0 < model.activation_checkpointing_selective_cost <= 1),
-        "activation_checkpointing_selective_cost",
-        "null, or a number in (0, 1] (loop forwards) with activation_checkpointing=auto")
+    need(model.recompute in RECOMPUTE_MODES, "recompute", f"one of {RECOMPUTE_MODES}")
+    need(model.recompute_budget_gib is None or (
+        model.recompute == "auto" and model.recompute_budget_gib > 0),
+        "recompute_budget_gib", "null, or a positive number of GiB with recompute=auto")
+    need(model.recompute_selective_cost is None or (
+        model.recompute == "auto" and 0 < model.recompute_selective_cost <= 1),
+        "recompute_selective_cost",
+        "null, or a number in (0, 1] (loop forwards) with recompute=auto")
     need(model.compile in (True, False, "auto"), "compile", "true, false or 'auto' (on with CUDA)")
     need(model.loss_implementation in LOSS_IMPLEMENTATIONS, "loss_implementation",
          f"one of {LOSS_IMPLEMENTATIONS}")

@@ -117,7 +117,8 @@ def sweep_items(model_dir: str | Path, loops: list[int], task_keys: list[str], i
     import time
 
     from megatron_loop.eval import heldout
-    from megatron_loop.eval.sweep import architecture, export_config, load_hf_model, set_loops
+    from megatron_loop.eval.sweep import architecture, set_loops
+    from megatron_loop.export.load import export_config, load_hf_model
 
     specs = resolve_tasks(task_keys)
     include = Path(include_path)

@@ -17,6 +17,7 @@ from megatron_loop.eval import heldout  # module-qualified: tests interrupt a sw
 from megatron_loop.eval.harness import evaluate_tasks, load_tasks, make_lm, task_manager, trained_depths
 from megatron_loop.eval.one_pass import SweepPasses, sweep_passes
 from megatron_loop.eval.tasks import GROUPS, TaskSpec, aggregate, aggregate_stderr
+from megatron_loop.export.load import load_hf_model
 
 
 @dataclass
@@ -117,18 +118,6 @@ def check_loop_limit(model_dir: str | Path, config: dict, counts: dict[str, int]
 FALLBACK_SEQ_LENGTH = 2048
 
 
-def export_config(model_dir: str | Path) -> dict:
-    """``config.json`` of an export, with the one-line error for a folder that is not one."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise LoopDataError(f"{path}: missing; expected a folder written by tools/convert_to_hf.py")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LoopDataError(f"{path}: not readable JSON ({' '.join(str(e).split())}); expected a folder written "
-                            "by tools/convert_to_hf.py") from None
-
-
 def resolve_seq_length(settings: SweepSettings, model_dir: str | Path, config: dict) -> list[str]:
     """Set ``settings.seq_length`` for the held-out loss: the export's ``train_seq_length`` unless
     ``--seq-length`` says otherwise. Returns the warnings to print: a window longer than training
@@ -148,105 +137,6 @@ def resolve_seq_length(settings: SweepSettings, model_dir: str | Path, config: d
         return [f"warning: --seq-length {settings.seq_length} is longer than the {trained} tokens the model was "
                 f"trained on ({where} train_seq_length): the held-out loss then measures length extrapolation too"]
     return []
-
-
-def _safetensors_header(path: Path) -> dict:
-    """Tensor name -> shape of one safetensors file, from its header (8-byte length, JSON), and
-    the file checked complete: the header's last data offset must end the file."""
-    size = path.stat().st_size
-    try:
-        with path.open("rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n)) if 8 <= size and n <= size - 8 else None
-        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-        end = 8 + n + max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError, KeyError, TypeError, IndexError,
-            ValueError):  # not JSON, or JSON of another shape
-        raise LoopDataError(f"{path}: not a readable safetensors file ({size:,} bytes); expected the weights "
-                            "written by tools/convert_to_hf.py") from None
-    if size < end:
-        raise LoopDataError(f"{path}: truncated ({size:,} bytes; its header describes {end:,}); expected the "
-                            "complete file tools/convert_to_hf.py wrote")
-    return {k: list(v["shape"]) for k, v in tensors.items()}
-
-
-def _block(name: str) -> str:
-    """``model.core.2.mlp.up_proj.weight`` -> ``model.core.2.*`` (a block's tensors named once)."""
-    parts = name.split(".")
-    i = next((i for i, part in enumerate(parts) if part.isdigit()), None)
-    return name if i is None else ".".join(parts[:i + 1]) + ".*"
-
-
-def check_export(model_dir: str | Path) -> dict:
-    """An export folder as ``from_pretrained`` would read it, checked before it is: ``config.json``
-    (readable, and accepted by the config class: ``num_loops: 0`` is refused there), the model code
-    its ``auto_map`` names, complete safetensors files, and tensors whose names and shapes are those
-    of the architecture ``config.json`` describes (an edited ``core_layers`` would otherwise load
-    random blocks, reported only in transformers' MISSING table). Returns ``config.json``."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    folder = Path(model_dir)
-    raw = export_config(folder)
-    where = folder / "config.json"
-    for ref in (raw.get("auto_map") or {}).values():
-        code = folder / (ref.split("--")[-1].rsplit(".", 1)[0] + ".py")
-        if not code.is_file():
-            raise LoopDataError(f"{code}: missing; {where} names it in auto_map (the model's code); expected the "
-                                "folder as tools/convert_to_hf.py wrote it")
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise LoopDataError(f"{folder}: no *.safetensors files; expected a folder written by tools/convert_to_hf.py")
-    stored = {name: (f, shape) for f in files for name, shape in _safetensors_header(f).items()}
-    try:
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=True)
-    except (ValueError, TypeError, KeyError) as e:  # the config class's own checks (LoopLMConfig)
-        raise LoopDataError(f"{where}: {' '.join(str(e).split())}") from None
-    aliases: dict[int, list] = {}  # tied parameters: one stored name serves all (lm_head = embeddings)
-    for name, param in model.named_parameters(remove_duplicate=False):
-        aliases.setdefault(id(param), []).append((name, list(param.shape)))
-    layout = (f"{raw.get('prelude_layers')}+{raw.get('core_layers')}x{raw.get('train_loops')}+"
-              f"{raw.get('coda_layers')}" if raw.get("model_type") == "looplm"
-              else f"{raw.get('model_type')}, {raw.get('num_hidden_layers')} layers")
-    missing = sorted({_block(names[0][0]) for names in aliases.values() if not any(n in stored for n, _ in names)})
-    known = {n for names in aliases.values() for n, _ in names} | set(model.state_dict())  # + buffers
-    unused = sorted({_block(n) for n in stored if n not in known})
-    if missing or unused:
-        what = "; ".join([*(["no weights for " + ", ".join(missing)] if missing else []),
-                          *(["weights it has no place for: " + ", ".join(unused)] if unused else [])])
-        raise LoopDataError(f"{folder}: the weights do not match {where} (layout {layout}): {what}; expected the "
-                            "config.json written with these weights (was it edited after the export?)")
-    for names in aliases.values():
-        for name, shape in names:
-            if name in stored and stored[name][1] != shape:
-                raise LoopDataError(f"{stored[name][0]}: {name} has shape {stored[name][1]}, {where} describes "
-                                    f"{shape}; expected the config.json written with these weights (vocab_size, "
-                                    "hidden_size, intermediate_size and the heads as exported)")
-    return raw
-
-
-def load_hf_model(model_dir: str | Path, device: str | None = None, dtype: str = "float32"):
-    """(model in eval mode on ``device``, tokenizer) from an exported folder (LoopLM or native),
-    checked first (:func:`check_export`)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise LoopConfigError(f"--dtype {dtype!r}: expected float32, bfloat16 or float16")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model_dir = Path(model_dir)
-    check_export(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=True,
-                                                 dtype=getattr(torch, dtype)).to(device).eval()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True)  # reads our config.json (auto_map)
-    except Exception as e:  # no tokenizer files in the folder
-        reason = " ".join(str(e).split())
-        raise LoopDataError(f"{model_dir}: cannot load the tokenizer ({reason}); expected tokenizer files next to "
-                            "the model (convert_to_hf.py --tokenizer)") from None
-    return model, tokenizer
 
 
 def architecture(config) -> dict:

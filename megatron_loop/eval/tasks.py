@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from megatron_loop.errors import LoopConfigError
+from megatron_loop.registry.pilot import PILOT_SUITE  # noqa: F401 (the pilot's --tasks, named with the tasks)
 
 TASKS_DIR = Path(__file__).with_name("tasks")
 
@@ -121,9 +122,6 @@ PILOT_TASKS: dict[str, TaskSpec] = {t.key: t for t in (
     TaskSpec("mmlu", tuple(f"mmlu_{s}" for s in MMLU_SUBJECTS), "acc", KNOWLEDGE),
     TaskSpec("race", ("race",), "acc", REASONING),
 )}
-# Table 7's columns, in its order (``--tasks`` of the pilot's loop sweep, registry/pilot.py).
-PILOT_SUITE = ("arc_easy", "arc_challenge", "sciq", "mmlu", "hellaswag", "openbookqa", "piqa", "race", "winogrande",
-               "commonsense_qa")
 
 
 def resolve_tasks(items: list[str] | None) -> list[TaskSpec]:

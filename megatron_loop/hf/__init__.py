@@ -1,6 +1,4 @@
-"""Hugging Face export of LoopLMs: ``modeling_looplm.py`` (self-contained, shipped into every
-export) and ``convert.py`` (DeepSpeed checkpoint <-> HF folder)."""
-
-from megatron_loop.hf.convert import convert_checkpoint, export_state_dict, load_looplm_from_hf
-
-__all__ = ["convert_checkpoint", "export_state_dict", "load_looplm_from_hf"]
+"""The self-contained Hugging Face modeling file of LoopLMs (``modeling_looplm.py``, plain torch + transformers):
+copied alone into every export and loaded there with ``trust_remote_code``. The training model runs its
+recurrence and its conditioning (one implementation). Conversion, output folders and loading are
+:mod:`megatron_loop.export`'s."""

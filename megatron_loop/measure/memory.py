@@ -1,5 +1,5 @@
-"""Peak memory of one call: what the memory model of activation checkpointing
-(``model/checkpointing.py``) and the benchmarks compare against."""
+"""Peak memory of one call: what the memory model of activation recomputation
+(``model/recompute.py``) and the benchmarks compare against."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ steps cost time without changing a value. ``layers.loop_block_spec`` names these
   :func:`swiglu` is one ``autograd.Function`` on the fused ``[gate | up]`` output that keeps only the
   fused input and silu(gate) and writes both halves of the gradient into one buffer.
   ``linear_fc1.weight`` stays the one fused ``[2F, d]`` parameter (checkpoints, HF export and the TP
-  stride-2 layout unchanged), and fc1 stays one matmul (the selective checkpointing policy counts them).
+  stride-2 layout unchanged), and fc1 stays one matmul (the selective recomputation policy counts them).
 * RoPE: megatron-core's ``apply_rotary_pos_emb`` takes cos and sin of the angles for q and again for k
   in every layer, copies the query (a ``reshape`` of a strided slice) and concatenates an empty
   pass-through slice (a copy of q and k). :class:`RopeSelfAttention` takes
@@ -38,7 +38,7 @@ up to summation order (the weight gradients sum over the tokens in memory order,
 sequence-major in megatron-core): measured within 4e-7 of each tensor's largest entry in fp32 and
 7e-6 in bf16 (``tests/unit/model/test_fast_path.py``). Memory: per block and token the fast path
 keeps less -- no copy of the up half (F), no per-layer cos/sin tables (4 head_dim / batch), and
-with QK-norm in fp32 no query copy (heads x head_dim); ``checkpointing.block_bytes_per_token``
+with QK-norm in fp32 no query copy (heads x head_dim); ``recompute.block_bytes_per_token``
 models what it keeps.
 """
 
@@ -138,7 +138,7 @@ class RowLinear:
 
 
 class RMSNorm(nn.RMSNorm):
-    """``torch.nn.RMSNorm`` built from a megatron-core config (as ``parallel.norm.TorchRMSNorm``: the
+    """``torch.nn.RMSNorm`` built from a megatron-core config (as ``model.norm.TorchRMSNorm``: the
     weight carries megatron-core's ``sequence_parallel`` attribute) whose CPU forward is the
     decomposition ``(x r) w`` with ``r = rsqrt(mean(x^2) + eps)`` computed in fp32: the values torch's
     CPU ``rms_norm`` composite gives, bit for bit in fp32 and bf16, and the tensors it keeps for

@@ -37,7 +37,7 @@ from megatron_loop.hf.modeling_looplm import modulated_residual
 from megatron_loop.model import roles
 from megatron_loop.model.compat import RotaryTables, SDPACoreAttention
 from megatron_loop.model.fast_path import ColumnLinear, RMSNorm, RopeSelfAttention, RowLinear, SwiGLUMLP
-from megatron_loop.parallel.norm import TorchRMSNorm
+from megatron_loop.model.norm import TorchRMSNorm
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -23,7 +23,7 @@ inference (``adaptive_exit.py``). The training loop draws r per step (``training
 
 The loss (``loss.py``) is a chunked linear + cross-entropy that never materialises the
 full-vocabulary logits of the batch. How the model executes for training -- activation
-checkpointing (``recompute.py``; gradients equal in every mode) and compiled blocks -- is
+recomputation (``recompute.py``; gradients equal in every mode) and compiled blocks -- is
 applied from outside after the model is built (``parallel/parallelize.py``); the loop itself stays in Python, so
 any r reuses the compiled blocks. The step never reads a value back to the host.
 """
@@ -53,10 +53,9 @@ from megatron_loop.model.layers import loop_block_spec
 from megatron_loop.model.loss import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked_linear_cross_entropy
 from megatron_loop.model.shortcut import ShortcutTrajectory, shortcut_objective
 from megatron_loop.model.shortcut import timestep_inputs as shortcut_timestep_inputs
-from megatron_loop.config.parallel import ParallelConfig
 from megatron_loop.config.validation import EXIT_GATE_TP_REFUSAL
-from megatron_loop.parallel.bootstrap import ensure_groups, groups_ready
-from megatron_loop.parallel.vocab import TensorParallelEdges, lm_head, token_embedding
+from megatron_loop.model.placement import ParallelPlacement
+from megatron_loop.model.vocab import TensorParallelEdges, lm_head, token_embedding
 
 with __import__("warnings").catch_warnings():
     __import__("warnings").simplefilter("ignore")
@@ -83,29 +82,28 @@ class LoopLMOutput(ModelOutput):
 class LoopLM(nn.Module):
     """A looped decoder ``p+s×K+c`` built from megatron-core blocks.
 
-    Tensor parallelism (``megatron_loop/parallel``): the TP size is that of megatron-core's groups
-    (``parallel.bootstrap``, which :func:`build_model` calls; the constructor creates no process group);
-    ``parallel`` adds sequence
-    parallelism and is checked against them. ``fast_path=False`` builds the blocks from megatron-core's
-    modules only (the reference the default fast path is tested against: ``layers.loop_block_spec``).
+    Built plain: the constructor creates no process group and reads no global parallel state. ``placement``
+    (:class:`~megatron_loop.model.placement.ParallelPlacement`, None: one rank) says where this rank sits in
+    the tensor- and data-parallel grid; at TP > 1 the caller owns megatron-core's groups of that size
+    (``parallel.bootstrap.init_model_parallel``), inside which megatron-core builds its layers.
+    ``fast_path=False`` builds the blocks from megatron-core's modules only (the reference the default fast
+    path is tested against: ``layers.loop_block_spec``; its attention reads megatron-core's groups when it
+    runs, so its caller makes them, ``parallel.bootstrap.ensure_groups``).
     """
 
-    def __init__(self, config: ModelConfig, parallel: ParallelConfig | None = None, fast_path: bool = True):
+    def __init__(self, config: ModelConfig, placement: ParallelPlacement | None = None, fast_path: bool = True):
         super().__init__()
         config.validate()
         self.config = config
-        if not groups_ready():
-            raise LoopConfigError("LoopLM needs megatron-core's process groups: build it with build_model(), which "
-                                  "sets them up outside a launcher (parallel.bootstrap.ensure_groups)")
-        self.tensor_parallel = TensorParallelEdges.of(config, parallel)
-        layout = self.tensor_parallel.layout
+        self.tensor_parallel = TensorParallelEdges.of(config, placement)
+        placement = self.tensor_parallel.placement
         d = config.hidden_size
         tcfg = transformer_config(
             num_layers=config.physical_depth, hidden_size=d, intermediate_size=config.intermediate_size,
             num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
             head_dim=config.head_dim, rms_norm_eps=config.rms_norm_eps, qk_norm=config.qk_norm,
-            initializer_range=config.initializer_range, tensor_model_parallel_size=layout.tp_size,
-            sequence_parallel=layout.sequence_parallel)
+            initializer_range=config.initializer_range, tensor_model_parallel_size=placement.tp_size,
+            sequence_parallel=placement.sequence_parallel)
         # fast_path=False: megatron-core's modules throughout (the reference of layers.loop_block_spec)
         spec = loop_block_spec(config.qk_norm, fast_path, sandwich=config.block_norm == "sandwich")
         numbers = iter(range(1, config.physical_depth + 1))
@@ -113,7 +111,7 @@ class LoopLM(nn.Module):
         def blocks(n: int) -> nn.ModuleList:
             return nn.ModuleList(build_module(spec, config=tcfg, layer_number=next(numbers)) for _ in range(n))
 
-        self.embed_tokens = token_embedding(config.vocab_size, d, config.initializer_range, tcfg, layout)
+        self.embed_tokens = token_embedding(config.vocab_size, d, config.initializer_range, tcfg, placement)
         self.prelude = blocks(config.prelude_layers)
         self.core = blocks(config.core_layers)
         self.coda = blocks(config.coda_layers)
@@ -122,7 +120,7 @@ class LoopLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = lm_head(d, config.vocab_size, config.initializer_range, tcfg, layout)
+            self.lm_head = lm_head(d, config.vocab_size, config.initializer_range, tcfg, placement)
 
         # ---- conditioning (Sec. 5); all of it starts as the identity
         self.initial_injection = (None if config.initial_injection == "none"
@@ -130,7 +128,7 @@ class LoopLM(nn.Module):
         self.history_injection = (None if config.history_injection == "none"
                                   else HistoryStateInjection(config.history_injection, d, config.history_window))
         if config.initial_state == "noise":  # Huginn: s_0 from noise, the adapter initialised as its own
-            check_tensor_parallel(config, layout.tp_size)
+            check_tensor_parallel(config, placement.tp_size)
             if config.initial_injection == "dense":
                 huginn_adapter_init_(self.initial_injection.weight)
         self.loop_gating = LoopGating() if config.timestep == "loop_gating" else None
@@ -152,9 +150,12 @@ class LoopLM(nn.Module):
         # bf16 engine does, would round them and shift every angle away from the HF export's).
         with torch.device("cpu"):
             self._inv_freq_fp32 = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
-        # What each loop keeps for backward: everything (None) unless activation checkpointing is
-        # applied from outside (recompute.apply_activation_checkpointing sets an ActivationCheckpointing).
-        self.checkpointing = None
+        # ---- what training adds, set by parallel/parallelize.py only (a model built for inference, export or
+        # probes keeps these): what each loop keeps for backward (None: everything; an ActivationRecompute
+        # when applied), the line saying what runs compiled, whether the TP sum of partial gradients is hooked.
+        self.recompute = None
+        self.compile_note: str | None = None
+        self.tp_gradient_sum = False
         self.loss_chunk_tokens = DEFAULT_CHUNK_TOKENS
         self.loss_implementation = config.loss_implementation
         # psi grids and rotary angles, built once per key on the device: later forwards copy
@@ -303,8 +304,8 @@ class LoopLM(nn.Module):
         w = cfg.history_window if self.history_injection is not None else 0
         # Truncated backpropagation: loops 0 .. detached-1 run without a graph; h_detached is a constant.
         detached = 0 if backprop_loops is None else max(r - int(backprop_loops), 0)
-        # How each graphed loop runs (activation checkpointing, when applied); detached loops keep nothing
-        runners = None if self.checkpointing is None else self.checkpointing.loop_runners(r - detached, h)
+        # How each graphed loop runs (activation recomputation, when applied); detached loops keep nothing
+        runners = None if self.recompute is None else self.recompute.loop_runners(r - detached, h)
         token_exit = None
         if exit_criterion != "none":
             readout = ((lambda x: self.exit_gate(self.norm(x))) if exit_criterion == "q_exit"
@@ -372,17 +373,15 @@ class LoopLM(nn.Module):
                                                 self.loss_implementation))
 
 
-def build_model(config: ModelConfig, device: torch.device | str | None = None,
-                parallel: ParallelConfig | None = None, fast_path: bool = True) -> LoopLM:
-    """Build a LoopLM (CPU unless ``device`` is given; ``"meta"`` for shape-only dry runs).
-    ``fast_path=False``: blocks of megatron-core's modules only (``layers.loop_block_spec``).
-
-    megatron-core's layers are built inside its process groups: under a launcher the ones the
-    training setup made (``parallel.bootstrap.init_model_parallel``); elsewhere (tests, export,
-    probes) :func:`~megatron_loop.parallel.bootstrap.ensure_groups` makes a world of one at TP = 1.
-    The model itself is prepared for training separately (``parallel.parallelize``)."""
-    ensure_groups()
+def build_model(config: ModelConfig, placement: ParallelPlacement | None = None, *,
+                device: torch.device | str | None = None, fast_path: bool = True) -> LoopLM:
+    """Build a LoopLM plain (CPU unless ``device`` is given; ``"meta"`` for shape-only dry runs): no process
+    group is created and no global parallel state is touched. ``placement``: this rank's place in the
+    tensor- and data-parallel grid (None: a single rank, TP = 1; at TP > 1 the caller owns megatron-core's
+    groups, ``parallel.bootstrap.init_model_parallel``, which returns it). ``fast_path=False``: blocks of
+    megatron-core's modules only (``layers.loop_block_spec``). The model is prepared for training
+    separately (``parallel.parallelize``)."""
     if device is None:
-        return LoopLM(config, parallel, fast_path)
+        return LoopLM(config, placement, fast_path)
     with torch.device(device):
-        return LoopLM(config, parallel, fast_path)
+        return LoopLM(config, placement, fast_path)

@@ -227,7 +227,7 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, tar
     mean is over the non-ignored targets (NaN when every target is ignored). ``implementation``:
     ``chunked`` (torch, fp32 logits per chunk: the reference), ``fused`` (Liger-Kernel's Triton
     kernel on logits in the hidden dtype) or ``auto`` (:func:`resolve_loss_implementation`), or a
-    :class:`ChunkLoss` of its own (the vocabulary-parallel one: ``parallel/vocab.py``).
+    :class:`ChunkLoss` of its own (the vocabulary-parallel one: ``model/vocab.py``).
     """
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"expected hidden [N, d] and targets [N], got {tuple(hidden.shape)} and "

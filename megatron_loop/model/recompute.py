@@ -1,14 +1,14 @@
-"""Activation checkpointing of the recurrent core (App. C.2 "Recurrent backpropagation").
+"""Activation recomputation of the recurrent core (App. C.2 "Recurrent backpropagation").
 
-Training backpropagates through all K loops, so without checkpointing the activations of
+Training backpropagates through all K loops, so without recomputation the activations of
 L(K) = p + K s + c blocks are alive at the end of the forward. This module holds the policies, the
-memory model, the planner and :func:`apply_activation_checkpointing`, which makes a built model keep
-what they say (each loop asks once per forward how it runs; each block's forward is wrapped). It is
-applied from outside the model, by :func:`megatron_loop.parallel.parallelize.parallelize`; a model
-built for inference, export or probes keeps every activation its autograd needs. ``model.activation_checkpointing``:
+memory model, the auto scheduler and :class:`ActivationRecompute`, which makes a built model keep what they
+say (each loop asks once per forward how it runs; each block's forward is wrapped). It is applied from
+outside the model, by :func:`megatron_loop.parallel.parallelize.apply_recompute`; a model
+built for inference, export or probes keeps every activation its autograd needs. ``model.recompute``:
 
 * ``none``      -- keep everything (fastest, most memory).
-* ``per_loop``  -- recompute every loop but the last in backward; each checkpointed loop keeps
+* ``per_loop``  -- recompute every loop but the last in backward; each recomputed loop keeps
   only its input h_l, so the peak grows by one loop input per added loop (the memory law).
 * ``selective`` -- every loop but the last keeps, per block, the outputs of every other matmul
   (the 1st and 3rd: the fused QKV and the fused gate/up projections) and of attention, and
@@ -16,12 +16,12 @@ built for inference, export or probes keeps every activation its autograd needs.
   elementwise work. This is torchtitan's selective "op" policy (its ``_save_list`` and
   ``_custom_policy``: save ``aten.mm`` outputs except every second one, always save SDPA) on
   PyTorch's ``create_selective_checkpoint_contexts``. Its recomputation is the two recomputed
-  matmuls plus elementwise work: ``activation_checkpointing_selective_cost`` (null: the FLOP share
+  matmuls plus elementwise work: ``recompute_selective_cost`` (null: the FLOP share
   of those two matmuls in a block's forward, :func:`selective_recompute_fraction`).
 * ``auto``      -- per loop, the cheapest mix of none / selective / per_loop that fits
-  ``activation_checkpointing_budget_gib`` (:func:`schedule_loops`, memory model below). Without a
+  ``recompute_budget_gib`` (:func:`schedule_loops`, memory model below). Without a
   budget on CUDA, the device's free memory with what the first optimizer step and DeepSpeed's
-  gradient buckets will allocate counted (:func:`planning_budget`); each plan records that
+  gradient buckets will allocate counted (:func:`scheduling_budget`); each schedule records that
   (:class:`Budget`) and says it (:meth:`LoopSchedule.describe`).
 * ``per_block`` -- recompute every block (prelude, core, coda; the least memory).
 
@@ -44,10 +44,10 @@ the block's output included in fp32 (in bf16 the next block's norm keeps its fp3
 counted in 4d), for the block's fast path (``fast_path.py``: no copy of the SwiGLU up half, no
 per-layer rotary tables, no query copy under QK-norm); the embedding, prelude, coda, final norm and the loss's
 chunk buffers are a fixed term; the parameter gradients bound the end of backward). A loop of s blocks keeps ``s x`` that in ``none`` and
-``selective``, and only its output d when checkpointed (its input is the previous loop's output).
+``selective``, and only its output d when recomputed (its input is the previous loop's output).
 Compiled blocks keep less than ``none`` (fused elementwise chains), so the model is conservative
-there. The planner puts checkpointed loops first, selective next, stored loops last, and bounds
-both the end of the forward and each checkpointed loop's recomputation in backward (which brings
+there. The auto scheduler puts recomputed loops first, selective next, stored loops last, and bounds
+both the end of the forward and each recomputed loop's recomputation in backward (which brings
 back a whole loop while the loops before it are still alive).
 """
 
@@ -61,13 +61,14 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from megatron_loop.config.validation import RECOMPUTE_MODES
 from megatron_loop.flops import block_forward_flops_per_token, selective_recompute_flops_per_token
 
 NONE, SELECTIVE, FULL = "none", "selective", "full"  # what one loop keeps
-MODES = ("none", "per_loop", "selective", "auto", "per_block")
+MODES = RECOMPUTE_MODES  # model.recompute: the one list, the config's
 LOOP_MODES = {"none": NONE, "per_loop": FULL, "selective": SELECTIVE}
-# Recomputation cost of one loop relative to its forward: all of it when checkpointed, nothing when
-# stored; a selective loop's is ``activation_checkpointing_selective_cost`` (selective_recompute_fraction).
+# Recomputation cost of one loop relative to its forward: all of it when recomputed, nothing when
+# stored; a selective loop's is ``recompute_selective_cost`` (selective_recompute_fraction).
 RECOMPUTE_COST = {NONE: 0.0, FULL: 1.0}
 GIB = 2**30
 
@@ -87,7 +88,7 @@ MATMUL_OPS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.bmm.default
 
 
 def selective_policy() -> Callable[..., CheckpointPolicy]:
-    """A fresh policy for one checkpointed region: keep attention outputs and the odd-numbered
+    """A fresh policy for one recomputed region: keep attention outputs and the odd-numbered
     matmuls (counted apart in the forward and in the recomputation, which must decide alike),
     recompute everything else (torchtitan's ``_custom_policy``)."""
     matmuls = {False: 0, True: 0}  # ctx.is_recompute -> matmuls seen
@@ -109,7 +110,7 @@ def selective_contexts():
     return create_selective_checkpoint_contexts(selective_policy())
 
 
-def run_checkpointed(kind: str, fn: Callable, *args):
+def run_recomputed(kind: str, fn: Callable, *args):
     """``fn(*args)`` keeping what ``kind`` (none / selective / full) says for backward."""
     if kind == NONE:
         return fn(*args)
@@ -186,7 +187,7 @@ def loop_memory(cfg, batch: int, seq: int, itemsize: int, chunk_tokens: int, par
 
 
 def predicted_peak(kinds: Sequence[str], memory: LoopMemory) -> int:
-    """Peak bytes of a step under a plan: the end of the forward, a checkpointed loop's
+    """Peak bytes of a step under a schedule: the end of the forward, a recomputed loop's
     recomputation in backward (the loops before it alive, the loop itself back in full), or the
     end of backward (every parameter gradient, activations gone) -- whichever is largest."""
     kept = [memory.of(k) for k in kinds]
@@ -199,7 +200,7 @@ def predicted_peak(kinds: Sequence[str], memory: LoopMemory) -> int:
 
 @dataclass(frozen=True)
 class PendingMemory:
-    """Bytes the training step will hold that are not allocated yet when a plan is made (at the first
+    """Bytes the training step will hold that are not allocated yet when a schedule is made (at the first
     forward): the optimizer state its first step creates and DeepSpeed's gradient buckets, allocated
     in backward (``optim/memory.py`` reads both from the optimizer and the engine)."""
 
@@ -209,19 +210,19 @@ class PendingMemory:
 
 @dataclass(frozen=True)
 class Budget:
-    """What a plan's activation budget was made of (bytes; the plan's record of its assumptions)."""
+    """What a schedule's activation budget was made of (bytes; the schedule's record of its assumptions)."""
 
     bytes: float | None  # None: no limit
-    source: str  # "activation_checkpointing_budget_gib", "device" or "none"
+    source: str  # "recompute_budget_gib", "device" or "none"
     device_total: int = 0
     allocated: int = 0
     pending: PendingMemory = PendingMemory()
 
     def describe(self) -> str:
-        if self.source == "activation_checkpointing_budget_gib":
-            return f"budget {self.bytes / GIB:.2f} GiB (model.activation_checkpointing_budget_gib)"
+        if self.source == "recompute_budget_gib":
+            return f"budget {self.bytes / GIB:.2f} GiB (model.recompute_budget_gib)"
         if self.bytes is None:
-            return "no memory limit (activation_checkpointing_budget_gib: null off CUDA)"
+            return "no memory limit (recompute_budget_gib: null off CUDA)"
         return (f"budget {self.bytes / GIB:.2f} GiB = {DEVICE_FRACTION:.0%} of {self.device_total / GIB:.2f} GiB "
                 f"- {self.allocated / GIB:.2f} GiB allocated - {self.pending.optimizer_state / GIB:.2f} GiB optimizer "
                 f"state not yet allocated - {self.pending.buckets / GIB:.2f} GiB DeepSpeed buckets "
@@ -238,13 +239,13 @@ def device_memory(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.get_device_properties(device).total_memory, torch.cuda.memory_allocated(device)
 
 
-def planning_budget(budget_gib: float | None, device: torch.device,
+def scheduling_budget(budget_gib: float | None, device: torch.device,
                     pending: Callable[[], PendingMemory] | None = None) -> Budget:
-    """The activation budget of a plan: ``activation_checkpointing_budget_gib`` when given; else, on
+    """The activation budget of a schedule: ``recompute_budget_gib`` when given; else, on
     CUDA, 90 % of the device minus what is allocated now (parameters, master weights) minus what the
     step will still allocate (``pending``: optimizer state, gradient buckets); elsewhere no limit."""
     if budget_gib is not None:
-        return Budget(budget_gib * GIB, "activation_checkpointing_budget_gib")
+        return Budget(budget_gib * GIB, "recompute_budget_gib")
     memory = device_memory(device)
     if memory is None:
         return Budget(None, "none")
@@ -264,25 +265,25 @@ class LoopSchedule:
     selective_cost: float = 0.0  # recomputation of one selective loop, in loop forwards
 
     def describe(self) -> str:
-        """One line: the plan, its predicted peak and cost, and what its budget assumed."""
+        """One line: the schedule, its predicted peak and cost, and what its budget assumed."""
         counts = ", ".join(f"{k} x{self.kinds.count(k)}" for k in (FULL, SELECTIVE, NONE) if k in self.kinds)
         fits = "" if self.fits else " (does not fit: the least memory there is)"
-        return (f"activation checkpointing auto over {len(self.kinds)} loops: {counts}{fits}; predicted peak "
+        return (f"activation recomputation auto over {len(self.kinds)} loops: {counts}{fits}; predicted peak "
                 f"{self.peak_bytes / GIB:.2f} GiB, recomputing {self.cost:.2f} loop forwards (selective loop "
                 f"{self.selective_cost:.2f}); {self.budget.describe()}")
 
 
 def schedule_loops(num_loops: int, memory: LoopMemory, budget: float | Budget | None,
                selective_cost: float) -> LoopSchedule:
-    """The cheapest per-loop plan (least recomputation) whose predicted peak fits the budget.
+    """The cheapest per-loop schedule (least recomputation) whose predicted peak fits the budget.
 
-    Plans are ``[full] * a + [selective] * b + [none] * rest`` with the last loop never
-    checkpointed; a checkpointed loop costs one loop forward, a selective one ``selective_cost``;
-    among equal costs the smaller peak wins. If nothing fits, the plan with the smallest peak
+    Schedules are ``[full] * a + [selective] * b + [none] * rest`` with the last loop never
+    recomputed; a recomputed loop costs one loop forward, a selective one ``selective_cost``;
+    among equal costs the smaller peak wins. If nothing fits, the schedule with the smallest peak
     (``per_loop``) is returned with ``fits=False``.
     """
     if not isinstance(budget, Budget):
-        budget = Budget(budget, "none" if budget is None else "activation_checkpointing_budget_gib")
+        budget = Budget(budget, "none" if budget is None else "recompute_budget_gib")
     costs = {**RECOMPUTE_COST, SELECTIVE: selective_cost}
     candidates = []
     for a in range(num_loops):
@@ -298,10 +299,10 @@ def schedule_loops(num_loops: int, memory: LoopMemory, budget: float | Budget | 
     return min(candidates, key=lambda p: (p.peak_bytes, p.cost))
 
 
-def loop_kinds(mode: str, num_loops: int, plan: Callable[[], LoopSchedule]) -> tuple[str, ...]:
-    """What each of ``num_loops`` loops keeps under ``mode`` (``plan`` is asked only for ``auto``)."""
+def loop_kinds(mode: str, num_loops: int, schedule: Callable[[], LoopSchedule]) -> tuple[str, ...]:
+    """What each of ``num_loops`` loops keeps under ``mode`` (``schedule`` is asked only for ``auto``)."""
     if mode == "auto":
-        return plan().kinds
+        return schedule().kinds
     kind = LOOP_MODES.get(mode, NONE)  # per_block checkpoints blocks, not loops
     return (kind,) * (num_loops - 1) + (NONE,)
 
@@ -310,39 +311,40 @@ def loop_kinds(mode: str, num_loops: int, plan: Callable[[], LoopSchedule]) -> t
 
 
 @dataclass(frozen=True)
-class CheckpointingSettings:
-    """What activation checkpointing should do (the module docstring describes the modes)."""
+class RecomputeSettings:
+    """What activation recomputation should do (the module docstring describes the modes)."""
 
     mode: str = "none"  # none | per_loop | selective | auto | per_block
     budget_gib: float | None = None  # auto: the activation budget (None: the device's free memory)
     selective_cost: float | None = None  # a selective loop's recomputation (None: its FLOP share)
 
     @classmethod
-    def from_config(cls, config) -> CheckpointingSettings:
-        """The settings ``model.activation_checkpointing*`` asks for."""
-        return cls(config.activation_checkpointing, config.activation_checkpointing_budget_gib,
-                   config.activation_checkpointing_selective_cost)
+    def from_config(cls, config) -> RecomputeSettings:
+        """The settings ``model.recompute*`` asks for."""
+        return cls(config.recompute, config.recompute_budget_gib,
+                   config.recompute_selective_cost)
 
 
 def _call(fn: Callable, *args):
     return fn(*args)
 
 
-class ActivationCheckpointing:
-    """Activation checkpointing applied to one model (``model.checkpointing``).
+class ActivationRecompute:
+    """Activation recomputation applied to one model (``model.recompute``).
 
     The model's forward asks :meth:`loop_runners` once per forward how each loop that builds a graph
     runs; each block's forward is wrapped (:meth:`block_kind` says what it keeps). ``auto`` schedules
     are made once per input shape, dtype, device and budget and kept here (:attr:`schedules`).
     """
 
-    def __init__(self, model: nn.Module, settings: CheckpointingSettings):
+    def __init__(self, model: nn.Module, settings: RecomputeSettings):
         self._model = weakref.ref(model)  # the model holds this object: no reference cycle
         self.settings = settings
         self.schedules: dict[tuple, LoopSchedule] = {}  # auto, per input shape
-        self._plans_to_report: list[str] = []  # new plans' descriptions, for the training log
-        # What the training step will still allocate when a plan is made (optimizer state, DeepSpeed's
-        # buckets): set by optim.build_engine, counted by an ``auto`` plan without a budget.
+        self._schedules_to_report: list[str] = []  # new schedules' descriptions, for the training log
+        # What the training step will still allocate when a schedule is made (optimizer state, DeepSpeed's
+        # buckets): given once the engine exists (parallelize.count_pending_memory), counted by an ``auto``
+        # schedule without a budget.
         self.pending_memory: Callable[[], PendingMemory] | None = None
         self.in_selective_loop = False  # while a selective loop runs, its blocks keep only matmul/attention outputs
         self._runners = {NONE: _call, FULL: self._run_full_loop, SELECTIVE: self._run_selective_loop}
@@ -358,7 +360,7 @@ class ActivationCheckpointing:
 
     @staticmethod
     def _run_full_loop(fn: Callable, *args):
-        return run_checkpointed(FULL, fn, *args)
+        return run_recomputed(FULL, fn, *args)
 
     def _run_selective_loop(self, fn: Callable, *args):
         """Each block of the loop applies the selective policy inside its own (possibly compiled)
@@ -374,20 +376,20 @@ class ActivationCheckpointing:
         s, b = hidden.shape[:2]
         key = (num_loops, b, s, hidden.dtype, hidden.device, self.settings.budget_gib)
         if key not in self.schedules:
-            budget = planning_budget(self.settings.budget_gib, hidden.device, self.pending_memory)
+            budget = scheduling_budget(self.settings.budget_gib, hidden.device, self.pending_memory)
             params = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in model.parameters()
                          if p.requires_grad)  # ZeRO-3 partitions report their full size as ds_numel
             memory = loop_memory(model.config, b, s, hidden.element_size(), model.loss_chunk_tokens, params)
             cost = self.settings.selective_cost
-            plan = schedule_loops(num_loops, memory, budget,
+            schedule = schedule_loops(num_loops, memory, budget,
                               selective_recompute_fraction(model.config, s) if cost is None else cost)
-            self.schedules[key] = plan
-            self._plans_to_report.append(f"{plan.describe()} (micro-batch {b} x {s}, {hidden.dtype})")
+            self.schedules[key] = schedule
+            self._schedules_to_report.append(f"{schedule.describe()} (micro-batch {b} x {s}, {hidden.dtype})")
         return self.schedules[key]
 
     def new_schedules(self) -> list[str]:
-        """The descriptions of ``auto`` plans made since the last call (each once, for the log)."""
-        notes, self._plans_to_report = self._plans_to_report, []
+        """The descriptions of ``auto`` schedules made since the last call (each once, for the log)."""
+        notes, self._schedules_to_report = self._schedules_to_report, []
         return notes
 
     # -------------------------------------------------------------- blocks
@@ -399,34 +401,18 @@ class ActivationCheckpointing:
             return FULL
         return SELECTIVE if self.in_selective_loop else NONE
 
-    def checkpointed_forward(self, block: nn.Module) -> Callable:
-        """``block``'s own forward inside the region :meth:`block_kind` says. Checkpointed regions draw
+    def recomputed_forward(self, block: nn.Module) -> Callable:
+        """``block``'s own forward inside the region :meth:`block_kind` says. Recomputed regions draw
         no random numbers (no dropout anywhere), so RNG states are not saved per region."""
         forward = type(block).forward.__get__(block)
 
-        def checkpointed(hidden: torch.Tensor, rotary_pos_emb: torch.Tensor, psi: torch.Tensor | None = None):
-            return run_checkpointed(self.block_kind(), forward, hidden, rotary_pos_emb, psi)
+        def recomputed(hidden: torch.Tensor, rotary_pos_emb: torch.Tensor, psi: torch.Tensor | None = None):
+            return run_recomputed(self.block_kind(), forward, hidden, rotary_pos_emb, psi)
 
-        return checkpointed
-
-
-def apply_activation_checkpointing(model: nn.Module, settings: CheckpointingSettings) -> ActivationCheckpointing | None:
-    """Make ``model`` keep what ``settings`` say for backward (replacing any earlier settings). Gradients
-    are identical in every mode; ``none`` removes checkpointing (returns None)."""
-    blocks = model.blocks()
-    for block in blocks:
-        block.__dict__.pop("forward", None)  # the class's forward again
-    if settings.mode == "none":
-        model.checkpointing = None
-        return None
-    applied = ActivationCheckpointing(model, settings)
-    for block in blocks:
-        block.forward = applied.checkpointed_forward(block)
-    model.checkpointing = applied
-    return applied
+        return recomputed
 
 
 def new_loop_schedules(model: nn.Module) -> list[str]:
     """The ``auto`` schedules ``model`` made since the last call (for the training log)."""
-    applied = getattr(model, "checkpointing", None)
+    applied = getattr(model, "recompute", None)
     return applied.new_schedules() if applied is not None else []

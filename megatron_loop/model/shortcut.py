@@ -114,7 +114,7 @@ def shortcut_consistency_loss(full: torch.Tensor, short: torch.Tensor, tp_size: 
     stays float64), with no gradient into ``full``.
 
     Under tensor parallelism both are the head input, whole on every rank, whose backward sums the
-    ranks' gradients (the vocabulary shards' partial sums, ``parallel/vocab.py`` ``head_input``): the
+    ranks' gradients (the vocabulary shards' partial sums, ``model/vocab.py`` ``head_input``): the
     MSE, the same on every rank, would reach x_short ``tp_size`` times, so its gradient is divided by
     ``tp_size`` (its value is not)."""
     dtype = torch.promote_types(short.dtype, torch.float32)
@@ -132,6 +132,6 @@ def shortcut_objective(model, input_ids: torch.Tensor, labels: torch.Tensor | No
     full = model.forward(input_ids, labels=labels, compute_logits=compute_logits, return_hidden=True)
     short = model.forward(input_ids, labels=labels, compute_logits=False, return_hidden=True,
                           loop_steps=tuple(spec.steps))
-    consistency = shortcut_consistency_loss(full.hidden, short.hidden, model.tensor_parallel.layout.tp_size)
+    consistency = shortcut_consistency_loss(full.hidden, short.hidden, model.tensor_parallel.placement.tp_size)
     loss = full.loss + spec.short_loss_weight * short.loss + spec.consistency_weight * consistency
     return loss, full.logits

@@ -45,7 +45,6 @@ from megatron_loop.config import OptimizerSettings
 from megatron_loop.config.deepspeed import read_ds_config, resolve_ds_config
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.optim.partitions import ZeroPartition
-from megatron_loop.optim.memory import pending_training_memory
 from megatron_loop.optim.optimizer import MuonAdamW, role_param_groups
 from megatron_loop.optim.schedule import wsd_scheduler
 from megatron_loop.parallel.mpu import data_parallel_size, model_parallel_unit
@@ -194,6 +193,4 @@ def build_engine(
     )
     if stage >= 1:
         attach_zero_layouts(engine_optimizer, optimizer)
-    if getattr(model, "checkpointing", None) is not None:  # auto checkpointing counts what the step still allocates
-        model.checkpointing.pending_memory = lambda: pending_training_memory(engine, optimizer)
     return EngineParts(engine, optimizer, scheduler)

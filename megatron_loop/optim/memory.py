@@ -1,6 +1,6 @@
-"""What the training step will still allocate when ``auto`` activation checkpointing plans.
+"""What the training step will still allocate when ``auto`` activation recomputation schedules.
 
-A plan is made at the first forward (``model/checkpointing.py``), before the first optimizer step
+A schedule is made at the first forward (``model/recompute.py``), before the first optimizer step
 creates Muon's momentum and AdamW's two moments (on ZeRO >= 1 in fp32 on this rank's partitions:
 about 3.6 GB for Llama 4x5 on one rank) and before DeepSpeed's ZeRO 1/2 gradient buckets exist
 (allocated in each backward). Both are counted here from the objects themselves: the optimizer's
@@ -34,7 +34,7 @@ def zero_bucket_bytes(engine: Any) -> int:
 
     ZeRO 1/2 with ``contiguous_gradients``: one ``reduce_bucket_size`` buffer per gradient dtype
     (two with ``overlap_comm``), in the gradient-reduction dtype. ZeRO-3 allocates its reduce bucket
-    at initialisation (already allocated when the plan is made) and gathers up to
+    at initialisation (already allocated when the schedule is made) and gathers up to
     ``stage3_prefetch_bucket_size`` parameter elements ahead of the forward.
     """
     stage = engine.zero_optimization_stage()
@@ -50,5 +50,5 @@ def zero_bucket_bytes(engine: Any) -> int:
 
 
 def pending_training_memory(engine: Any, optimizer: MuonAdamW) -> PendingMemory:
-    """What the step will hold beyond what is allocated now (read when a plan is made)."""
+    """What the step will hold beyond what is allocated now (read when a schedule is made)."""
     return PendingMemory(optimizer_state=unallocated_optimizer_state(optimizer), buckets=zero_bucket_bytes(engine))

@@ -38,7 +38,7 @@ from megatron_loop.config import OPTIMIZERS
 from megatron_loop.model import roles
 from megatron_loop.optim.partitions import ZeroPartition
 from megatron_loop.optim.muon import SCALE_RULES, ScaleRule, momentum_input_
-from megatron_loop.parallel import muon as tp_muon
+from megatron_loop.optim import muon_tp as tp_muon
 from megatron_loop.parallel.mpu import model_parallel_unit
 
 MUON_GROUP = "muon"

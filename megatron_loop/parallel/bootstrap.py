@@ -1,6 +1,6 @@
 """The one place that creates process groups and picks rendezvous ports.
 
-Everything else reads the groups that exist (:mod:`megatron_loop.parallel.groups`); nothing under
+Everything else reads the groups that exist (:mod:`megatron_loop.model.placement`); nothing under
 ``model/`` creates one (``tests/unit/test_import_layers.py`` keeps it so). Three entry points:
 
 * :func:`init_world` -- the launcher's world (``deepspeed``, ``torchrun``, bare SLURM ``srun``; plain
@@ -10,9 +10,10 @@ Everything else reads the groups that exist (:mod:`megatron_loop.parallel.groups
   rendezvous in its own namespace of torchrun's store, so that a restarted job starts afresh.
 * :func:`init_model_parallel` -- megatron-core's tensor- and data-parallel groups over that world,
   bounded by the same timeout (megatron-core's default is 30 minutes).
-* :func:`ensure_groups` -- what a model built outside a launcher needs (tests, export, probes): the
-  world that exists, or a one-process gloo world over an in-memory store, and megatron-core's groups
-  (TP = 1 unless built already). :func:`megatron_loop.model.build_model` calls it.
+* :func:`ensure_groups` -- megatron-core's groups for a process outside a launcher that needs them (a test
+  of megatron-core's own attention, a single-process engine): the world that exists, or a one-process gloo
+  world over an in-memory store, and megatron-core's groups (TP = 1 unless built already). Building a model
+  needs none: :func:`megatron_loop.model.build_model` creates no group and reads none.
 
 megatron-core orders ranks TP-fastest: with world size W and TP size N, ranks ``[k N, (k + 1) N)``
 form TP group k and ranks ``{j, j + N, j + 2N, ...}`` form DP group j. Launchers number the ranks of
@@ -32,7 +33,7 @@ import torch.distributed as dist
 
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.parallel.cpu import make_megatron_collectives_cpu_capable
-from megatron_loop.parallel.groups import ParallelPlacement, current_placement
+from megatron_loop.model.placement import ParallelPlacement, current_placement
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from megatron_loop.parallel.groups import tensor_parallel_group
+from megatron_loop.model.placement import tensor_parallel_group
 
 QK_NORMS = (".q_layernorm.", ".k_layernorm.")
 
@@ -50,19 +50,20 @@ def is_tensor_parallel(param: torch.Tensor) -> bool:
 def partial_grad_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """``(name, parameter)`` of every parameter whose gradient is partial over the TP group (see the
     module docstring); empty at TP = 1."""
-    layout = getattr(model, "tensor_parallel").layout
-    if layout.tp_size == 1:
+    placement = model.tensor_parallel.placement
+    if placement.tp_size == 1:
         return []
     return [(name, p) for name, p in model.named_parameters()
             if p.requires_grad and not is_tensor_parallel(p)
-            and (layout.sequence_parallel or any(q in f".{name}" for q in QK_NORMS))]
+            and (placement.sequence_parallel or any(q in f".{name}" for q in QK_NORMS))]
 
 
 def register_tp_gradient_sum(model: nn.Module) -> int:
     """Sum each partial gradient over the TP group inside backward, before DeepSpeed (or any optimizer)
-    sees it; returns how many parameters are hooked (0 at TP = 1). Registered once per model."""
+    sees it; returns how many parameters are hooked (0 at TP = 1). Registered once per model (its declared
+    ``tp_gradient_sum`` says whether it is)."""
     params = partial_grad_parameters(model)
-    if not params or getattr(model, "_tp_gradient_sum", False):
+    if not params or model.tp_gradient_sum:
         return len(params)
     group = tensor_parallel_group()
 
@@ -73,5 +74,5 @@ def register_tp_gradient_sum(model: nn.Module) -> int:
 
     for _, param in params:
         param.register_hook(tp_sum)
-    model._tp_gradient_sum = True
+    model.tp_gradient_sum = True
     return len(params)

@@ -8,17 +8,18 @@ outside, in this order (:func:`parallelize`):
 
 1. the TP sum of partial gradients (:func:`megatron_loop.parallel.grads.register_tp_gradient_sum`),
    inside backward, before DeepSpeed takes the gradients;
-2. activation recomputation as ``model.activation_checkpointing*`` asks
-   (:func:`megatron_loop.model.recompute.apply_activation_checkpointing`);
+2. activation recomputation as ``model.recompute*`` asks (:func:`apply_recompute`,
+   the policies of :mod:`megatron_loop.model.recompute`);
 3. compiled blocks where :func:`compile_decision` says so (:func:`apply_compile`). Recomputation comes
-   first: a checkpointed block's forward is replaced on the instance and ``nn.Module.compile``
-   compiles the module's call, so a compiled block traces its checkpointed region (the selective
+   first: a recomputed block's forward is replaced on the instance and ``nn.Module.compile``
+   compiles the module's call, so a compiled block traces its recomputed region (the selective
    policy included) with it;
 4. under ZeRO-3, the registration of the parameters the model applies outside their owning
    submodule (the LM head in the chunked loss), so DeepSpeed gathers them for the root's forward.
 
 Models built for inference, export or probes skip this stage: they run eager and keep every
-activation their autograd needs.
+activation their autograd needs. What this stage adds to a model is declared on it (``LoopLM.recompute``,
+``compile_note``, ``tp_gradient_sum``) and set here only.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Callable
 from torch import nn
 
 from megatron_loop.model.compat import make_megatron_compilable
-from megatron_loop.model.recompute import CheckpointingSettings, apply_activation_checkpointing
+from megatron_loop.model.recompute import ActivationRecompute, RecomputeSettings, PendingMemory
 from megatron_loop.parallel.grads import register_tp_gradient_sum
 
 
@@ -36,7 +37,7 @@ def parallelize(model: nn.Module, zero_stage: int) -> str:
     """Apply steps 1-4 of the module docstring to ``model`` for a run at ZeRO ``zero_stage``; returns
     (and keeps as ``model.compile_note``) the line saying what runs compiled."""
     register_tp_gradient_sum(model)
-    apply_activation_checkpointing(model, CheckpointingSettings.from_config(model.config))
+    apply_recompute(model, RecomputeSettings.from_config(model.config))
     enabled, note = compile_decision(model.config, zero_stage)
     if enabled:
         apply_compile(model)
@@ -44,6 +45,30 @@ def parallelize(model: nn.Module, zero_stage: int) -> str:
         register_external_parameters(model)
     model.compile_note = note
     return note
+
+
+def apply_recompute(model: nn.Module, settings: RecomputeSettings) -> ActivationRecompute | None:
+    """Make ``model`` keep what ``settings`` say for backward (replacing any earlier settings): its
+    ``recompute`` and each block's forward wrapped. Gradients are identical in every mode; ``none``
+    removes recomputation (returns None)."""
+    blocks = model.blocks()
+    for block in blocks:
+        block.__dict__.pop("forward", None)  # the class's forward again
+    if settings.mode == "none":
+        model.recompute = None
+        return None
+    applied = ActivationRecompute(model, settings)
+    for block in blocks:
+        block.forward = applied.recomputed_forward(block)
+    model.recompute = applied
+    return applied
+
+
+def count_pending_memory(model: nn.Module, pending: Callable[[], PendingMemory]) -> None:
+    """Once the engine exists: let an ``auto`` schedule without a budget count what the training step will still
+    allocate (the optimizer state of its first step, DeepSpeed's buckets: ``optim.memory.pending_training_memory``)."""
+    if model.recompute is not None:
+        model.recompute.pending_memory = pending
 
 
 def register_external_parameters(model: nn.Module) -> None:

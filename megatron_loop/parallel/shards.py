@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from megatron_loop.parallel.grads import is_tensor_parallel
-from megatron_loop.parallel.groups import tensor_parallel_group
+from megatron_loop.model.placement import tensor_parallel_group
 
 
 def shard_of(full: torch.Tensor, param: torch.Tensor, rank: int, size: int) -> torch.Tensor:
@@ -34,15 +34,6 @@ def whole_of(shards: list[torch.Tensor], param: torch.Tensor) -> torch.Tensor:
     dim, stride = param.partition_dim, getattr(param, "partition_stride", 1)
     pieces = [torch.chunk(s, stride, dim=dim) for s in shards]
     return torch.cat([pieces[r][k] for k in range(stride) for r in range(len(shards))], dim=dim)
-
-
-@torch.no_grad()
-def load_whole_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Copy a TP = 1 state dict (parameter names as the TP = 1 model's) into this rank's shards."""
-    group = tensor_parallel_group()
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
-    for name, p in model.named_parameters():
-        p.copy_(shard_of(state[name], p, rank, size))
 
 
 def gather_whole(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -4,9 +4,9 @@
     sample = load_probe_sample(prefix, seq_length=2048, num_sequences=49, num_positions=100_000)
     report = probe_geometry(model, sample, ProbeSettings(loops=[7, 14, 21]), output_dir="probe/")
 
-Modules: ``metrics`` (pure metric functions), ``layout`` (effective positions), ``sampling``
+Modules: ``metrics`` (pure metric functions), ``positions`` (effective positions), ``sampling``
 (examples and selection masks), ``hooks`` (block-occurrence hooks), ``runner`` (passes and
-reduction), ``summaries`` (C_D and comparisons), ``plots`` (figures), ``report`` (entry point).
+reduction), ``summaries`` (C_D and comparisons), ``plots`` (figures), ``report`` (entry point), ``cli``.
 """
 
 from megatron_loop.probes.report import probe_geometry

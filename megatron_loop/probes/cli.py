@@ -24,11 +24,10 @@ from pathlib import Path
 import torch
 
 from megatron_loop import plotting
-from megatron_loop.checkpoint.weights import load_model_from_checkpoint
 from megatron_loop.cli import check_output_folder, parse_loop_counts
 from megatron_loop.data.indexed import check_token_ids
 from megatron_loop.errors import LoopConfigError, LoopDataError
-from megatron_loop.hf.convert import load_looplm_from_hf
+from megatron_loop.export.load import load_looplm_from_hf, load_model_from_checkpoint
 from megatron_loop.probes.report import JSON_NAME, probe_geometry, read_report, replot
 from megatron_loop.probes.runner import ProbeSettings
 from megatron_loop.probes.sampling import load_probe_sample
@@ -78,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--checkpoint", help="a run's checkpoints/ folder (with looplm_config.json; the checkpoint "
                                           "'latest' names, verified, else the newest complete one) or one "
                                           "global_step* folder in it")
-    src.add_argument("--model", help="HF export folder (megatron_loop.hf.convert.load_looplm_from_hf)")
+    src.add_argument("--model", help="HF export folder (megatron_loop.export.load.load_looplm_from_hf)")
     src.add_argument("--replot", metavar="GEOMETRY_JSON",
                      help="redraw the figures (and recompute summaries) of an existing geometry.json; no model")
     p.add_argument("--valid-prefix", help="indexed validation prefix (P.bin / P.idx); required unless --replot")
@@ -119,10 +118,10 @@ def check_source(checkpoint: str | None, hf_dir: str | None) -> None:
 
 
 def check_probe_export(hf_dir: str) -> None:
-    """``--model``: an export that loads as written (``eval.sweep.check_export``: config.json, complete
+    """``--model``: an export that loads as written (``export.load.check_export``: config.json, complete
     weights whose names and shapes match it) and a LoopLM: a native Llama/Qwen3 has no recurrence
     to probe, and looping its whole stack would be read as a 0+Lx1+0 model run r times."""
-    from megatron_loop.eval.sweep import check_export
+    from megatron_loop.export.load import check_export
 
     config = check_export(hf_dir)
     if config.get("model_type") != "looplm":

@@ -61,7 +61,7 @@ def probe_passes(model: torch.nn.Module, loops: Sequence[int], allowed: bool = T
     """One pass for every loop count or one per L: ``eval.one_pass.sweep_passes`` asked of the export this
     model converts to (``hf.convert.hf_config``, built on the meta device: no memory), so the export's
     ``readout_obstacle`` decides for the probes too, in the same words."""
-    from megatron_loop.hf.convert import hf_config  # transformers: loaded when a probe runs
+    from megatron_loop.export.convert import hf_config  # transformers: loaded when a probe runs
     from megatron_loop.hf.modeling_looplm import LoopLMForCausalLM
 
     config = hf_config(model.config)

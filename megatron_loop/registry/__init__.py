@@ -12,7 +12,7 @@ Citations follow the paper's LaTeX source (``../shared/seed/``): appendices C.1-
 The modules, data first:
   * :mod:`.recipes`: the backbone families, their recipes (App. C.2, Table 3) and the execution
     settings of every generated file (:data:`EXECUTION`, the one place to change micro-batch,
-    checkpointing, compilation or the DeepSpeed config).
+    recomputation, compilation or the DeepSpeed config).
   * :mod:`.architectures`: :class:`Conditioning` and :class:`Run`, the paper's parameter counts.
   * :mod:`.runs` and :mod:`.pilot`: every run (:data:`RUNS`); :mod:`.studies`: every study.
   * :mod:`.sweeps`: the loop counts each run is evaluated and probed at (Sec. 2.2 (iii)).

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from megatron_loop.registry.architectures import NO_CONDITIONING, Conditioning, Run, make_run
 
+# Table 7's columns, in its order (``--tasks`` of the pilot's loop sweep; each a task of eval/tasks.py).
+PILOT_SUITE = ("arc_easy", "arc_challenge", "sciq", "mmlu", "hellaswag", "openbookqa", "piqa", "race", "winogrande",
+               "commonsense_qa")
 PILOT_NOTE = ("App. D.1 names neither backbone nor budget for the pilot: Qwen3-0.6B widths and recipe with "
               "the Chinchilla budget of the L(K)-layer NonLoop are assumed")
 # The pilot's recipe values that App. D.1 does not give ("the same pre-training setup" only): what

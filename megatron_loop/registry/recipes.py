@@ -2,7 +2,7 @@
 
 A :class:`Family` is one of the paper's backbones with its recipe (App. C.1, C.2, Tables 1 and 3).
 :data:`EXECUTION` holds what only decides how a run executes (micro-batch, activation
-checkpointing, compilation, DeepSpeed config), apart from what it computes: the one place to
+recomputation, compilation, DeepSpeed config), apart from what it computes: the one place to
 change those settings in every generated file.
 """
 
@@ -42,13 +42,13 @@ DATA_PARALLEL = 8  # ranks per run in the paper (App. C.2: 38 x 6 x 8 = 1,824; 3
 # Execution settings of every generated file: how a run executes, not what it computes. The ONE
 # place to change them (per family, and ``toy`` for the CPU twins of tools/small_study.sh).
 EXECUTION: dict[str, dict[str, Any]] = {
-    # auto checkpointing (budget null: 90 % of the GPU less what the first step finds allocated)
+    # auto recomputation (budget null: 90 % of the GPU less what the first step finds allocated)
     # and auto compilation (on with CUDA), as measured in docs/BENCHMARKS.md.
-    "llama": dict(micro_batch_size=38, activation_checkpointing="auto", compile="auto",
+    "llama": dict(micro_batch_size=38, recompute="auto", compile="auto",
                   deepspeed_config="deepspeed_configs/zero1.json"),
-    "qwen": dict(micro_batch_size=32, activation_checkpointing="auto", compile="auto",
+    "qwen": dict(micro_batch_size=32, recompute="auto", compile="auto",
                  deepspeed_config="deepspeed_configs/zero1.json"),
-    "toy": dict(micro_batch_size=8, activation_checkpointing="none", compile="auto",
+    "toy": dict(micro_batch_size=8, recompute="none", compile="auto",
                 deepspeed_config="deepspeed_configs/zero1.json"),
 }
 # The toy recipe of the CPU twins (examples/tiny_*.yaml): App. C.2's schedule shape at toy size.

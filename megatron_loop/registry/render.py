@@ -31,7 +31,7 @@ def run_config(run: Run) -> dict[str, dict[str, Any]]:
     if train.get("train_tokens", 0) is None:
         train.pop("train_tokens")
     return dict(
-        model=dict(run.model_fields(), activation_checkpointing=execution["activation_checkpointing"],
+        model=dict(run.model_fields(), recompute=execution["recompute"],
                    compile=execution["compile"]),
         train=train,
         data=dict(train_prefixes=[recipe.data_prefix], valid_prefixes=[recipe.data_prefix + "_valid"],
@@ -51,7 +51,7 @@ def toy_config(toy: ToyRun, run_dir: str, train: dict[str, Any] | None = None,
     return dict(
         model=dict(backbone=FAMILIES[toy.family].toy_backbone, **(model or {}), prelude_layers=p, core_layers=s,
                    train_loops=k, coda_layers=c, **toy.conditioning.model_fields(), **dict(toy.model),
-                   activation_checkpointing=execution["activation_checkpointing"], compile=execution["compile"]),
+                   recompute=execution["recompute"], compile=execution["compile"]),
         train={**TOY_TRAIN, "micro_batch_size": execution["micro_batch_size"],
                "deepspeed_config": execution["deepspeed_config"], **dict(toy.train), **(train or {}),
                "output_dir": f"{run_dir}/{name}/train"},

@@ -7,10 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from megatron_loop.eval.tasks import PILOT_SUITE
 from megatron_loop.registry.architectures import NO_CONDITIONING, Conditioning, Layout, Run, make_run
 from megatron_loop.registry.paired import PairedPlan
-from megatron_loop.registry.pilot import PILOT_NOTE
+from megatron_loop.registry.pilot import PILOT_NOTE, PILOT_SUITE
 from megatron_loop.registry.runs import GATES, HISTORY, INITIAL, QWEN_4X7, RUNS, WINDOWS
 
 

@@ -13,7 +13,7 @@ Imports no torch (``--dry-run`` uses it).
 from __future__ import annotations
 
 from megatron_loop.config import Config
-from megatron_loop.parallel.plan import tensor_parallel_plan
+from megatron_loop.parallel.per_rank import tensor_parallel_figures
 from megatron_loop.plan import count_parameters, data_epochs, training_plan
 
 
@@ -33,7 +33,7 @@ def run_summary(cfg: Config, data_parallel_size: int, accumulation: int, files: 
         global_batch=cfg.train.global_batch_size,
         micro_batch=cfg.train.micro_batch_size,
         data_parallel_size=data_parallel_size,
-        **tensor_parallel_plan(cfg, params, data_parallel_size),
+        **tensor_parallel_figures(cfg, params, data_parallel_size),
         accumulation=accumulation,
         seq_length=cfg.train.seq_length,
         **files,

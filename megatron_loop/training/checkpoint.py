@@ -104,7 +104,7 @@ def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.
         try:
             write_manifest(partial, {"tag": tag, "step": state.step, "consumed_samples": state.consumed_samples,
                                      "model": model_signature(cfg), **settings,
-                                     **tensor_parallel_fields(engine.module)})
+                                     **tensor_parallel_fields(engine.module, engine.module.tensor_parallel.placement)})
             publish(root, partial, tag)
             save_run_config(root, cfg)
         except OSError as e:
@@ -271,14 +271,14 @@ def universal_copy(root: Path, point: SelectedCheckpoint, info: D.DistInfo) -> P
     return D.on_main(info, convert, share=True)
 
 
-def resume_messages(point: SelectedCheckpoint, plan: ResumeDecision, set_aside: Path | None,
+def resume_messages(point: SelectedCheckpoint, decision: ResumeDecision, set_aside: Path | None,
                     schedule_line: str | None, state: TrainState, info: D.DistInfo, resume: str | None,
                     total_steps: int) -> list[str]:
     """What the log says about a resume: skipped checkpoints, the branch, what changed, where it starts."""
     msgs = list(point.notes)
     if set_aside is not None:
         msgs.append(f"starting a new branch at {point.tag}: newer checkpoints and their metrics moved to {set_aside}")
-    msgs += plan.summary(point.manifest.get("world_size") if point.manifest else None, info.world_size)
+    msgs += decision.summary(point.manifest.get("world_size") if point.manifest else None, info.world_size)
     msgs += [schedule_line] if schedule_line else []
     how = "--resume" if resume is not None else "newest complete checkpoint"
     msgs.append(f"resuming from {point.path} (step {state.step}, {state.consumed_samples} samples consumed; {how})")

@@ -70,9 +70,10 @@ class InitSource:
                        if kept else "")
 
 
-def choose_source(cfg: Config, resuming: bool, info: D.DistInfo) -> InitSource | None:
-    """The checkpoint ``train.init_from`` names, checked against ``cfg`` (None: no ``init_from``, or the
-    run resumes its own checkpoint). Rank 0 decides before the run folder is created; every rank follows."""
+def choose_source(cfg: Config, resuming: bool, info: D.DistInfo, placement=None) -> InitSource | None:
+    """The checkpoint ``train.init_from`` names, checked against ``cfg`` at this rank's ``placement`` (None: one
+    rank) (None: no ``init_from``, or the run resumes its own checkpoint). Rank 0 decides before the run folder
+    is created; every rank follows."""
     if not cfg.train.init_from or resuming:
         return None
 
@@ -83,7 +84,7 @@ def choose_source(cfg: Config, resuming: bool, info: D.DistInfo) -> InitSource |
             saved = load_run_config(chosen.root)
         except LoopDataError as e:
             raise LoopDataError(f"{key}: {e}") from None
-        check_parameters(saved, cfg, chosen.root / CONFIG_NAME)
+        check_parameters(saved, cfg, chosen.root / CONFIG_NAME, placement)
         from megatron_loop.config.naming import run_name
 
         return InitSource(chosen, chosen.step, run_name(saved))
@@ -91,17 +92,17 @@ def choose_source(cfg: Config, resuming: bool, info: D.DistInfo) -> InitSource |
     return D.on_main(info, choose, share=True)
 
 
-def parameter_shapes(model_cfg, parallel) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every weight of the model ``model_cfg`` describes, at the TP size of ``parallel`` (this
-    process's groups; built on the meta device: no memory, no initialisation)."""
+def parameter_shapes(model_cfg, placement=None) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every weight of the model ``model_cfg`` describes, at the TP size of ``placement`` (None:
+    one rank; built on the meta device: no memory, no initialisation)."""
     from megatron_loop.model import build_model
 
-    model = build_model(model_cfg, device="meta", parallel=parallel)
+    model = build_model(model_cfg, placement, device="meta")
     return {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()
             if isinstance(t, torch.Tensor)}
 
 
-def check_parameters(saved: Config, cfg: Config, where: Path) -> list[str]:
+def check_parameters(saved: Config, cfg: Config, where: Path, placement=None) -> list[str]:
     """Refuse (one line naming the run config ``where`` and the parameter) a checkpoint whose model
     ``saved`` has a parameter the model of ``cfg`` lacks or shapes differently, or lacks one of its
     parameters while ``train.init_from_missing`` is ``error``. Returns the parameters kept at their
@@ -110,7 +111,7 @@ def check_parameters(saved: Config, cfg: Config, where: Path) -> list[str]:
     differ = ", ".join(f"model.{k} {old[k]!r} -> {new.get(k)!r}" for k in sorted(old) if old[k] != new.get(k))
     why = f"; the configs differ in {differ}" if differ else ""
     # both at this run's TP size: the checkpoint's whole weights are sliced for it (its own TP size is irrelevant)
-    theirs, ours = parameter_shapes(saved.model, cfg.parallel), parameter_shapes(cfg.model, cfg.parallel)
+    theirs, ours = parameter_shapes(saved.model, placement), parameter_shapes(cfg.model, placement)
     for name, shape in theirs.items():
         if name not in ours:
             raise LoopConfigError(
@@ -142,11 +143,10 @@ def copy_whole_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], w
     """Copy the TP = 1 weights ``state`` into ``model``, each TP rank its slice; returns the model's
     parameters ``state`` lacks. Names and shapes were checked against the checkpoint's run config
     (:func:`check_parameters`); weights that disagree with it are a damaged checkpoint."""
-    from megatron_loop.parallel.groups import tensor_parallel_group
     from megatron_loop.parallel.shards import shard_of
 
-    group = tensor_parallel_group()
-    rank, size = torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
+    placement = model.tensor_parallel.placement  # the TP rank this model was built for
+    rank, size = placement.tp_rank, placement.tp_size
     params = {name: t for name, t in model.state_dict(keep_vars=True).items() if isinstance(t, torch.Tensor)}
     for name, full in state.items():
         param = params.get(name)

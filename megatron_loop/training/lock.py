@@ -1,4 +1,5 @@
-"""One run per output folder, one export per export folder.
+"""One run per output folder (the export's own lock, one export per export folder, is
+:class:`megatron_loop.export.output_folder.ExportLock`; it shares the holder line written here).
 
 Rank 0 holds ``{output_dir}/run.lock`` for the whole run: an exclusive ``flock`` on the file
 (released by the kernel when the process ends, however it ends) and, inside, who holds it (host,
@@ -31,13 +32,13 @@ from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
 LOCK_NAME = "run.lock"
 
 
-def _holder_text(info: dict | None) -> str:
+def holder_text(info: dict | None) -> str:
     if not info:  # it took the lock an instant ago and is writing its line
         return "a run that is just starting"
     return f"host {info.get('host', '?')}, pid {info.get('pid', '?')}, started {info.get('started', '?')}"
 
 
-def _read_holder(fd: int) -> dict | None:
+def read_holder(fd: int) -> dict | None:
     os.lseek(fd, 0, os.SEEK_SET)
     raw = b""
     while chunk := os.read(fd, 65536):
@@ -50,7 +51,7 @@ def _read_holder(fd: int) -> dict | None:
         return {"host": "?", "pid": "?", "started": "?"}
 
 
-def _write_holder(fd: int) -> None:
+def write_holder(fd: int) -> None:
     now = time.time()
     info = {"host": socket.gethostname(), "pid": os.getpid(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "started_epoch": now,
@@ -89,24 +90,24 @@ class RunLock:
         holder = None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            holder = _read_holder(fd)
+            holder = read_holder(fd)
         except OSError as e:
-            holder = _read_holder(fd)
+            holder = read_holder(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 os.close(fd)
                 raise LoopConfigError(
-                    f"{self.path}: train.output_dir is in use by another run ({_holder_text(holder)}): "
+                    f"{self.path}: train.output_dir is in use by another run ({holder_text(holder)}): "
                     "wait for it to end, stop it, or choose another train.output_dir") from None
             if holder and not self._holder_gone(holder):  # no flock on this file system
                 os.close(fd)
                 raise LoopConfigError(
-                    f"{self.path}: train.output_dir is in use by another run ({_holder_text(holder)}; this "
+                    f"{self.path}: train.output_dir is in use by another run ({holder_text(holder)}; this "
                     "file system has no flock, so a holder on another host is trusted: delete the file if "
                     "that run is gone): wait for it to end, stop it, or choose another train.output_dir") from None
         self.fd = fd
         self.taken_over = holder
         try:
-            self._write_holder()
+            self.write_holder()
         except OSError as e:
             self.release()
             raise LoopDataError(f"{key}: not writable ({os_error_text(e)}: {self.path}); "
@@ -122,8 +123,8 @@ class RunLock:
         pid = holder.get("pid")
         return not (isinstance(pid, int) and process_alive(pid, holder.get("started_epoch")))
 
-    def _write_holder(self) -> None:
-        _write_holder(self.fd)
+    def write_holder(self) -> None:
+        write_holder(self.fd)
 
     def takeover_note(self) -> str | None:
         """What the holder line of a lock taken over says, in words (None: nothing taken over)."""
@@ -186,65 +187,9 @@ def run_lock_holder(output_dir: Path) -> str | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as e:
-        return _holder_text(_read_holder(fd)) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
+        return holder_text(read_holder(fd)) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
         os.close(fd)
-
-
-class ExportLock:
-    """One writer per export folder (``tools/convert_to_hf.py --output``): an exclusive ``flock``
-    on a hidden ``.NAME.lock`` next to the output, held from the first check to the publish and
-    removed after. Creating it is also the early writability check of the output's folder
-    (a read-only or full file system fails here, before the slow consolidation)."""
-
-    def __init__(self, output: Path) -> None:
-        self.output = Path(output)
-        self.path = self.output.parent / f".{self.output.name}.lock"
-        self.fd: int | None = None
-
-    def __enter__(self) -> "ExportLock":
-        while True:  # a holder that removed the file as we opened it: lock the new one
-            try:
-                self.output.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-            except OSError as e:
-                raise LoopDataError(f"{self.output}: cannot write an export there ({os_error_text(e)}: "
-                                    f"{e.filename or self.path}); expected a writable folder") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                holder = _read_holder(fd)
-                os.close(fd)
-                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise LoopConfigError(f"{self.output}: another export to this folder is running "
-                                          f"({_holder_text(holder)}): wait for it to end, or choose another "
-                                          "--output") from None
-                raise LoopDataError(f"{self.output}: cannot lock {self.path} ({os_error_text(e)})") from None
-            try:
-                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
-                    break
-            except FileNotFoundError:
-                pass
-            os.close(fd)
-        self.fd = fd
-        try:
-            _write_holder(fd)
-        except OSError as e:
-            self.__exit__()
-            raise LoopDataError(f"{self.output}: cannot write an export there ({os_error_text(e)}: {self.path}); "
-                                "expected a writable folder") from None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is None:
-            return
-        try:
-            self.path.unlink(missing_ok=True)  # while locked: a waiting process sees the new file
-        except OSError:
-            pass
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
-        self.fd = None

@@ -171,7 +171,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
             loops = sample_train_loops(t, cfg.model.train_loops, state.step)  # from (seed, step): same on every rank
             loss, grad_norm, lrs, applied = train_step(run, loops, state.step)
             step_s = time.perf_counter() - step_start
-            for note in new_loop_schedules(run.engine.module):  # auto: each new plan and its assumptions
+            for note in new_loop_schedules(run.engine.module):  # auto: each new schedule and its assumptions
                 logger.message(note)
             state.step += 1
             state.consumed_samples += t.global_batch_size

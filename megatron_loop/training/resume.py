@@ -9,7 +9,7 @@ ranks). A resume compares them with the new config before DeepSpeed reads a byte
   ``tokens_per_parameter``, the WSD fractions and ``min_lr_ratio``: the WSD split is re-derived
   for the new total and the next update runs at the new schedule's rate; from a checkpoint in its
   decay, ``train.schedule_on_resume: continue_decay`` decays on from its rate instead of going back
-  to the peak, and the logged line says which, :func:`apply_plan`) and the optimizer
+  to the peak, and the logged line says which, :func:`apply_decision`) and the optimizer
   hyperparameters (weight decay, betas, eps, Muon momentum / Nesterov / Newton-Schulz steps /
   scale, ``grad_clip``), which DeepSpeed would otherwise restore from the checkpoint;
 * applied through DeepSpeed's universal checkpoint: another number of data-parallel ranks under
@@ -38,7 +38,7 @@ from megatron_loop.config import Config
 from megatron_loop.data.indexed import content_fingerprint
 from megatron_loop.data.tokenizer import tokenizer_fingerprint
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.checkpoint.tensor_parallel import check_resume as check_tensor_parallel_resume, configured_tensor_parallel_size
+from megatron_loop.checkpoint.tensor_parallel import check_resume as check_tensor_parallel_resume
 
 SCHEDULE_KEYS = ("train.lr", "train.max_steps", "train.train_tokens", "train.tokens_per_parameter",
                  "train.warmup_fraction", "train.stable_fraction", "train.min_lr_ratio", "train.schedule_on_resume")
@@ -114,7 +114,7 @@ def decide_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_
     naming the key) or return what to apply."""
     manifest = point.manifest or {}
     where = point.path / MANIFEST
-    tp = configured_tensor_parallel_size(cfg)
+    tp = cfg.parallel.tensor_model_parallel_size
     check_tensor_parallel_resume(point.manifest, where, tp, world_size // tp)
     saved_model = manifest.get("model", {})
     for key, value in model_signature(cfg).items():
@@ -128,7 +128,7 @@ def decide_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_
             f"{where}: written with ZeRO stage {saved_stage}, resumed with stage {zero_stage} "
             f"(train.deepspeed_config={cfg.train.deepspeed_config!r}); the optimizer states are laid out "
             f"differently: resume with a stage-{saved_stage} DeepSpeed config")
-    plan = ResumeDecision()
+    decision = ResumeDecision()
     saved_world = manifest.get("world_size", world_size)
     if saved_world != world_size and zero_stage >= 1:
         if zero_stage == 3:
@@ -136,10 +136,10 @@ def decide_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_
                 f"{where}: written by {saved_world} data-parallel ranks, resumed with {world_size}; a ZeRO 3 "
                 f"checkpoint resumes only on {saved_world} ranks (ZeRO 1/2 checkpoints convert through "
                 "DeepSpeed's universal checkpoint)")
-        plan.universal = True
+        decision.universal = True
     saved = manifest.get("config")
     if saved is None:  # written before checkpoints recorded their settings
-        return plan
+        return decision
     current = cfg.to_dict()
     old = {**_flat("train", saved.get("train", {})), **_flat("data", saved.get("data", {})),
            **_flat("logging", saved.get("logging", {}))}
@@ -154,18 +154,18 @@ def decide_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_
                 f"{where}: {key}={_show(old[key])} in the checkpoint, {_show(new[key])} in the config: "
                 f"{REFUSED[key]}; resume with --set {key}={_show(old[key])} or start a new train.output_dir")
         if key in SCHEDULE_KEYS:
-            plan.schedule.append(change)
+            decision.schedule.append(change)
         elif key in OPTIMIZER_KEYS:
-            plan.optimizer.append(change)
+            decision.optimizer.append(change)
         elif key not in ("data.train_prefixes", "data.train_weights"):
-            plan.other.append(change)
+            decision.other.append(change)
     for key in EXECUTION_KEYS:
         before, after = saved.get("model", {}).get(key), current["model"].get(key)
         if key in saved.get("model", {}) and before != after:
-            plan.other.append(f"model.{key} {_show(before)} -> {_show(after)}")
-    _check_data(where, manifest.get("data"), data_fingerprint(cfg), plan)
+            decision.other.append(f"model.{key} {_show(before)} -> {_show(after)}")
+    _check_data(where, manifest.get("data"), data_fingerprint(cfg), decision)
     _check_tokenizer(where, manifest.get("tokenizer"), tokenizer_fingerprint(cfg.data.tokenizer))
-    return plan
+    return decision
 
 
 def _check_tokenizer(where: Path, saved: dict | None, current: dict | None) -> None:
@@ -182,7 +182,7 @@ def _check_tokenizer(where: Path, saved: dict | None, current: dict | None) -> N
             "train.output_dir")
 
 
-def _check_data(where: Path, saved: list | None, current: list, plan: ResumeDecision) -> None:
+def _check_data(where: Path, saved: list | None, current: list, decision: ResumeDecision) -> None:
     """Same files (by name, size and sampled content) and weights: the data position stays meaningful."""
     if saved is None:
         return
@@ -203,7 +203,7 @@ def _check_data(where: Path, saved: list | None, current: list, plan: ResumeDeci
                 "with the original data or start a new train.output_dir")
     moved = [f"{a['prefix']} -> {b['prefix']}" for a, b in zip(saved, current) if a["prefix"] != b["prefix"]]
     if moved:
-        plan.other.append("data.train_prefixes moved (same files by name and size): " + ", ".join(moved))
+        decision.other.append("data.train_prefixes moved (same files by name and size): " + ", ".join(moved))
 
 
 @dataclass
@@ -222,17 +222,17 @@ class Hyperparameters:
                    list(sched.base_lrs), [dict(vars(fn)) for fn in sched.lr_lambdas])
 
 
-def apply_plan(engine, optimizer, fresh: Hyperparameters, plan: ResumeDecision, mode: str = "rederive",
+def apply_decision(engine, optimizer, fresh: Hyperparameters, decision: ResumeDecision, mode: str = "rederive",
                kept: list[tuple[int, str]] = ()) -> str | None:
     """After DeepSpeed restored the checkpoint's optimizer and schedule: put the new config's
     settings back where they changed. ``mode`` is ``train.schedule_on_resume``; ``kept``: the
     ``(step, tag)`` of the run's checkpoints (a line that advises a stable-phase one names it).
     Returns the line saying what the schedule does from the next update on (or None: the schedule
     is unchanged)."""
-    if plan.optimizer:
+    if decision.optimizer:
         for group, values in zip(optimizer.param_groups, fresh.groups):
             group.update(values)
-    if not plan.schedule:
+    if not decision.schedule:
         return None
     sched = engine.lr_scheduler
     done = sched.last_epoch  # updates done: the checkpoint's last update ran at lambda(done - 1)

@@ -35,15 +35,16 @@ from megatron_loop.model.exit_gate import configure_exit_training
 from megatron_loop.optim import build_engine
 from megatron_loop.optim.engine import describe_precision
 from megatron_loop.parallel.bootstrap import init_model_parallel
-from megatron_loop.parallel.groups import current_placement
-from megatron_loop.parallel.parallelize import parallelize
+from megatron_loop.model.placement import current_placement
+from megatron_loop.optim.memory import pending_training_memory
+from megatron_loop.parallel.parallelize import count_pending_memory, parallelize
 from megatron_loop.plan import accumulation_steps, total_train_steps
 from megatron_loop.training import checkpoint, distributed, init_from, preflight, signals
 from megatron_loop.training.banner import start_record, training_statement
 from megatron_loop.training.distributed import DistInfo
 from megatron_loop.training.lock import RunLock
 from megatron_loop.training.metrics import MetricsLogger
-from megatron_loop.training.resume import Hyperparameters, ResumeDecision, apply_plan, decide_resume, run_settings
+from megatron_loop.training.resume import Hyperparameters, ResumeDecision, apply_decision, decide_resume, run_settings
 from megatron_loop.training.signals import StopController
 
 
@@ -93,11 +94,11 @@ def data_loaders(cfg: Config, total_steps: int):
     tensor-parallel ranks of one data-parallel group read the same micro-batches. No periodic
     validation (``eval_interval`` 0): the validation set is not even opened, so one smaller than a
     micro-batch cannot stop the run."""
-    t, layout = cfg.train, current_placement()
+    t, placement = cfg.train, current_placement()
     return build_train_valid_loaders(
         cfg.data, seq_length=t.seq_length, global_batch_size=t.global_batch_size,
-        micro_batch_size=t.micro_batch_size, validation=bool(t.eval_interval), dp_rank=layout.dp_rank,
-        dp_size=layout.dp_size, seed=t.seed, vocab_size=cfg.model.vocab_size,
+        micro_batch_size=t.micro_batch_size, validation=bool(t.eval_interval), dp_rank=placement.dp_rank,
+        dp_size=placement.dp_size, seed=t.seed, vocab_size=cfg.model.vocab_size,
         train_samples=total_steps * t.global_batch_size)
 
 
@@ -119,15 +120,16 @@ def build_run(cfg: Config, resume: str | None,
     total_steps = total_train_steps(cfg)
 
     info = distributed.setup_distributed(t.collective_timeout_s)
-    layout = init_model_parallel(cfg.parallel.tensor_model_parallel_size, cfg.parallel.sequence_parallel,
-                                 t.collective_timeout_s)
-    assert layout.dp_size == data_parallel, (layout, data_parallel)  # the same world, counted twice
+    placement = init_model_parallel(cfg.parallel.tensor_model_parallel_size, cfg.parallel.sequence_parallel,
+                                     t.collective_timeout_s)
+    assert placement.dp_size == data_parallel, (placement, data_parallel)  # the same world, counted twice
     # a weights-only start (train.init_from): its checkpoint checked against this model before anything is written
     resuming = resume is not None or (t.resume and bool(complete_tags(out / preflight.CHECKPOINTS)))
-    source = init_from.choose_source(cfg, resuming, info)
+    source = init_from.choose_source(cfg, resuming, info, placement)
     lock = take_output_dir(out, info)  # one run per folder; writable; nothing written before this
     try:
-        return _build_locked(cfg, resume, stopper, info, lock, out, ds_config, accumulation, total_steps, source)
+        return _build_locked(cfg, resume, stopper, info, lock, out, ds_config, accumulation, total_steps, source,
+                             placement)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -136,7 +138,7 @@ def build_run(cfg: Config, resume: str | None,
 
 def _build_locked(cfg: Config, resume: str | None, stopper: StopController | None, info: DistInfo,
                   lock: RunLock | None, out: Path, ds_config: Path, accumulation: int, total_steps: int,
-                  source: init_from.InitSource | None = None):
+                  source: init_from.InitSource | None = None, placement=None):
     t = cfg.train
     if info.is_main:  # the resolved config (YAML + --set overrides + backbone preset + defaults)
         # on stderr with the rest of the run's log (step lines, summary); stdout carries data only
@@ -149,17 +151,17 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     stage = zero_stage(ds)
     root = out / preflight.CHECKPOINTS
     point = checkpoint.choose_resume_point(root, resume, t.resume, info)  # what changed: refused before any work
-    plan = decide_resume(point, cfg, info.world_size, stage) if point else ResumeDecision()
+    decision = decide_resume(point, cfg, info.world_size, stage) if point else ResumeDecision()
 
     loaders = data_loaders(cfg, total_steps)
     signals.protect_loader_workers(loaders.train, loaders.valid)  # a group signal must not kill a worker
 
     set_aside = checkpoint.start_branch(root, point, out, info) if point is not None else None
-    load_dir = checkpoint.universal_copy(root, point, info) if plan.universal else None
-    if plan.universal:  # DeepSpeed re-partitions a universal checkpoint over this world
+    load_dir = checkpoint.universal_copy(root, point, info) if decision.universal else None
+    if decision.universal:  # DeepSpeed re-partitions a universal checkpoint over this world
         ds = with_universal_load(ds)
 
-    model = build_model(cfg.model, parallel=cfg.parallel)
+    model = build_model(cfg.model, placement)  # plain: the groups above are this run's
     kept = init_from.load_source_weights(model, source) if source is not None else []  # before the engine
     configure_exit_training(model, t)  # Ouro's objective (train.exit_gate_objective), before the optimizer
     compile_note = parallelize(model, stage)
@@ -167,6 +169,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
                          total_steps=total_steps, ds_config=ds,
                          bf16=None if t.precision == "auto" else t.precision == "bf16")  # auto: the JSON's
     engine, optimizer = parts.engine, parts.optimizer
+    count_pending_memory(model, lambda: pending_training_memory(engine, optimizer))  # auto recomputation's budget
 
     state = TrainState()
     logger_msgs = [describe_precision(engine)]
@@ -188,8 +191,8 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
             distributed.barrier()
             if info.is_main:
                 shutil.rmtree(load_dir, ignore_errors=True)
-        schedule_line = apply_plan(engine, optimizer, fresh, plan, t.schedule_on_resume, complete_tags(root))
-        logger_msgs += checkpoint.resume_messages(point, plan, set_aside, schedule_line, state, info, resume,
+        schedule_line = apply_decision(engine, optimizer, fresh, decision, t.schedule_on_resume, complete_tags(root))
+        logger_msgs += checkpoint.resume_messages(point, decision, set_aside, schedule_line, state, info, resume,
                                                   total_steps)
     loaders.train_sampler.consumed_samples = state.consumed_samples  # exact next sample
     valid_batches = [] if loaders.valid is None else list(islice(loaders.valid, t.eval_batches))
@@ -220,5 +223,5 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     if point is not None:
         logger.log({"event": "resume", "step": state.step, "checkpoint": str(point.path),
                     "skipped": list(point.notes), "set_aside": str(set_aside) if set_aside else None,
-                    "universal": plan.universal, "changes": plan.schedule + plan.optimizer + plan.other})
+                    "universal": decision.universal, "changes": decision.schedule + decision.optimizer + decision.other})
     return run, state, logger

@@ -83,7 +83,7 @@ def _checkpoint_runs(root: Path, tokenizer: Path) -> list[tuple[list[str], dict]
 
 @functools.lru_cache(maxsize=None)
 def hf_assets() -> HFAssets:
-    from megatron_loop.hf.convert import convert_checkpoint
+    from megatron_loop.export.convert import convert_checkpoint
 
     tokenizer = data_assets().tokenizer
     root = Path(tempfile.mkdtemp(prefix="looplm_hf_tests_"))

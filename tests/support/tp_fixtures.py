@@ -14,24 +14,24 @@ CHUNK = 7  # tokens per loss chunk: several chunks, one of them ragged
 
 # name -> model section. ``llama``: untied head, initial + history injection, Loop Gating;
 # ``qwen``: QK norms (gradients partial over heads), tied embedding, dense injection, AdaLN,
-# per-loop activation checkpointing (the TP collectives rerun in the recomputation), Huginn's sandwich-normed
+# per-loop activation recomputation (the TP collectives rerun in the recomputation), Huginn's sandwich-normed
 # blocks and final norm on the recurrent output (model.block_norm, model.norm_core_output);
-# ``branch``: Branch Gating with scalar history, selective activation checkpointing;
+# ``branch``: Branch Gating with scalar history, selective activation recomputation;
 # ``shortcut``: LoopFormer's shortcut modulation trained with its objective (``forward_kwargs``: a full and a
-# short trajectory, their consistency MSE on the head input), per-loop activation checkpointing.
+# short trajectory, their consistency MSE on the head input), per-loop activation recomputation.
 MODELS = {
     "llama": dict(backbone="tiny-llama", prelude_layers=1, core_layers=2, coda_layers=1, train_loops=3,
                   vocab_size=256, initial_injection="channel", injection_init_noise=0.03,
                   history_injection="channel", history_window=2, timestep="loop_gating",
-                  activation_checkpointing="none", compile=False),
+                  recompute="none", compile=False),
     "qwen": dict(backbone="tiny-qwen", prelude_layers=1, core_layers=1, coda_layers=1, train_loops=2,
-                 vocab_size=256, initial_injection="dense", timestep="adaln", activation_checkpointing="per_loop",
+                 vocab_size=256, initial_injection="dense", timestep="adaln", recompute="per_loop",
                  block_norm="sandwich", norm_core_output=True, compile=False),
     "branch": dict(backbone="tiny-llama", core_layers=2, train_loops=3, vocab_size=256,
                    history_injection="scalar", history_window=1, timestep="branch_gating",
-                   activation_checkpointing="selective", compile=False),
+                   recompute="selective", compile=False),
     "shortcut": dict(backbone="tiny-llama", core_layers=2, train_loops=3, vocab_size=256, timestep="shortcut",
-                     activation_checkpointing="per_loop", compile=False),
+                     recompute="per_loop", compile=False),
 }
 
 

@@ -31,7 +31,7 @@ def tiny_config(directory: Path, name: str = "tiny.yaml", **sections) -> Path:
     assets = data_assets()
     cfg = {
         "model": {"backbone": "tiny-llama", "core_layers": 2, "train_loops": 2, "vocab_size": 640,
-                  "activation_checkpointing": "none"},
+                  "recompute": "none"},
         "train": {"seq_length": 32, "global_batch_size": 8, "micro_batch_size": 2, "lr": 3e-3,
                   "max_steps": 10, "precision": "fp32", "deepspeed_config": "deepspeed_configs/zero1.json",
                   "output_dir": str(directory / "run"), "save_interval": 5, "log_interval": 1,

@@ -31,7 +31,7 @@ def test_loop_and_nonloop_of_equal_depth_have_equal_flops():
 def test_hardware_flops_count_the_recomputed_forward():
     base = dict(backbone="tiny-llama", prelude_layers=1, core_layers=2, train_loops=3, coda_layers=1)
     seq = 32
-    none, per_loop, per_block = (build_model_config(dict(base, activation_checkpointing=m))
+    none, per_loop, per_block = (build_model_config(dict(base, recompute=m))
                                  for m in ("none", "per_loop", "per_block"))
     block = block_forward_flops_per_token(none, seq)
     assert hardware_flops_per_token(none, seq) == train_flops_per_token(none, seq)
@@ -64,19 +64,3 @@ def test_dense_injection_matmuls_are_counted():
     truncated = train_flops_per_token(dense_h, seq, 4, backprop_loops=2)
     assert truncated - train_flops_per_token(plain, seq, 4, backprop_loops=2) == 3 * 2 * d * d + 2 * (3 * 2 * d * d)
     assert conditioning_flops_per_token(dense_h, range(2, 4)) == 3 * 2 * d * d
-
-
-def test_tp_traffic_model_counts_the_embedding_and_head_alike_with_sequence_parallelism():
-    """Per block occurrence 8 (t-1)/t S without SP, 10 with (megatron-core re-gathers the column-parallel
-    inputs in backward); embedding + head input 4 (t-1)/t S either way (with SP the embedding's
-    reduce-scatter has an all-gather in backward, the head's all-gather a reduce-scatter)."""
-    from megatron_loop.parallel.plan import tp_communication_bytes
-
-    cfg = build_model_config(dict(backbone="tiny-llama", prelude_layers=1, core_layers=2, train_loops=3, coda_layers=1))
-    t, b, s, w = 4, 2, 16, 2
-    S = b * s * cfg.hidden_size * w
-    share = (t - 1) / t
-    loss = 2 * share * 3 * 4 * b * s
-    assert tp_communication_bytes(cfg, t, False, b, s, w) == int(8 * 8 * share * S + 4 * share * S + loss)
-    assert tp_communication_bytes(cfg, t, True, b, s, w) == int(8 * 10 * share * S + 4 * share * S + loss)
-    assert tp_communication_bytes(cfg, 1, True, b, s, w) == 0

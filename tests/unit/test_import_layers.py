@@ -1,9 +1,10 @@
 """The package's import structure, read from the source with ``ast`` (function-level imports included).
 
-Modules sit on floors in the order data flows: a module imports only from
-its own floor or lower ones, and no chain of imports between megatron_loop modules comes back to
-where it started. :data:`FLOORS` is the table; a module takes the floor of its longest matching
-prefix. To move a module, edit its row (or add one), keeping the reason accurate.
+A folder of ``megatron_loop`` is one room, and so is each top-level module (``megatron_loop/plan.py``),
+``tools/`` and ``pretrain_loop.py``. Rooms stand on floors in the order data flows: a room imports only
+from rooms on lower floors (never from its own floor, never up), so the rooms' imports form no circle,
+and no chain of imports between modules comes back to where it started. :data:`FLOORS` is the table,
+one row per room; to move a module, move it into the folder of the floor it belongs to.
 """
 
 from __future__ import annotations
@@ -17,41 +18,36 @@ PACKAGE = "megatron_loop"
 MAX_LINES = 500
 LONG_MODULES_ALLOWED = {"megatron_loop/hf/modeling_looplm.py"}  # self-contained: copied into every HF export
 
-# module prefix -> (floor, why it sits there). Lower floors never import from higher ones.
+# room -> (floor, why it sits there). A room imports only from rooms on lower floors.
 FLOORS: dict[str, tuple[int, str]] = {
     "megatron_loop.errors": (0, "error types and OS-error wording, used everywhere"),
     "megatron_loop.atomic": (0, "temp-file + rename writes, used by every writer"),
-    "megatron_loop.cli": (0, "the command-line convention (one error line, exit 2) and the tools' shared argument checks"),
+    "megatron_loop.cli": (1, "the command-line convention (one error line, exit 2) and the tools' shared argument checks"),
     "megatron_loop.config": (1, "YAML -> validated dataclasses (and the DeepSpeed JSON); reads nothing but the base"),
+    "megatron_loop.hf": (2, "the self-contained HF modeling file (torch + transformers only), copied into every "
+                            "export; the training model runs its recurrence and conditioning"),
     "megatron_loop.flops": (2, "FLOP counts from a ModelConfig alone (no torch)"),
-    "megatron_loop.optim.schedule": (2, "WSD arithmetic (torch imported only where a scheduler is built)"),
-    "megatron_loop.plan": (2, "steps, WSD split, accumulation and token budget of a run, from the config"),
     "megatron_loop.plotting": (2, "matplotlib styling shared by every figure"),
-    "megatron_loop.data": (3, "indexed datasets, packing, loaders, preprocessing: read the config"),
-    "megatron_loop.measure": (2, "timers, peak memory, peak FLOP/s and host-sync probes (torch only)"),
-    "megatron_loop.measure.loss_check": (5, "the GPU session's kernel check: model.loss's implementations against "
-                                            "an fp32 reference"),
-    "megatron_loop.model": (4, "the LoopLM and its conditioning, built from a ModelConfig"),
-    "megatron_loop.hf.modeling_looplm": (4, "self-contained HF modeling code (torch + transformers only); the "
-                                            "model's adaptive exit reuses its exit rule"),
-    "megatron_loop.parallel": (4, "tensor parallelism the model is built with: the process groups (bootstrap), "
-                                  "vocab-parallel edges, sequence-parallel norms, shards, the TP gradient sum; "
-                                  "the TP plan of --dry-run"),
-    "megatron_loop.parallel.parallelize": (5, "prepares a built model for training: TP gradient sum, activation "
-                                              "recomputation, compile, ZeRO-3 registration (model's floor + 1)"),
-    "megatron_loop.parallel.mpu": (5, "DeepSpeed's model-parallel unit: ZeRO over the data-parallel group"),
-    "megatron_loop.parallel.muon": (5, "Muon on TP-sharded matrices (gathered over the TP group)"),
-    "megatron_loop.optim": (5, "Muon + AdamW, the DeepSpeed engine around a built model"),
-    "megatron_loop.checkpoint": (6, "the on-disk checkpoint format: layout, manifest, selection, weights, publish"),
-    "megatron_loop.training": (7, "the loop, checkpoints, resume, metrics: drives model, optim and data"),
-    "megatron_loop.dryrun": (8, "--dry-run report: runs training's preflight checks on the plan"),
-    "megatron_loop.hf": (8, "HF export: reads training checkpoints (and their lock), writes transformers folders"),
-    "megatron_loop.registry": (9, "the paper's run table, rendered as configs (counts parameters via the plan)"),
-    "megatron_loop.eval": (9, "loop-sweep evaluation of HF exports"),
-    "megatron_loop.probes": (9, "representation probes of checkpoints or HF exports"),
-    "megatron_loop": (10, "the package root (this row matches it alone): re-exports load_config, build_model"),
-    "tools": (10, "command-line tools: import anything, imported by nothing in the package"),
-    "pretrain_loop": (10, "the training entry point"),
+    "megatron_loop.data": (2, "indexed datasets, packing, loaders, preprocessing: read the config"),
+    "megatron_loop.model": (3, "the LoopLM built plain from a ModelConfig (and a placement): blocks, conditioning, "
+                               "the vocabulary edges, the loss, recomputation policies"),
+    "megatron_loop.parallel": (4, "process groups (bootstrap), this rank's place in them, the TP gradient sum, "
+                                  "shards, DeepSpeed's mpu, and parallelize: a built model prepared for training"),
+    "megatron_loop.measure": (4, "timers, peak memory and FLOP/s, host-sync probes, the LM-head loss check"),
+    "megatron_loop.optim": (5, "Muon + AdamW (on ZeRO partitions and TP shards), the WSD schedule, the engine"),
+    "megatron_loop.plan": (6, "steps, WSD split, accumulation and token budget of a run, from the config"),
+    "megatron_loop.checkpoint": (7, "the on-disk checkpoint format: folders, manifest, selection, weights, publish"),
+    "megatron_loop.registry": (7, "the paper's run table, rendered as configs (counts parameters via the plan)"),
+    "megatron_loop.training": (8, "the run built once, the step and the loop, checkpoints, resume, metrics"),
+    "megatron_loop.export": (9, "HF export: a training checkpoint to a transformers folder and back, models "
+                                "loaded from checkpoints or exports"),
+    "megatron_loop.curves": (9, "training curves from metrics.jsonl (tools/plot_metrics.py)"),
+    "megatron_loop.dryrun": (9, "--dry-run report: runs training's preflight checks on the plan"),
+    "megatron_loop.eval": (10, "loop-sweep evaluation of HF exports"),
+    "megatron_loop.probes": (11, "representation probes of checkpoints or HF exports (the sweep's one-pass rule)"),
+    "megatron_loop": (12, "the package root (__init__.py): re-exports load_config, build_model"),
+    "tools": (13, "command-line tools: import anything, imported by nothing in the package"),
+    "pretrain_loop": (13, "the training entry point"),
 }
 
 
@@ -103,10 +99,27 @@ def import_graph() -> dict[str, set[str]]:
     return {m: {t for t in targets if t != m} for m, targets in graph.items()}
 
 
+def room_of(module: str) -> str:
+    """The room a module stands in: its folder under ``megatron_loop`` (``megatron_loop.model`` for
+    ``megatron_loop.model.looplm``), the top-level module itself, ``tools`` or ``pretrain_loop``."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE or len(parts) == 1:
+        return parts[0]
+    return ".".join(parts[:2])
+
+
 def floor_of(module: str) -> int:
-    matches = [p for p in FLOORS if module == p or (p != PACKAGE and module.startswith(p + "."))]
-    assert matches, f"{module}: no row in FLOORS; add one (its floor and why)"
-    return FLOORS[max(matches, key=len)][0]
+    room = room_of(module)
+    assert room in FLOORS, f"{module}: its room {room} has no row in FLOORS; add one (its floor and why)"
+    return FLOORS[room][0]
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """room -> the other rooms its modules import."""
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        rooms.setdefault(room_of(module), set()).update(room_of(t) for t in targets)
+    return {room: targets - {room} for room, targets in rooms.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -136,14 +149,19 @@ def test_no_import_cycle_between_package_modules():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def test_no_import_from_a_lower_floor_to_a_higher_one():
-    upward = [f"{m} (floor {floor_of(m)}) imports {t} (floor {floor_of(t)})"
-              for m, targets in sorted(import_graph().items()) for t in sorted(targets) if floor_of(t) > floor_of(m)]
+def test_no_room_imports_from_its_own_floor_or_a_higher_one():
+    """Arrows between rooms run down only: no import from a lower floor up, none across one floor (so the
+    rooms form no circle either)."""
+    upward = [f"{m} ({room_of(m)}, floor {floor_of(m)}) imports {t} ({room_of(t)}, floor {floor_of(t)})"
+              for m, targets in sorted(import_graph().items()) for t in sorted(targets)
+              if room_of(t) != room_of(m) and floor_of(t) >= floor_of(m)]
     assert not upward, "\n".join(upward)
+    assert find_cycle(room_graph(import_graph())) is None
 
 
 def test_the_checker_sees_function_level_and_relative_imports(tmp_path, monkeypatch):
-    """A cycle hidden in a function body, and an upward import spelled relatively, are both found."""
+    """A cycle hidden in a function body, and an upward import spelled relatively, are both found, and
+    the rooms are the folders."""
     package = tmp_path / PACKAGE
     (package / "training").mkdir(parents=True)
     (package / "__init__.py").write_text("")
@@ -155,12 +173,16 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path, monkeypa
     assert graph["megatron_loop.config"] == {"megatron_loop.training.sampling"}
     assert graph["megatron_loop.training.sampling"] == {"megatron_loop.config"}
     assert find_cycle(graph) == ["megatron_loop.config", "megatron_loop.training.sampling", "megatron_loop.config"]
+    assert room_of("megatron_loop.training.sampling") == "megatron_loop.training"
+    assert room_graph(graph)["megatron_loop.config"] == {"megatron_loop.training"}
     assert floor_of("megatron_loop.training.sampling") > floor_of("megatron_loop.config")
 
 
-def test_every_module_has_a_floor():
+def test_every_room_has_a_floor_and_every_row_a_room():
+    rooms = {room_of(module) for module in import_graph()}
     for module in import_graph():
         floor_of(module)
+    assert sorted(set(FLOORS) - rooms) == []  # no row for a room that is gone
 
 
 def test_no_module_over_500_lines():

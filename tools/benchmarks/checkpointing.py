@@ -1,11 +1,11 @@
-"""``--mode checkpointing``: activation checkpointing none / per_loop / selective / auto /
+"""``--mode checkpointing``: activation recomputation none / per_loop / selective / auto /
 per_block across K, step time and step peak memory side by side."""
 
 from __future__ import annotations
 
 import argparse
 
-from megatron_loop.config import CHECKPOINTING, ModelConfig
+from megatron_loop.config import RECOMPUTE_MODES, ModelConfig
 from megatron_loop.flops import hardware_flops_per_token
 from megatron_loop.model.recompute import FULL, NONE, loop_memory, predicted_peak
 
@@ -22,7 +22,7 @@ def midway_budget_gib(cfg: ModelConfig, setup: Setup, loops: int) -> float:
 
 
 def bench_checkpointing(setup: Setup, family: str, loops_list: list[int], ac_budget_gib: float | None = None,
-                        modes: tuple[str, ...] = CHECKPOINTING, reference_micro_batch: int | None = None) -> list[Row]:
+                        modes: tuple[str, ...] = RECOMPUTE_MODES, reference_micro_batch: int | None = None) -> list[Row]:
     """Every checkpointing mode at each K: step time (forward + backward) and step peak memory.
 
     ``auto`` runs with ``--ac-budget-gib`` (default: halfway between per_loop's and none's peak as
@@ -43,9 +43,9 @@ def bench_checkpointing(setup: Setup, family: str, loops_list: list[int], ac_bud
         for mode in modes:
             extra = {}
             if mode == "auto":
-                extra["activation_checkpointing_budget_gib"] = ac_budget_gib or midway_budget_gib(
+                extra["recompute_budget_gib"] = ac_budget_gib or midway_budget_gib(
                     model_config(setup, family, core, loops), setup, loops)
-            cfg = cfgs[mode] = model_config(setup, family, core, loops, activation_checkpointing=mode, **extra)
+            cfg = cfgs[mode] = model_config(setup, family, core, loops, recompute=mode, **extra)
             model = build(cfg, setup)
             tokens = random_tokens(cfg, setup, reference_micro_batch if mode == "none" else None)
             micro[mode] = tokens.shape[0]
@@ -55,7 +55,7 @@ def bench_checkpointing(setup: Setup, family: str, loops_list: list[int], ac_bud
                 continue
             cases[mode] = Case(step, tokens.numel(), ModelFlops(cfg, setup.seq))
             if mode == "auto":
-                plans[mode] = next(iter(model.checkpointing.schedules.values()))
+                plans[mode] = next(iter(model.recompute.schedules.values()))
         measured = measure(cases, setup)
         for mode in modes:
             name = f"{family} {core}x{loops} {mode}" + (f" (micro-batch {micro[mode]})"
@@ -75,7 +75,7 @@ def bench_checkpointing(setup: Setup, family: str, loops_list: list[int], ac_bud
             if mode in plans:
                 m["plan"] = "/".join(k[0] for k in plans[mode].kinds)  # n(one) s(elective) f(ull) per loop
                 m["predicted_peak_mib"] = plans[mode].peak_bytes / 2**20
-                m["budget_mib"] = cfgs[mode].activation_checkpointing_budget_gib * 1024
+                m["budget_mib"] = cfgs[mode].recompute_budget_gib * 1024
             rows.append(Row("checkpointing", name, params, m))
         del cases
         release(setup)

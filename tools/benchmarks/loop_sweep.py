@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from megatron_loop.hf.convert import export_state_dict
+from megatron_loop.export.convert import export_state_dict
 
 from .harness import Case, Row, Setup, paired_ratios, release
 from .models import build, loop_shape, model_config

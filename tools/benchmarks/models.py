@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from megatron_loop.config import ModelConfig, ParallelConfig, build_model_config
+from megatron_loop.config import ModelConfig, build_model_config
 from megatron_loop.model import build_model
 from megatron_loop.parallel.parallelize import parallelize
 from megatron_loop.optim import OptimizerSettings, build_engine, build_optimizer
@@ -35,7 +35,7 @@ def model_config(setup: Setup, family: str, core: int, loops: int, **overrides) 
     """``family``'s backbone (CPU: at ``CPU_WIDTHS``) with ``core`` x ``loops``, checkpointing off."""
     gpu_backbone, cpu_backbone, _, _ = FAMILIES[family]
     values = dict(backbone=gpu_backbone if setup.cuda else cpu_backbone, core_layers=core, train_loops=loops,
-                  activation_checkpointing="none", compile=setup.compile)
+                  recompute="none", compile=setup.compile)
     if not setup.cuda:
         values.update(CPU_WIDTHS)
     values.update(overrides)
@@ -49,13 +49,13 @@ def cpu_overrides(setup: Setup) -> list[str]:
     return [f"model.{k}={v}" for k, v in CPU_WIDTHS.items()] + ["model.rope_scaling=null"]
 
 
-def build(cfg: ModelConfig, setup: Setup, parallel: ParallelConfig | None = None,
-          zero_stage: int = 0) -> torch.nn.Module:
-    """The model of ``cfg`` (this rank's shards under ``parallel``) on the setup's device and dtype,
+def build(cfg: ModelConfig, setup: Setup, placement=None, zero_stage: int = 0) -> torch.nn.Module:
+    """The model of ``cfg`` (this rank's shards at ``placement``, which ``init_model_parallel`` returned) on the
+    setup's device and dtype,
     seeded so every case starts equal, prepared as training prepares it for ``zero_stage``
-    (``parallelize``: activation checkpointing, compilation, the TP gradient sum)."""
+    (``parallelize``: activation recomputation, compilation, the TP gradient sum)."""
     torch.manual_seed(0)
-    model = build_model(cfg, parallel=parallel).to(device=setup.device, dtype=setup.dtype).train()
+    model = build_model(cfg, placement).to(device=setup.device, dtype=setup.dtype).train()
     parallelize(model, zero_stage=zero_stage)
     return model
 

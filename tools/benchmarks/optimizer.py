@@ -24,7 +24,7 @@ def bench_optimizer(setup: Setup, family: str, accumulation: int) -> list[Row]:
     Muon's Newton-Schulz is the same work per rank at worst).
     """
     core, loops = loop_shape(family)
-    cfg = model_config(setup, family, core, loops, activation_checkpointing="per_loop" if setup.cuda else "none")
+    cfg = model_config(setup, family, core, loops, recompute="per_loop" if setup.cuda else "none")
     model = build(cfg, setup)
     tokens = random_tokens(cfg, setup)
     forward_backward(model, tokens)  # gradients in place for the optimizer-only timings

@@ -64,7 +64,11 @@ def hf_peer(cfg: ModelConfig, setup: Setup) -> torch.nn.Module:
 
 def megatron_core_model(cfg: ModelConfig, setup: Setup) -> torch.nn.Module:
     """Our model with blocks of megatron-core's own modules (``fast_path=False``), built as
-    ``models.build`` builds ours: the same seed, so the same weights."""
+    ``models.build`` builds ours: the same seed, so the same weights. megatron-core's attention reads its
+    process groups when it runs: a world of one is made for it (``ensure_groups``)."""
+    from megatron_loop.parallel.bootstrap import ensure_groups
+
+    ensure_groups()
     torch.manual_seed(0)
     model = build_model(cfg, fast_path=False).to(device=setup.device, dtype=setup.dtype).train()
     parallelize(model, zero_stage=0)

@@ -14,7 +14,7 @@ RECOMPUTED_KINDS = ("selective", "per_loop")  # the per-loop checkpointing kinds
 
 def bench_recompute(setup: Setup, family: str, loops: int) -> list[Row]:
     """What recomputation costs, in forwards of the loop it recomputes (the unit of the ``auto``
-    planner's cost of a loop kind, ``megatron_loop/model/checkpointing.py``).
+    planner's cost of a loop kind, ``megatron_loop/model/recompute.py``).
 
     One model per mode (same weights) at K loops; every per-loop mode recomputes K - 1 loops (the
     last never), so for each kind ``recompute_cost`` = (t_step(kind) - t_step(none)) / ((K - 1) t_loop),
@@ -27,7 +27,7 @@ def bench_recompute(setup: Setup, family: str, loops: int) -> list[Row]:
     core = loop_shape(family)[0]
     cases: dict[str, Case] = {}
     for mode in ("none", *RECOMPUTED_KINDS):
-        cfg = model_config(setup, family, core, loops, activation_checkpointing=mode)
+        cfg = model_config(setup, family, core, loops, recompute=mode)
         model = build(cfg, setup)
         tokens = random_tokens(cfg, setup)
         cases[mode] = Case(train_step(model, None, tokens), tokens.numel(), ModelFlops(cfg, setup.seq), memory=False)

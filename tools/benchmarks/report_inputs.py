@@ -18,9 +18,9 @@ STEP_TITLES = {
     "loss": "B. LM head + cross-entropy alone: fused vs chunked",
     "loss-fused": "B. fused (Liger) loss",
     "train-llama": "A1. Llama 4x5 as shipped (deepspeed launcher)",
-    "train-llama-per_loop": "A1'. Llama 4x5, activation_checkpointing=per_loop",
+    "train-llama-per_loop": "A1'. Llama 4x5, recompute=per_loop",
     "train-qwen": "A2. Qwen 4x7 as shipped (deepspeed launcher)",
-    "train-qwen-per_loop": "A2'. Qwen 4x7, activation_checkpointing=per_loop",
+    "train-qwen-per_loop": "A2'. Qwen 4x7, recompute=per_loop",
     "ckpt": "D. checkpointing modes at the paper's micro-batch",
     "peers": "C. ours vs HF transformers",
     "peers-compiled": "C. compiled peers",
@@ -33,7 +33,7 @@ STEP_TITLES = {
     "preamble": "real imports, versions, nvidia-smi, free disk",
     "kernel": "fused vs chunked loss and gradients in bf16 vs fp32",
     "headline": "Llama 4x5 as shipped, micro-batch 38 x 2 (deepspeed launcher)",
-    "train-per_loop": "the headline run with activation_checkpointing=per_loop",
+    "train-per_loop": "the headline run with recompute=per_loop",
     "train-eager": "the headline run with compile=false (the headline failed)",
 }
 TRAIN_RUNS = ("train-llama", "train-llama-per_loop", "train-qwen", "train-qwen-per_loop")
@@ -100,11 +100,11 @@ class Inputs:
         return None
 
     def plan(self, sid: str) -> str:
-        """The activation-checkpointing plan a training run logged (``auto``), or its fixed mode."""
-        line = self.log_line(sid, r"^activation checkpointing auto over ")
+        """The activation-recomputation plan a training run logged (``auto``), or its fixed mode."""
+        line = self.log_line(sid, r"^activation (?:recomputation|checkpointing) auto over ")  # and runs before the rename
         if line:
             return line
-        mode = self.resolved_config(sid).get("model", {}).get("activation_checkpointing")
+        mode = self.resolved_config(sid).get("model", {}).get("recompute")
         return f"{mode} (fixed)" if mode else "not logged"
 
     def precision(self, sid: str) -> str:
@@ -167,9 +167,16 @@ class Inputs:
         if start < 0:
             return {}
         try:
-            return json.JSONDecoder().raw_decode(text[start:])[0]
+            resolved = json.JSONDecoder().raw_decode(text[start:])[0]
         except ValueError:
             return {}
+        from megatron_loop.config.loading import RENAMED_KEYS  # a run before a key's rename logged its old name
+
+        model = resolved.get("model") or {}
+        for old, new in RENAMED_KEYS.items():
+            if old.startswith("model.") and old[len("model."):] in model:
+                model.setdefault(new, model.pop(old[len("model."):]))
+        return resolved
 
     def why(self, sid: str) -> str:
         """Why a step did not give figures: its status and the last error line of its log."""
@@ -270,5 +277,5 @@ def verdict_for(met: bool | None, device: str, smoke: bool) -> str:
 
 def short_plan(plan: str) -> str:
     """``auto over 5 loops: full x2, selective x2, none x1; predicted peak 61.2 GiB`` from the logged line."""
-    m = re.match(r"activation checkpointing (auto over .*?predicted peak [\d.]+ GiB)", plan)
+    m = re.match(r"activation (?:recomputation|checkpointing) (auto over .*?predicted peak [\d.]+ GiB)", plan)
     return m.group(1) if m else plan

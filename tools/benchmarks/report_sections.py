@@ -1,5 +1,5 @@
 """The GPU reports' markdown: the targets table, the training runs with their device and
-activation-checkpointing plan, each benchmark's section, the steps; ``render`` (REPORT.md) and
+activation-recomputation plan, each benchmark's section, the steps; ``render`` (REPORT.md) and
 ``render_first`` (summary.md). No torch."""
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ def describe_run(cfg: dict, smoke: bool) -> str:
         compile_ = f"auto ({device}: {'off' if smoke else 'on'})"
     if loss == "auto":
         loss = f"auto ({device}: {'chunked' if smoke else 'fused'})"
-    ac = m.get("activation_checkpointing")
+    ac = m.get("recompute")
     if ac == "auto":
-        budget = m.get("activation_checkpointing_budget_gib")
+        budget = m.get("recompute_budget_gib")
         ac = f"auto (budget {budget} GiB)" if budget is not None else "auto (budget: device default)"
     micro, glob = t.get("micro_batch_size"), t.get("global_batch_size")
     accumulation = glob // micro if micro and glob else "?"
@@ -114,7 +114,7 @@ def training_section(inp: Inputs, smoke: bool) -> list[str]:
              "pretrain_loop.py`, data overridden to the generated corpus tokenized with `OUT_DIR/tokenizer` (a "
              "byte-level BPE trained by `tools/train_tokenizer.py --vocab-size 2048` on it; the models keep their "
              "own vocabulary, so the FLOPs are the paper's), global batch = micro-batch x accumulation, each as "
-             "shipped and with `--set model.activation_checkpointing=per_loop`, no final checkpoint. Medians over "
+             "shipped and with `--set model.recompute=per_loop`, no final checkpoint. Medians over "
              "the measured steps; each row names its device and the checkpointing plan the run logged.",
              "", "| run | device | checkpointing plan | what ran | tokens/s | MFU % | step s | peak GiB | "
                  "loss first -> last | steps measured (run) | epochs of the corpus |",
@@ -300,7 +300,7 @@ def render_first(inp: Inputs, smoke: bool, budget: float | None = None, started:
     lines += run_figures(inp, "headline", smoke)
     second = next((sid for sid in ("train-per_loop", "train-eager") if sid in inp.steps), None)
     if second:
-        what = "activation_checkpointing=per_loop" if second == "train-per_loop" else "compile=false"
+        what = "recompute=per_loop" if second == "train-per_loop" else "compile=false"
         lines += ["", f"## Second run: the headline with {what} ({second})", ""]
         lines += run_figures(inp, second, smoke, reference=inp.train("headline") or None)
     lines += kernel_section(inp)

@@ -11,8 +11,8 @@ one path training takes, inside backward; ``tp_grad_allreduces`` is how many all
 per micro-batch). Data parallelism is left out
 (no gradient all-reduce over DP): the figure is the TP cost alone. Per GPU: tokens/s (the model
 copy's tokens over its t GPUs), model TFLOP/s over the effective depth (``megatron_loop.flops``),
-and the TP traffic the byte model of ``parallel/plan.py`` predicts per micro-batch, with the bus
-bandwidth it would take if the whole step were communication. Activation checkpointing is off
+and the TP traffic the byte model of ``parallel/per_rank.py`` predicts per micro-batch, with the bus
+bandwidth it would take if the whole step were communication. Activation recomputation is off
 (the byte model counts no recomputation). CUDA: bf16, nccl; CPU: fp32, gloo, the widths shrunk as
 the other modes shrink them (it runs, but says nothing about GPUs).
 """
@@ -30,7 +30,7 @@ from megatron_loop.config import ParallelConfig, load_config
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.parallel.bootstrap import init_model_parallel, init_world
 from megatron_loop.parallel.grads import partial_grad_parameters
-from megatron_loop.parallel.plan import tp_communication_bytes
+from megatron_loop.parallel.per_rank import tp_communication_bytes
 
 from .harness import Case, ModelFlops, Row, Setup, fail, measure, release
 from .models import build, cpu_overrides, forward_backward
@@ -56,7 +56,7 @@ def parallel_configs(tp_sizes: list[int], sequence_parallel: bool, model, seq: i
 
 def bench_tensor_parallel(setup: Setup, config: str, tp_sizes: list[int], sequence_parallel: bool,
                           micro_batch: int | None, overrides: list[str]) -> list[Row]:
-    sets = [f"model.compile={str(setup.compile).lower()}", "model.activation_checkpointing=none"]
+    sets = [f"model.compile={str(setup.compile).lower()}", "model.recompute=none"]
     cfg = load_config(config, overrides=sets + cpu_overrides(setup) + list(overrides))
     micro = micro_batch or cfg.train.micro_batch_size
     configs = parallel_configs(tp_sizes, sequence_parallel, cfg.model, setup.seq)
@@ -66,8 +66,8 @@ def bench_tensor_parallel(setup: Setup, config: str, tp_sizes: list[int], sequen
     for parallel in configs:
         tp, sp = parallel.tensor_model_parallel_size, parallel.sequence_parallel
         parallel_state.destroy_model_parallel()  # megatron-core's groups are process-global: one TP size at a time
-        init_model_parallel(tp, sp)
-        model = build(cfg.model, setup, parallel)  # prepared as for training: the TP gradient sum in backward
+        placement = init_model_parallel(tp, sp)
+        model = build(cfg.model, setup, placement)  # prepared as for training: the TP gradient sum in backward
         tokens = random_tokens(cfg.model, setup, micro)
 
         def step(model=model, tokens=tokens) -> None:

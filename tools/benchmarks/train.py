@@ -44,7 +44,7 @@ def bench_train(setup: Setup, config: str, data_prefix: str | None, micro_batch:
     measured = metrics.pop("steps_measured")
     metrics["exit_code"] = code
     params = {"config": config, "micro_batch": micro, "accumulation": accumulation,
-              "activation_checkpointing": cfg.model.activation_checkpointing, "compile": cfg.model.compile_enabled,
+              "recompute": cfg.model.recompute, "compile": cfg.model.compile_enabled,
               "loss_implementation": cfg.model.loss_implementation, "steps_measured": measured}
     return [Row("train", f"{Path(config).stem} ({measured} steps, median)", params, metrics)]
 

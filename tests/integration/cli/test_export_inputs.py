@@ -29,7 +29,7 @@ eval_loops = load_script("tools/eval_loops.py").main  # its own run_cli: the exi
 @pytest.fixture(scope="module")
 def export(tmp_path_factory) -> tuple[Path, str]:
     """(a 0+2x3+0 export with scalar injection and Loop Gating, a validation prefix)."""
-    from megatron_loop.hf.convert import export_state_dict
+    from megatron_loop.export.convert import export_state_dict
 
     root = tmp_path_factory.mktemp("exports")
     model = tiny_model()

@@ -65,8 +65,8 @@ NOT_IN_ERRORS_MD = {
         "sampler API; the documented batch check runs first",
     "expected 0 <= rank <": "sampler API: rank from torch.distributed",
     "expected loop counts >= 1": "preflight: train.eval_loops is checked at load with the documented message",
-    "missing; expected by the architecture": "hf/convert.py: a tensor the exporter expects (internal)",
-    "has no place in the export of": "hf/convert.py: a training tensor the exporter does not map (internal)",
+    "missing; expected by the architecture": "export/convert.py: a tensor the exporter expects (internal)",
+    "has no place in the export of": "export/convert.py: a training tensor the exporter does not map (internal)",
     "tensors missing": "the exporter's own model does not take its state dict (internal); the reader's "
                        "'<HF>: tensors missing ...' is documented",
     "expected a number >= 0": "model/adaptive_exit.py API; the export's exit_threshold message is documented",

@@ -138,7 +138,7 @@ def test_console_table_lists_every_task_and_r(sweep):
 
 def test_heldout_loss_matches_the_training_model(sweep):
     from megatron_loop.data.packed import PackedDataset
-    from megatron_loop.checkpoint.weights import load_model_from_checkpoint
+    from megatron_loop.export.load import load_model_from_checkpoint
 
     _, res, _ = sweep
     model, _ = load_model_from_checkpoint(hf_assets().checkpoints[MODEL])

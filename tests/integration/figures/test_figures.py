@@ -27,7 +27,7 @@ from megatron_loop.plotting import run_name
 from megatron_loop.probes.report import probe_geometry
 from megatron_loop.probes.runner import ProbeSettings
 from megatron_loop.probes.sampling import ProbeSample, load_probe_sample
-from megatron_loop.training.curves import plot_runs, read_run
+from megatron_loop.curves import plot_runs, read_run
 from testpaths import REPO
 
 

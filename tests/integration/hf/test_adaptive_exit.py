@@ -32,7 +32,7 @@ def _baseloop():
     torch.manual_seed(0)
     cfg = build_model_config(dict(backbone="tiny-llama", core_layers=2, train_loops=3, vocab_size=256,
                                   initial_injection="channel", history_injection="scalar", history_window=2,
-                                  activation_checkpointing="none"))
+                                  recompute="none"))
     return build_model(cfg).eval()
 
 
@@ -86,7 +86,7 @@ EXPORTS = ["core_llama_rc_adaln_z3", "core_qwen_scalar_lg", "base_llama"]
 def export(request):
     from transformers import AutoModelForCausalLM
 
-    from megatron_loop.hf.convert import load_looplm_from_hf
+    from megatron_loop.export.load import load_looplm_from_hf
 
     name = request.param
     path = hf_assets().exports[name]

@@ -14,7 +14,7 @@ import torch
 
 from hf_fixtures import greedy_without_cache, left_padded_batch
 from megatron_loop.config import build_model_config
-from megatron_loop.hf.convert import export_state_dict
+from megatron_loop.export.convert import export_state_dict
 from megatron_loop.model.looplm import build_model
 
 PAD, NEW_TOKENS, CAP = 0, 5, 5
@@ -26,7 +26,7 @@ def models(tmp_path_factory):
 
     torch.manual_seed(0)
     cfg = build_model_config(dict(backbone="tiny-llama", prelude_layers=1, core_layers=2, train_loops=3, coda_layers=1,
-                                  vocab_size=640, exit_gate="learned", activation_checkpointing="none"))
+                                  vocab_size=640, exit_gate="learned", recompute="none"))
     looplm = build_model(cfg).eval()
     with torch.no_grad():  # a gate that separates tokens (its initialisation puts every lambda near 1/2)
         looplm.exit_gate.weight.normal_(0.0, 0.3)

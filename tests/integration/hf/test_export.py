@@ -38,7 +38,7 @@ def assets():
 
 @pytest.fixture(scope="module")
 def training_models(assets):
-    from megatron_loop.checkpoint.weights import load_model_from_checkpoint
+    from megatron_loop.export.load import load_model_from_checkpoint
 
     return {name: load_model_from_checkpoint(assets.checkpoints[name])[0] for name in MODELS}
 
@@ -157,7 +157,7 @@ def test_gqa_qkv_is_deinterleaved(assets, training_models):
 
 
 def test_load_looplm_from_hf_round_trips(assets, training_models):
-    from megatron_loop.hf.convert import load_looplm_from_hf
+    from megatron_loop.export.load import load_looplm_from_hf
 
     ids = _input_ids()
     for name in ("core_llama_rc_adaln_z3", "nonloop_qwen"):
@@ -187,8 +187,8 @@ def test_cli_errors_are_one_line(assets, tmp_path):
 
 def test_overwrite_replaces_folder_atomically(assets, tmp_path):
     from megatron_loop.errors import LoopDataError
-    from megatron_loop.hf.convert import convert_checkpoint
-    from megatron_loop.hf.output_folder import write_export_record
+    from megatron_loop.export.convert import convert_checkpoint
+    from megatron_loop.export.output_folder import write_export_record
 
     out = tmp_path / "hf"
     out.mkdir()
@@ -212,7 +212,7 @@ def test_export_refuses_a_checkpoint_carrying_code(tmp_path):
     import torch
 
     from megatron_loop.errors import LoopDataError
-    from megatron_loop.hf.convert import convert_checkpoint
+    from megatron_loop.export.convert import convert_checkpoint
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(hf_assets().checkpoints["base_llama"], ckpt)
@@ -232,12 +232,13 @@ def test_loop_gating_reference_injected_exports_with_matching_logits(tmp_path):
 
     from megatron_loop import build_model
     from megatron_loop.config import build_model_config
-    from megatron_loop.hf.convert import export_state_dict, load_looplm_from_hf
+    from megatron_loop.export.convert import export_state_dict
+    from megatron_loop.export.load import load_looplm_from_hf
 
     cfg = build_model_config(dict(backbone="tiny-qwen", vocab_size=640, core_layers=2, train_loops=2,
                                   initial_injection="channel", history_injection="scalar", history_window=1,
                                   timestep="loop_gating", loop_gating_reference="injected",
-                                  activation_checkpointing="none"))
+                                  recompute="none"))
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     gen = torch.Generator().manual_seed(2)

@@ -65,7 +65,7 @@ def test_cached_generation_follows_the_training_model_at_each_loop_count(loaded)
     that r, and its step logits equal the LoopLM's. A cache holding slots of another r, or a
     num_loops the cached path ignores, fails at 2K: the LoopLM's logits at K and 2K differ by far
     more than the tolerance."""
-    from megatron_loop.hf.convert import load_looplm_from_hf
+    from megatron_loop.export.load import load_looplm_from_hf
 
     name, model = loaded
     native = load_looplm_from_hf(hf_assets().exports[name])

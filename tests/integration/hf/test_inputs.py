@@ -110,7 +110,7 @@ def test_run_config_tokenizer_missing_names_the_config(tmp_path):
     import shutil
 
     from megatron_loop.errors import LoopDataError
-    from megatron_loop.hf.convert import convert_checkpoint
+    from megatron_loop.export.convert import convert_checkpoint
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(hf_assets().checkpoints["base_llama"], ckpt)

@@ -22,10 +22,11 @@ def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_shortcut_export_matches_the_training_model_at_every_budget(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from megatron_loop.hf.convert import export_state_dict, load_looplm_from_hf
+    from megatron_loop.export.convert import export_state_dict
+    from megatron_loop.export.load import load_looplm_from_hf
 
     cfg = build_model_config(dict(backbone="tiny-qwen", vocab_size=640, prelude_layers=1, core_layers=2,
-                                  coda_layers=1, train_loops=4, timestep="shortcut", activation_checkpointing="none"))
+                                  coda_layers=1, train_loops=4, timestep="shortcut", recompute="none"))
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     gen = torch.Generator().manual_seed(2)

@@ -3,9 +3,9 @@ sequence parallelism) against the TP = 1 model, on CPU with gloo.
 
 ``tests/support/dist_scripts/tp_equivalence.py`` builds three tiny LoopLMs with conditioning
 (``tp_fixtures.MODELS``: initial + history injection + Loop Gating; QK norms + tied embedding +
-dense injection + AdaLN + per-loop checkpointing + Huginn's sandwich-normed blocks and normed
+dense injection + AdaLN + per-loop recomputation + Huginn's sandwich-normed blocks and normed
 recurrent output; Branch Gating + scalar history + selective
-checkpointing; LoopFormer's shortcut modulation trained with its shortcut-consistency objective) with the TP = 1 seed at TP = 2 on 2 ranks
+recomputation; LoopFormer's shortcut modulation trained with its shortcut-consistency objective) with the TP = 1 seed at TP = 2 on 2 ranks
 and at TP = 2 x DP = 2 on 4 ranks, sequence parallelism off and on, and records the whole
 (gathered) weights, losses, logits and gradients. Tolerances (fp32): initial weights bitwise
 (the master weight is drawn whole and split); loss and logits within 1e-6 absolute (observed
@@ -156,7 +156,7 @@ def test_world_and_sequence_checks():
 @pytest.mark.parametrize("name", list(fx.MODELS))
 def test_plan_counts_the_parameters_each_rank_holds(tp_runs, name):
     from megatron_loop.plan import count_parameters
-    from megatron_loop.parallel.plan import parameters_per_rank
+    from megatron_loop.parallel.per_rank import parameters_per_rank
 
     cfg = fx.model_config(name)
     assert parameters_per_rank(cfg, count_parameters(cfg).total, 2) == tp_runs[2]["cases"][(name, False)]["params_per_rank"]

@@ -117,9 +117,10 @@ def test_hf_export_of_tp2_checkpoint_equals_export_of_the_tp1_state(runs, root, 
     held whole (TP = 1), tensor for tensor, and so do the logits; probes read the checkpoint too."""
     from transformers import AutoModelForCausalLM
 
-    from megatron_loop.hf.convert import export_state_dict, read_hf_state_dict
+    from megatron_loop.export.convert import export_state_dict
+    from megatron_loop.export.load import read_hf_state_dict
     from megatron_loop.checkpoint.folders import load_run_config
-    from megatron_loop.checkpoint.weights import load_model_from_checkpoint
+    from megatron_loop.export.load import load_model_from_checkpoint
 
     ckpt = root / "tp2_zero1_resume.ckpt"
     whole = runs["tp2_zero1_resume"]["weights_at_save"]

@@ -24,7 +24,7 @@ def args(prefix: str, out: Path, *extra: str, source: tuple[str, str] = ("--chec
 
 
 def test_cli_on_hf_export_writes_json_and_plots(tmp_path, capsys):
-    from megatron_loop.hf.convert import export_state_dict
+    from megatron_loop.export.convert import export_state_dict
 
     prefix = write_prefix(tmp_path)
     model = tiny_model(prelude=1, coda=1)

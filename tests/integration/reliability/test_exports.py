@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from megatron_loop.errors import LoopDataError
-from megatron_loop.hf.convert import convert_checkpoint, read_hf_state_dict, to_hf_state_dict
+from megatron_loop.export.convert import convert_checkpoint, to_hf_state_dict
+from megatron_loop.export.load import read_hf_state_dict
 from megatron_loop.checkpoint.folders import load_run_config
-from megatron_loop.checkpoint.weights import consolidated_state_dict, load_model_from_checkpoint
+from megatron_loop.checkpoint.weights import consolidated_state_dict
+from megatron_loop.export.load import load_model_from_checkpoint
 from train_fixtures import FAULTS, copy_run, reference_run, run_cli
 
 pytestmark = pytest.mark.slow
@@ -151,7 +153,7 @@ def test_a_second_export_to_the_same_folder_is_refused_while_one_runs(tmp_path):
     ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
     hf = tmp_path / "hf"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
-                               "from megatron_loop.training.lock import ExportLock\n"
+                               "from megatron_loop.export.output_folder import ExportLock\n"
                                "with ExportLock(Path(sys.argv[1])):\n    print('held', flush=True)\n"
                                "    time.sleep(120)\n", str(hf)], stdout=subprocess.PIPE, text=True)
     try:

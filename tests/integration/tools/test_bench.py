@@ -71,7 +71,7 @@ def test_peers_train_and_profile_modes(tmp_path):
     assert ours["metrics"]["host_syncs"] == 0 and hf["metrics"]["tokens_per_s"] > 0
     assert "ratio llama 4x5 ours eager / llama 20L HF eager" in rows
     train = rows["llama_4x5 (1 steps, median)"]
-    assert train["params"]["activation_checkpointing"] == "auto" and train["params"]["micro_batch"] == 1
+    assert train["params"]["recompute"] == "auto" and train["params"]["micro_batch"] == 1
     assert train["metrics"]["exit_code"] == 0 and train["metrics"]["tokens_per_s"] > 0
     assert "mfu" not in train["metrics"]  # CPU: training logs no MFU without a known peak (logging.peak_tflops)
     shares = [r["metrics"]["share"] for r in rows.values() if r["mode"] == "profile"]

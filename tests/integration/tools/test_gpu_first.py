@@ -107,12 +107,12 @@ def test_smoke_headline_figures_are_the_medians_of_the_run(smoke):
     assert _number(rows["MFU"]["ratio to target"]) == pytest.approx(_number(rows["MFU"]["value"]) / 50, rel=1e-2)
     log = (work / "logs" / "headline.log").read_text()
     precision = next(line for line in log.splitlines() if line.startswith("precision: "))
-    plan = next(line for line in log.splitlines() if line.startswith("activation checkpointing auto over 5 loops"))
+    plan = next(line for line in log.splitlines() if line.startswith("activation recomputation auto over 5 loops"))
     assert f"* precision: `{precision}`" in section and f"* checkpointing plan: `{plan}`" in section
     assert f"device **{(work / 'logs' / 'device.txt').read_text().strip()}**" in section
     resolved = bench_report.Inputs(out, 1, work / "logs").resolved_config("headline")
     assert resolved["train"]["global_batch_size"] == 2 * resolved["train"]["micro_batch_size"] == 4
-    assert resolved["model"]["activation_checkpointing"] == "auto" and resolved["train"]["save_final"] is False
+    assert resolved["model"]["recompute"] == "auto" and resolved["train"]["save_final"] is False
 
 
 def test_smoke_runs_skip_only_the_final_checkpoint(smoke):
@@ -129,7 +129,7 @@ def test_smoke_runs_skip_only_the_final_checkpoint(smoke):
 def test_smoke_second_run_is_per_loop_and_compared_with_the_headline(smoke):
     out, _, _, summary = smoke
     title, section = next((k, v) for k, v in report_sections(summary).items() if k.startswith("Second run"))
-    assert "activation_checkpointing=per_loop" in title and "checkpointing plan: `per_loop (fixed)`" in section
+    assert "recompute=per_loop" in title and "checkpointing plan: `per_loop (fixed)`" in section
     rows = {r["figure"]: r for r in markdown_table(section)}
     head = bench_report.Inputs(out, 1).train("headline")
     second = bench_report.Inputs(out, 1).train("train-per_loop")
@@ -339,7 +339,7 @@ def test_a_figure_from_another_gpu_gets_no_verdict(tmp_path):
     records = [{"event": "train", "step": s, "loss": 12.0 - s, "tokens_per_s": 95000.0, "mfu": 0.52,
                 "step_time_s": 1.6, "mem_peak_gib": 61.0} for s in range(1, 7)]
     (tmp_path / "headline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    plan = ("activation checkpointing auto over 5 loops: selective x2, none x3; predicted peak 61.20 GiB, "
+    plan = ("activation recomputation auto over 5 loops: selective x2, none x3; predicted peak 61.20 GiB, "
             "recomputing 0.60 loop forwards")
     (logs / "headline.log").write_text(f"precision: bf16 weights\n{plan}\n")
     verdicts = {}

@@ -61,7 +61,7 @@ def smoke(tmp_path_factory):
     data = make_smoke_data()
     shim = root / "bin" / "deepspeed"  # the launcher, except for the per_loop run, which it fails
     shim.parent.mkdir()
-    shim.write_text(f"#!/bin/sh\ncase \"$*\" in *activation_checkpointing=per_loop*)\n"
+    shim.write_text(f"#!/bin/sh\ncase \"$*\" in *recompute=per_loop*)\n"
                     f"  echo 'error: simulated launcher failure' >&2; exit 3 ;;\nesac\n"
                     f"exec {Path(sys.executable).parent / 'deepspeed'} \"$@\"\n")
     shim.chmod(0o755)
@@ -140,8 +140,8 @@ def test_smoke_training_run_figures_device_plan_and_no_final_checkpoint(smoke):
     assert row["what ran"].startswith("checkpointing auto") and "micro-batch 2 x 2 accumulation" in row["what ran"]
     assert row["device"] == (out / "logs" / "device.txt").read_text().strip()
     plan = next(ln for ln in (out / "logs" / "train-qwen.log").read_text().splitlines()
-                if ln.startswith("activation checkpointing auto over 7 loops"))
-    assert plan.startswith(f"activation checkpointing {row['checkpointing plan']}")
+                if ln.startswith("activation recomputation auto over 7 loops"))
+    assert plan.startswith(f"activation recomputation {row['checkpointing plan']}")
     records = [json.loads(line) for line in (out / "runs" / "train-qwen" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r.get("event") == "train"]
     assert len(steps) == 3 and row["steps measured (run)"] == "2 (3)"

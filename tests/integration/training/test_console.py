@@ -220,7 +220,7 @@ def _write_metrics(run: Path, losses: list[float], lr: float, eval_every: int = 
 
 
 def test_plot_metrics_draws_several_runs_on_one_figure(tmp_path, capsys):
-    from megatron_loop.training.curves import plot_runs, read_run
+    from megatron_loop.curves import plot_runs, read_run
 
     _write_metrics(tmp_path / "a", [5.0, 4.0, 3.5, 3.0], 1e-3)
     _write_metrics(tmp_path / "b", [6.0, 5.0], 2e-3)

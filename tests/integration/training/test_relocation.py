@@ -49,8 +49,8 @@ def _paths(root) -> list[str]:
 def test_a_copied_run_folder_reads_the_copy_and_an_extension_continues_the_decay(tmp_path, capsys):
     from megatron_loop.eval.harness import load_tasks, task_manager
     from megatron_loop.eval.tasks import resolve_tasks
-    from megatron_loop.hf.convert import convert_checkpoint
-    from megatron_loop.training.curves import lr_schedule, plot_runs, read_run
+    from megatron_loop.export.convert import convert_checkpoint
+    from megatron_loop.curves import lr_schedule, plot_runs, read_run
 
     original, copy = tmp_path / "demo", tmp_path / "copy"
     _demo_folder(original)

@@ -86,7 +86,7 @@ def test_checkpoints_are_published_atomically_and_pruned():
     manifest = json.loads((ckpt / "global_step10" / "manifest.json").read_text())
     assert manifest["step"] == 10 and manifest["consumed_samples"] == 80 and manifest["world_size"] == 1
     assert manifest["model"]["core_layers"] == 2 and manifest["model"]["train_loops"] == 2
-    assert "activation_checkpointing" not in manifest["model"]  # execution choice, may change on resume
+    assert "recompute" not in manifest["model"]  # execution choice, may change on resume
     for name, entry in manifest["files"].items():
         assert (ckpt / "global_step10" / name).stat().st_size == entry["size"]
         assert len(entry["sha256"]) == 64
@@ -95,7 +95,7 @@ def test_checkpoints_are_published_atomically_and_pruned():
 
 
 def test_checkpoint_loads_for_export_and_matches_the_logged_validation():
-    from megatron_loop.checkpoint.weights import load_model_from_checkpoint
+    from megatron_loop.export.load import load_model_from_checkpoint
 
     run = reference_run().run_dir
     model, cfg = load_model_from_checkpoint(run / "checkpoints")

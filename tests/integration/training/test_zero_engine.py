@@ -1,5 +1,5 @@
 """The GPU path's training step inside DeepSpeed's engine, on CPU (tests/support/perf_scripts/zero_engine.py):
-the batch reaches the device without the host waiting, ``auto`` checkpointing counts the optimizer
+the batch reaches the device without the host waiting, ``auto`` recomputation counts the optimizer
 state and gradient buckets the step still allocates, and compiled blocks stay whole graphs under
 ZeRO-1 but break apart under ZeRO-3 (why ``compile: auto`` is off there)."""
 
@@ -42,7 +42,7 @@ def test_training_step_copies_the_batch_without_waiting(measured):
 
 
 @pytest.mark.parametrize("stage", [1, 3])
-def test_auto_checkpointing_counts_optimizer_state_and_buckets(measured, stage):
+def test_auto_recompute_counts_optimizer_state_and_buckets(measured, stage):
     """Before the first step, Muon's momentum and AdamW's two moments (fp32, this rank's partitions)
     are counted as still to come (ZeRO-3 creates them when the engine starts, so they are already
     allocated); after it, nothing. ZeRO-1's gradient bucket: reduce_bucket_size fp32 elements;

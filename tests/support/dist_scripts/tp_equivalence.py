@@ -11,6 +11,7 @@ training loop's loaders on every rank. Rank 0 writes ``--out`` (torch.save)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -22,13 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tp_fixtures as fx  # noqa: E402
 
 from megatron_loop.model import build_model  # noqa: E402
-from megatron_loop.config import ParallelConfig  # noqa: E402
 from megatron_loop.parallel.bootstrap import init_model_parallel  # noqa: E402
 from megatron_loop.optim import OptimizerSettings, build_engine  # noqa: E402
 from megatron_loop.parallel.grads import partial_grad_parameters, register_tp_gradient_sum  # noqa: E402
 from megatron_loop.parallel.parallelize import parallelize  # noqa: E402
 from megatron_loop.parallel.shards import gather_whole  # noqa: E402
-from megatron_loop.parallel.groups import data_parallel_group  # noqa: E402
+from megatron_loop.model.placement import data_parallel_group  # noqa: E402
 from megatron_loop.training.distributed import setup_distributed  # noqa: E402
 
 
@@ -45,7 +45,8 @@ def main() -> None:
     for name in fx.MODELS:
         for sp in (False, True):
             torch.manual_seed(fx.SEED)
-            model = build_model(fx.model_config(name), parallel=ParallelConfig(args.tp, sp))
+            model = build_model(fx.model_config(name),
+                                dataclasses.replace(layout, sequence_parallel=sp and args.tp > 1))
             init = gather_whole(model, {n: p.detach().clone() for n, p in model.named_parameters()})
             fx.perturb(model)
             partial = dict(partial_grad_parameters(model))
@@ -82,7 +83,8 @@ def main() -> None:
     # partial gradients of sequence parallelism unreduced (what the test must be able to see)
     for key, sp, tp_sum in ((False, False, True), (True, True, True), ("no TP sum", True, False)):
         torch.manual_seed(fx.SEED)
-        model = build_model(fx.model_config("llama"), parallel=ParallelConfig(args.tp, sp))
+        model = build_model(fx.model_config("llama"),
+                            dataclasses.replace(layout, sequence_parallel=sp and args.tp > 1))
         if tp_sum:
             register_tp_gradient_sum(model)  # training's one path (parallelize calls it)
 

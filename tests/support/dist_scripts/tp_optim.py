@@ -43,7 +43,7 @@ from megatron_loop.config.deepspeed import read_ds_config  # noqa: E402
 from megatron_loop.optim import muon  # noqa: E402
 from megatron_loop.optim.muon import orthogonalized_update  # noqa: E402
 from megatron_loop.parallel.bootstrap import init_model_parallel  # noqa: E402
-from megatron_loop.parallel.muon import tensor_parallel_update  # noqa: E402
+from megatron_loop.optim.muon_tp import tensor_parallel_update  # noqa: E402
 from megatron_loop.parallel.grads import is_tensor_parallel  # noqa: E402
 from megatron_loop.parallel.shards import shard_of, whole_of  # noqa: E402
 

@@ -36,11 +36,10 @@ from megatron_loop.optim import OptimizerSettings, build_engine  # noqa: E402
 from megatron_loop.parallel.bootstrap import init_world  # noqa: E402
 from megatron_loop.config.deepspeed import read_ds_config  # noqa: E402
 from megatron_loop.optim import muon  # noqa: E402
-from megatron_loop.config import ParallelConfig  # noqa: E402
 from megatron_loop.parallel.bootstrap import init_model_parallel  # noqa: E402
 from megatron_loop.parallel.parallelize import parallelize  # noqa: E402
 from megatron_loop.parallel.shards import gather_whole  # noqa: E402
-from megatron_loop.parallel.groups import data_parallel_group  # noqa: E402
+from megatron_loop.model.placement import data_parallel_group  # noqa: E402
 from megatron_loop.training import checkpoint as C  # noqa: E402
 from megatron_loop.training.distributed import DistInfo  # noqa: E402
 from megatron_loop.training.resume import run_settings  # noqa: E402
@@ -61,7 +60,7 @@ def batch(step: int, replica: int, micro: int) -> tuple[torch.Tensor, torch.Tens
 
 def build(args, layout):
     torch.manual_seed(fx.SEED)
-    model = build_model(fx.model_config(MODEL), parallel=ParallelConfig(args.tp, bool(args.sp)))
+    model = build_model(fx.model_config(MODEL), layout)
     fx.perturb(model)
     model.loss_chunk_tokens = fx.CHUNK
     parallelize(model, zero_stage=args.stage)  # as training: the TP sum of partial gradients inside backward

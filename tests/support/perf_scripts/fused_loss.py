@@ -79,12 +79,12 @@ def check_engine_zero3() -> None:
     runs = {}
     for impl in ("chunked", "fused"):
         cfg = build_model_config(dict(backbone="tiny-qwen", core_layers=1, train_loops=2, compile=False,
-                                      vocab_size=vocab, activation_checkpointing="per_loop",
+                                      vocab_size=vocab, recompute="per_loop",
                                       loss_implementation=impl))
         assert cfg.tie_word_embeddings
         torch.manual_seed(0)
         model = build_model(cfg)
-        parallelize(model, zero_stage=3)  # per_loop checkpointing; the tied head gathered with the root (ZeRO-3)
+        parallelize(model, zero_stage=3)  # per_loop recomputation; the tied head gathered with the root (ZeRO-3)
         engine = build_engine(model, OptimizerSettings(lr=1e-2), micro_batch_size=2, grad_accum=1,
                               total_steps=100, bf16=False, zero_stage=3).engine
         from deepspeed.utils import safe_get_full_grad

@@ -5,7 +5,7 @@ Prints one JSON line with, per part:
 * ``train_step``: host syncs the detector (``measure.host_sync.find_host_syncs``) sees in ``training.loop.train_step``
   on the tiny run config (real loaders and ZeRO-1 engine; the second step, after the first built
   the caches), grouped by kind and by site;
-* ``pending``: what ``auto`` checkpointing counts as not yet allocated at the first forward
+* ``pending``: what ``auto`` recomputation counts as not yet allocated at the first forward
   (``optim/memory.py``), before and after the first optimizer step, under ZeRO-1 and ZeRO-3, next
   to the model's own parameter counts;
 * ``graphs``: graphs dynamo makes of the compiled blocks (a counting backend) in one forward and
@@ -55,7 +55,7 @@ def engines(stage: int) -> dict:
 
     torch._dynamo.reset()
     cfg = build_model_config(dict(backbone="tiny-llama", core_layers=1, train_loops=2, compile=False,
-                                  activation_checkpointing="none"))
+                                  recompute="none"))
     torch.manual_seed(0)
     model = build_model(cfg)
     muon = sum(p.numel() for p in model.parameters() if roles.uses_muon(p))

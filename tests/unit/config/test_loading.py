@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from megatron_loop import LoopConfigError, load_config
+from megatron_loop.config import config_from_dict
 from testpaths import REPO
 
 pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py drift)
@@ -43,3 +44,23 @@ def test_overrides_and_cli_error(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == f"error: {bad}: model.train_loops=0: expected an integer >= 1"
+
+
+def test_the_old_recompute_keys_still_load_and_say_so_once(capsys, monkeypatch):
+    """model.activation_checkpointing* were renamed model.recompute* (activation recomputation, not an on-disk
+    checkpoint): a YAML or saved run config with the old names loads the same values, the first use says so
+    once on stderr, and both names at once is one error."""
+    from megatron_loop.config import loading
+
+    monkeypatch.setattr(loading, "_said", set())
+    old = {"model": {"backbone": "tiny-llama", "activation_checkpointing": "auto",
+                     "activation_checkpointing_budget_gib": 2.5, "activation_checkpointing_selective_cost": 0.3}}
+    cfg = config_from_dict(old)
+    assert (cfg.model.recompute, cfg.model.recompute_budget_gib, cfg.model.recompute_selective_cost) == ("auto", 2.5, 0.3)
+    first = capsys.readouterr().err
+    assert "note: model.activation_checkpointing is now model.recompute" in first and first.count("note:") == 3
+    assert config_from_dict(old, overrides=["model.activation_checkpointing_budget_gib=1"]).model.recompute_budget_gib == 1
+    assert capsys.readouterr().err == ""  # once per process
+    with pytest.raises(LoopConfigError, match=r"model.activation_checkpointing: the old name of model.recompute, both "
+                                              r"given; expected only model.recompute"):
+        config_from_dict({"model": {"activation_checkpointing": "none", "recompute": "per_loop"}})

@@ -66,8 +66,8 @@ def test_recursive_alias_names_the_key(tmp_path):
     ("train:\n  ? [a, b]\n  : 1\n", "a complex key (a list) at line 2; expected a name"),
     ("train:\n  1: 2\n", "key '1' at line 2 reads as a int in YAML; expected a name (quote it)"),
     ("train:\n  seed: 1\n  seed: 2\n", "duplicate key 'seed' at line 3 (first at line 2)"),
-    ("model: {activation_checkpointing: off}\n",
-     "model.activation_checkpointing=False: expected one of ('none', 'per_loop', 'selective', 'auto', 'per_block') "
+    ("model: {recompute: off}\n",
+     "model.recompute=False: expected one of ('none', 'per_loop', 'selective', 'auto', 'per_block') "
      "(YAML reads an unquoted on/off/yes/no as a boolean: quote it)"),
     ("model: {history_injection: no}\n", "model.history_injection=False: expected one of ('none', 'scalar', "),
 ])

@@ -1,7 +1,7 @@
 """The CPU host-sync detector (``measure.host_sync.HostSyncDetector``) sees what makes a GPU step wait for the
 device -- scalar reads, ``.tolist()``/``.numpy()``, host-to-device copies from pageable memory and
 copies of tensors built on the host in the step -- and a training step (forward, loss, backward
-under every checkpointing mode), the Muon step and the batch path make none."""
+under every recomputation mode), the Muon step and the batch path make none."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from megatron_loop.config import build_model_config
 from megatron_loop.optim import MuonAdamW, role_param_groups
 from megatron_loop.measure import host_sync
 from megatron_loop.measure.host_sync import find_host_syncs
-from megatron_loop.model.recompute import CheckpointingSettings, apply_activation_checkpointing
+from megatron_loop.model.recompute import RecomputeSettings
+from megatron_loop.parallel.parallelize import apply_recompute
 
 PAGEABLE = "host-to-device copy from pageable memory"
 HOST_BUILT = "host-to-device copy of a tensor built on the host"
@@ -74,10 +75,10 @@ def test_training_step_reads_nothing_back_to_the_host(mode):
     under ZeRO-3 in tests/support/perf_scripts/fused_loss.py)."""
     cfg = build_model_config(dict(backbone="tiny-qwen", prelude_layers=1, core_layers=1, coda_layers=1,
                                   train_loops=3, timestep="loop_gating", initial_injection="channel",
-                                  history_injection="scalar", history_window=2, activation_checkpointing=mode,
-                                  activation_checkpointing_budget_gib=1e-3 if mode == "auto" else None))
+                                  history_injection="scalar", history_window=2, recompute=mode,
+                                  recompute_budget_gib=1e-3 if mode == "auto" else None))
     model = build_model(cfg)
-    apply_activation_checkpointing(model, CheckpointingSettings.from_config(cfg))
+    apply_recompute(model, RecomputeSettings.from_config(cfg))
     x = torch.randint(0, cfg.vocab_size, (2, 8))
     model(x, labels=x, compute_logits=False)  # the first call builds the cached constants and plans
     assert find_host_syncs(lambda: model(x, labels=x, compute_logits=False).loss.backward()) == []

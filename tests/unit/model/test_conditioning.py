@@ -12,13 +12,21 @@ from megatron_loop import LoopConfigError, build_model
 from megatron_loop.config import build_model_config
 from megatron_loop.model.compat import rope_freqs
 from megatron_loop.model.conditioning import timestep_features
+from megatron_loop.parallel.bootstrap import ensure_groups
 
 K = 3
 D = 64
 
+@pytest.fixture(autouse=True, scope="module")
+def megatron_groups():
+    """megatron-core's own attention (the reference path, or blocks called with rotary angles) reads its
+    process groups when it runs; the model is built without any (build_model creates none)."""
+    ensure_groups()
+
+
 
 def make(**kw):
-    base = dict(backbone="tiny-qwen", core_layers=2, train_loops=K, activation_checkpointing="none")
+    base = dict(backbone="tiny-qwen", core_layers=2, train_loops=K, recompute="none")
     base.update(kw)
     torch.manual_seed(0)
     return build_model(build_model_config(base)).eval()

@@ -117,7 +117,7 @@ def _model(**model):
     torch.manual_seed(0)
     cfg = build_model_config(dict(dict(backbone="tiny-llama", prelude_layers=1, core_layers=1, train_loops=3,
                                        coda_layers=1, vocab_size=96, exit_gate="learned",
-                                       activation_checkpointing="none"), **model))
+                                       recompute="none"), **model))
     return build_model(cfg)
 
 

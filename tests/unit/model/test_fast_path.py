@@ -32,6 +32,13 @@ DTYPES = [torch.float32, torch.bfloat16]
 # bound per tensor relative to its largest entry (measured <= 4e-7 in fp32, <= 7e-6 in bf16).
 GRAD_TOLERANCE = {torch.float32: 1e-6, torch.bfloat16: 2.0**-8}
 
+@pytest.fixture(autouse=True, scope="module")
+def megatron_groups():
+    """megatron-core's own attention (the reference path, or blocks called with rotary angles) reads its
+    process groups when it runs; the model is built without any (build_model creates none)."""
+    ensure_groups()
+
+
 
 def _pair(dtype, **model):
     cfg = build_model_config({**dict(backbone="tiny-qwen", prelude_layers=1, core_layers=2, coda_layers=1,

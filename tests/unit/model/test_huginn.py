@@ -18,16 +18,24 @@ import torch.nn.functional as F
 
 from megatron_loop import LoopConfigError
 from megatron_loop.config import build_model_config, config_from_dict
-from megatron_loop.hf.convert import hf_config, model_config_from_hf, to_hf_state_dict
+from megatron_loop.export.convert import hf_config, model_config_from_hf, to_hf_state_dict
 from megatron_loop.hf.modeling_looplm import (HUGINN_STATE_STD, LoopLMForCausalLM, initial_state_noise,
                                               position_noise)
 from megatron_loop.model.initial_state import step_seed
 from megatron_loop.model.looplm import build_model
 from megatron_loop.plan import count_parameters, training_plan
+from megatron_loop.parallel.bootstrap import ensure_groups
 
 HUGINN = dict(backbone="tiny-qwen", prelude_layers=1, core_layers=2, coda_layers=1, train_loops=3, vocab_size=256,
               block_norm="sandwich", norm_core_output=True, initial_injection="dense", initial_state="noise",
-              activation_checkpointing="none", compile=False)
+              recompute="none", compile=False)
+
+@pytest.fixture(autouse=True, scope="module")
+def megatron_groups():
+    """megatron-core's own attention (the reference path, or blocks called with rotary angles) reads its
+    process groups when it runs; the model is built without any (build_model creates none)."""
+    ensure_groups()
+
 
 
 def perturb_norms(model: torch.nn.Module, seed: int = 3) -> None:

@@ -1,5 +1,5 @@
 """``model/looplm.py``, the LoopLM architecture: parameter counts, initialisation, causality, weight tying,
-r != K, overfitting (the loss: test_loss.py; activation checkpointing: test_recompute.py; truncated
+r != K, overfitting (the loss: test_loss.py; activation recomputation: test_recompute.py; truncated
 backpropagation: test_looplm_truncation.py; the config's errors: tests/unit/config/)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.deps  # in the dependency drift check (tools/deps.py dr
 
 
 def tiny(**kw):
-    base = dict(backbone="tiny-llama", core_layers=2, train_loops=3, activation_checkpointing="none")
+    base = dict(backbone="tiny-llama", core_layers=2, train_loops=3, recompute="none")
     base.update(kw)
     return build_model_config(base)
 
@@ -148,3 +148,42 @@ def test_tiny_model_overfits_a_small_batch():
         loss.backward()
         opt.step()
     assert first > 5.0 and loss.item() < 0.5 * first
+
+
+# ---------------------------------------------------------------- built plain
+_PLAIN_BUILD = """
+import json, warnings
+import torch
+import torch.distributed as dist
+from megatron_loop.config import load_config
+from megatron_loop.model import build_model
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from megatron.core import parallel_state
+model = build_model(load_config("examples/tiny_2x3.yaml").model)
+tokens = torch.randint(0, model.config.vocab_size, (2, 16))
+loss = model(tokens, labels=tokens).loss
+loss.backward()
+print("RESULT " + json.dumps({"dist": dist.is_initialized(), "megatron": parallel_state.model_parallel_is_initialized(),
+                              "loss": bool(torch.isfinite(loss))}))
+"""
+
+
+def test_building_a_model_in_a_fresh_process_creates_no_process_group():
+    """build_model creates no process group and touches no global parallel state: torch.distributed and
+    megatron-core's parallel state stay uninitialised through the build, a forward and a backward (export,
+    probes and checkpoint reading build models this way; training owns its groups and passes the placement)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from testpaths import REPO
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
+    out = subprocess.run([sys.executable, "-c", _PLAIN_BUILD], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    assert out.returncode == 0 and lines, out.stderr[-3000:]
+    assert json.loads(lines[-1][len("RESULT "):]) == {"dist": False, "megatron": False, "loss": True}

@@ -1,6 +1,6 @@
 """Truncated backpropagation: ``backprop_loops=N`` runs the first r - N loops
 without a graph. Gradients equal a reference that runs every loop with a graph and detaches the
-state and the history states by hand; nothing before h_{r-N} enters the graph; checkpointing
+state and the history states by hand; nothing before h_{r-N} enters the graph; recomputation
 (every mode, planned over the graphed loops) changes nothing; N >= r is full backpropagation bit for bit; the FLOP count covers what runs."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import torch
 from megatron_loop import LoopConfigError, build_model
 from megatron_loop.config import build_model_config
 from megatron_loop.flops import block_forward_flops_per_token, hardware_flops_per_token, train_flops_per_token
-from megatron_loop.model.recompute import CheckpointingSettings, apply_activation_checkpointing
+from megatron_loop.model.recompute import RecomputeSettings
+from megatron_loop.parallel.parallelize import apply_recompute
 from megatron_loop.model.conditioning import history_window
 
 CONDITIONED = dict(backbone="tiny-llama", prelude_layers=1, core_layers=2, coda_layers=1, train_loops=3,
                    vocab_size=256, initial_injection="channel", history_injection="scalar", history_window=2,
-                   timestep="loop_gating", activation_checkpointing="none")
+                   timestep="loop_gating", recompute="none")
 
 
 def _model(**overrides):
@@ -58,10 +59,10 @@ def test_gradients_equal_a_hand_detached_reference(r, n):
     _hand_detached_loss(model, x, r, n).backward()
     reference = _grads(model)
     assert reference["embed_tokens.weight"].abs().sum() > 0  # h0 reaches the graphed loops by injection
-    for mode in ("none", "per_loop", "selective", "auto", "per_block"):  # and checkpointing changes nothing
+    for mode in ("none", "per_loop", "selective", "auto", "per_block"):  # and recomputation changes nothing
         model.zero_grad(set_to_none=True)
         # auto: the budget fits nothing, so the smallest-peak plan
-        apply_activation_checkpointing(model, CheckpointingSettings(mode, 1e-6 if mode == "auto" else None))
+        apply_recompute(model, RecomputeSettings(mode, 1e-6 if mode == "auto" else None))
         model(x, num_loops=r, labels=x, backprop_loops=n).loss.backward()
         got = _grads(model)
         assert got.keys() == reference.keys(), mode
@@ -111,13 +112,13 @@ def test_flops_count_the_executed_forward_and_backward():
     assert train_flops_per_token(cfg, seq, 5, backprop_loops=2) == (12 * block + head) + 2 * (6 * block + head)
     assert train_flops_per_token(cfg, seq, 5, backprop_loops=5) == train_flops_per_token(cfg, seq, 5) == 3 * (
         12 * block + head)
-    per_loop = build_model_config({**cfg.__dict__, "activation_checkpointing": "per_loop"})
-    per_block = build_model_config({**cfg.__dict__, "activation_checkpointing": "per_block"})
+    per_loop = build_model_config({**cfg.__dict__, "recompute": "per_loop"})
+    per_block = build_model_config({**cfg.__dict__, "recompute": "per_block"})
     base = train_flops_per_token(cfg, seq, 5, backprop_loops=2)
     assert hardware_flops_per_token(per_loop, seq, 5, backprop_loops=2) == base + 2 * block  # graphed loops but the last
     assert hardware_flops_per_token(per_block, seq, 5, backprop_loops=2) == base + 6 * block  # graphed blocks
-    selective = build_model_config({**cfg.__dict__, "activation_checkpointing": "selective"})
-    auto = build_model_config({**cfg.__dict__, "activation_checkpointing": "auto"})
+    selective = build_model_config({**cfg.__dict__, "recompute": "selective"})
+    auto = build_model_config({**cfg.__dict__, "recompute": "auto"})
     # selective: the attention output and down projections (2 x (8 x 8 + 12 x 8) per token) of the
     # graphed loops but the last (1 loop of 2 blocks)
     assert hardware_flops_per_token(selective, seq, 5, backprop_loops=2) == base + 2 * 2 * (8 * 8 + 12 * 8)

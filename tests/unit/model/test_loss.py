@@ -77,7 +77,7 @@ def test_bf16_inputs_match_fp32_logits_reference():
 
 
 def test_model_loss_equals_full_logits_cross_entropy():
-    cfg = build_model_config(dict(backbone="tiny-llama", core_layers=2, train_loops=2, activation_checkpointing="none"))
+    cfg = build_model_config(dict(backbone="tiny-llama", core_layers=2, train_loops=2, recompute="none"))
     torch.manual_seed(3)
     model = build_model(cfg)
     model.loss_chunk_tokens = 5  # several chunks and a ragged last one

@@ -1,4 +1,4 @@
-"""Activation checkpointing modes, applied from outside the model (``model/recompute.py``): identical
+"""Activation recomputation modes, applied from outside the model (``model/recompute.py``): identical
 gradients in every mode, the auto planner, and the memory model against measured CPU peaks
 (``measure.memory.peak_memory_delta``)."""
 
@@ -16,7 +16,8 @@ from megatron_loop.model import recompute
 from megatron_loop.model.recompute import (FULL, NONE, SELECTIVE, LoopMemory, loop_memory, schedule_loops,
                                                predicted_peak)
 from megatron_loop.measure.memory import peak_memory_delta
-from megatron_loop.model.recompute import CheckpointingSettings, apply_activation_checkpointing
+from megatron_loop.model.recompute import RecomputeSettings
+from megatron_loop.parallel.parallelize import apply_recompute, count_pending_memory
 
 MODES = ("none", "per_loop", "selective", "auto", "per_block")
 CPU = torch.device("cpu")
@@ -24,17 +25,17 @@ CPU = torch.device("cpu")
 
 def _model(backbone="tiny-llama", **kw):
     base = dict(backbone=backbone, prelude_layers=1, core_layers=2, coda_layers=1, train_loops=4,
-                activation_checkpointing="none")
+                recompute="none")
     base.update(kw)
     torch.manual_seed(0)
     model = build_model(build_model_config(base))
-    apply_activation_checkpointing(model, CheckpointingSettings.from_config(model.config))
+    apply_recompute(model, RecomputeSettings.from_config(model.config))
     return model
 
 
 def _checkpoint(model, mode, budget_gib=None, selective_cost=None):
-    """Re-apply checkpointing to ``model`` (replacing the last plan); returns what was applied."""
-    return apply_activation_checkpointing(model, CheckpointingSettings(mode, budget_gib, selective_cost))
+    """Re-apply recomputation to ``model`` (replacing the last plan); returns what was applied."""
+    return apply_recompute(model, RecomputeSettings(mode, budget_gib, selective_cost))
 
 
 def _step(model, x):
@@ -83,7 +84,7 @@ def test_selective_policy_keeps_every_other_matmul_and_attention(monkeypatch):
 
     monkeypatch.setattr(recompute, "selective_policy", recording)
     model = _model("tiny-qwen", prelude_layers=0, core_layers=1, coda_layers=0, train_loops=2,
-                   activation_checkpointing="selective", timestep="adaln")  # AdaLN adds mv ops (not matmuls)
+                   recompute="selective", timestep="adaln")  # AdaLN adds mv ops (not matmuls)
     cfg = model.config
     x = torch.randint(0, 2048, (2, 16))
     _step(model, x)()
@@ -100,11 +101,11 @@ def test_selective_policy_keeps_every_other_matmul_and_attention(monkeypatch):
 
 @pytest.mark.parametrize("cost", [None, 0.9])
 def test_selective_cost_is_the_config_key_or_the_flop_share(cost):
-    """``activation_checkpointing_selective_cost`` prices a selective loop in the plan; null prices it
+    """``recompute_selective_cost`` prices a selective loop in the plan; null prices it
     at the FLOP share of the two recomputed matmuls, which changes the plan at the same budget:
     at 0.9 three selective loops (2.7) cost more than two recomputed loops (2.0), which also fit."""
     from megatron_loop.flops import block_forward_flops_per_token
-    model = _model(activation_checkpointing="auto", activation_checkpointing_selective_cost=cost)
+    model = _model(recompute="auto", recompute_selective_cost=cost)
     cfg, seq = model.config, 64
     x = torch.randint(0, 2048, (2, seq))
     mem = loop_memory(cfg, 2, seq, 4, model.loss_chunk_tokens, 4 * model.num_parameters())
@@ -132,7 +133,7 @@ def test_planner_picks_the_cheapest_plan_that_fits():
     # below the per_loop floor (50 + 3 x 5 + 100): per_loop, reported as not fitting
     tight = schedule_loops(4, mem, 100, 0.25)
     assert tight.kinds == (FULL, FULL, FULL, NONE) and not tight.fits
-    # backward recomputes a checkpointed loop in full while the loops before it are alive
+    # backward recomputes a recomputed loop in full while the loops before it are alive
     assert predicted_peak((NONE, FULL, NONE), mem) == max(50 + 205, 50 + 100 + 100)
 
 
@@ -174,12 +175,12 @@ def test_device_budget_counts_what_the_first_step_allocates(monkeypatch):
     from megatron_loop.optim import MuonAdamW, role_param_groups
     from megatron_loop.optim.memory import unallocated_optimizer_state
 
-    model = _model(activation_checkpointing="auto")
+    model = _model(recompute="auto")
     optimizer = MuonAdamW(role_param_groups(model), lr=1e-3)
     muon = sum(p.numel() for p in model.parameters() if roles.uses_muon(p))
     state = 4 * (muon + 2 * (model.num_parameters() - muon))  # fp32 momentum; two fp32 moments
     buckets = 2**16
-    model.checkpointing.pending_memory = lambda: recompute.PendingMemory(unallocated_optimizer_state(optimizer), buckets)
+    count_pending_memory(model, lambda: recompute.PendingMemory(unallocated_optimizer_state(optimizer), buckets))
     batch, seq = 2, 64
     x = torch.randint(0, 2048, (batch, seq))
     mem = loop_memory(model.config, batch, seq, 4, model.loss_chunk_tokens, 4 * model.num_parameters())
@@ -188,29 +189,29 @@ def test_device_budget_counts_what_the_first_step_allocates(monkeypatch):
     total = (predicted_peak((NONE,) * 4, mem) + state / 2 + allocated) / 0.9
     monkeypatch.setattr(recompute, "device_memory", lambda device: (int(total), allocated))
     _step(model, x)()
-    plan = next(iter(model.checkpointing.schedules.values()))
+    plan = next(iter(model.recompute.schedules.values()))
     assert plan.budget.pending == recompute.PendingMemory(state, buckets)
     assert plan.budget.bytes == pytest.approx(0.9 * int(total) - allocated - state - buckets)
     assert plan.fits and plan.kinds != (NONE,) * 4 and plan.peak_bytes <= plan.budget.bytes
-    line = model.checkpointing.new_schedules()[0]
+    line = model.recompute.new_schedules()[0]
     assert "optimizer state not yet allocated" in line and "DeepSpeed buckets" in line
     optimizer.step()
     assert unallocated_optimizer_state(optimizer) == 0  # once created it is in the allocated figure
 
 
 def test_config_keys():
-    cfg = build_model_config(dict(backbone="tiny-llama", activation_checkpointing="auto",
-                                  activation_checkpointing_budget_gib=40))
-    assert cfg.activation_checkpointing_budget_gib == 40.0
-    assert cfg.activation_checkpointing_selective_cost is None
-    with pytest.raises(LoopConfigError, match="activation_checkpointing_selective_cost"):
-        build_model_config(dict(backbone="tiny-llama", activation_checkpointing="auto",
-                                activation_checkpointing_selective_cost=1.5))
-    with pytest.raises(LoopConfigError, match="activation_checkpointing_selective_cost"):
-        build_model_config(dict(backbone="tiny-llama", activation_checkpointing="selective",
-                                activation_checkpointing_selective_cost=0.3))
-    with pytest.raises(LoopConfigError, match="activation_checkpointing_budget_gib"):
-        build_model_config(dict(backbone="tiny-llama", activation_checkpointing="per_loop",
-                                activation_checkpointing_budget_gib=40))
-    with pytest.raises(LoopConfigError, match="activation_checkpointing="):
-        build_model_config(dict(backbone="tiny-llama", activation_checkpointing="some"))
+    cfg = build_model_config(dict(backbone="tiny-llama", recompute="auto",
+                                  recompute_budget_gib=40))
+    assert cfg.recompute_budget_gib == 40.0
+    assert cfg.recompute_selective_cost is None
+    with pytest.raises(LoopConfigError, match="recompute_selective_cost"):
+        build_model_config(dict(backbone="tiny-llama", recompute="auto",
+                                recompute_selective_cost=1.5))
+    with pytest.raises(LoopConfigError, match="recompute_selective_cost"):
+        build_model_config(dict(backbone="tiny-llama", recompute="selective",
+                                recompute_selective_cost=0.3))
+    with pytest.raises(LoopConfigError, match="recompute_budget_gib"):
+        build_model_config(dict(backbone="tiny-llama", recompute="per_loop",
+                                recompute_budget_gib=40))
+    with pytest.raises(LoopConfigError, match="recompute="):
+        build_model_config(dict(backbone="tiny-llama", recompute="some"))

@@ -28,7 +28,7 @@ K = 4
 
 def make(**kw):
     fields = dict(backbone="tiny-qwen", core_layers=2, train_loops=K, timestep="shortcut",
-                  activation_checkpointing="none")
+                  recompute="none")
     fields.update(kw)
     torch.manual_seed(0)
     return build_model(build_model_config(fields))
@@ -246,7 +246,7 @@ def test_consistency_loss_by_hand_and_its_gradient():
 
 
 def test_objective_is_full_plus_weighted_short_and_consistency():
-    model = make(activation_checkpointing="per_loop").train()
+    model = make(recompute="per_loop").train()
     perturb(model)
     ids = torch.randint(0, model.config.vocab_size, (2, 10), generator=torch.Generator().manual_seed(6))
     spec = ShortcutTrajectory((1, 3), short_loss_weight=0.3, consistency_weight=0.7)

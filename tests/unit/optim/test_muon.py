@@ -162,7 +162,7 @@ def _conditioned_looplm():
     torch.manual_seed(0)
     model = build_model(build_model_config(dict(
         backbone="tiny-qwen", core_layers=1, train_loops=3, initial_injection="dense", history_injection="dense",
-        history_window=2, timestep="adaln", activation_checkpointing="none")))
+        history_window=2, timestep="adaln", recompute="none")))
     gen = torch.Generator().manual_seed(1)
     for p in model.parameters():
         p.grad = torch.randn(p.shape, generator=gen)

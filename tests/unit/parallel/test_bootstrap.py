@@ -1,5 +1,5 @@
 """``parallel/bootstrap.py``, the one place process groups are created: bare ``srun`` maps SLURM's task
-ids onto torch's variables; ``LoopLM(...)`` without groups is refused while ``build_model`` makes a world
+ids onto torch's variables; a model is built without any group while ``ensure_groups`` makes a world
 of one; ``init_world`` / ``init_model_parallel`` bound every group by the collective timeout (read back
 from the groups torch holds); a second TP size in one process is refused; ``ensure_groups`` never
 rebuilds. The checks that need a process without any group run in fresh subprocesses."""
@@ -164,17 +164,15 @@ cfg = build_model_config(dict(backbone="tiny-llama", core_layers=1, train_loops=
 out = {}
 """
 
-# Outside a launcher: LoopLM(...) is refused (and creates nothing); build_model makes a world of one;
+# Outside a launcher: LoopLM(...) and build_model create nothing; ensure_groups makes a world of one;
 # init_world over it bounds DeepSpeed's clone of the world group; megatron-core's groups built again with a
 # timeout hold it.
-_BUILD_MODEL = _PRELUDE + """
+_ENSURE_GROUPS = _PRELUDE + """
 out["ready_before"] = bootstrap.groups_ready()
-try:
-    LoopLM(cfg)
-except LoopConfigError as e:
-    out["looplm_error"] = str(e)
-out["world_after_refusal"] = dist.is_initialized()
-model = build_model(cfg)
+LoopLM(cfg)
+build_model(cfg)
+out["world_after_build"] = dist.is_initialized()
+bootstrap.ensure_groups()
 out.update(ready_after=bootstrap.groups_ready(), world=dist.get_world_size(), backend=dist.get_backend(),
            tp=ps.get_tensor_model_parallel_world_size(), launcher_env="RANK" in os.environ,
            default_timeout_s=timeout_s(ps.get_tensor_model_parallel_group()))
@@ -190,7 +188,7 @@ print("RESULT " + json.dumps(out))
 """
 
 # Plain `python` (no launcher variables): init_world makes a world of one through DeepSpeed on a free port,
-# every group bounded by the timeout; build_model then keeps those groups.
+# every group bounded by the timeout; building a model then leaves those groups as they are.
 _INIT_WORLD = _PRELUDE + """
 bootstrap.init_world(timeout_s=123)
 from deepspeed.utils import groups as ds_groups
@@ -217,12 +215,10 @@ def _fresh_process(code: str, tmp_path) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def test_looplm_needs_the_groups_and_build_model_makes_a_world_of_one(tmp_path):
-    got = _fresh_process(_BUILD_MODEL, tmp_path)
+def test_a_model_is_built_without_groups_and_ensure_groups_makes_a_world_of_one(tmp_path):
+    got = _fresh_process(_ENSURE_GROUPS, tmp_path)
     assert got["ready_before"] is False
-    assert got["looplm_error"] == ("LoopLM needs megatron-core's process groups: build it with build_model(), which "
-                                   "sets them up outside a launcher (parallel.bootstrap.ensure_groups)")
-    assert got["world_after_refusal"] is False  # the constructor creates no group
+    assert got["world_after_build"] is False  # the model is built plain (tests/unit/model/test_looplm.py)
     assert (got["ready_after"], got["world"], got["backend"], got["tp"]) == (True, 1, "gloo", 1)
     assert got["launcher_env"] is False  # an in-memory store: no rendezvous variables
     assert got["default_timeout_s"] == timedelta(minutes=30).total_seconds()

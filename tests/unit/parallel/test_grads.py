@@ -17,8 +17,8 @@ from megatron_loop import build_model
 from megatron_loop.config import build_model_config
 from megatron_loop.parallel import grads
 from megatron_loop.parallel.grads import partial_grad_parameters, register_tp_gradient_sum
-from megatron_loop.parallel.groups import ParallelPlacement
-from megatron_loop.parallel.vocab import TensorParallelEdges
+from megatron_loop.model.placement import ParallelPlacement
+from megatron_loop.model.vocab import TensorParallelEdges
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -53,7 +53,7 @@ def test_nothing_is_partial_at_tp_1():
     model = _model()
     assert partial_grad_parameters(model) == []
     assert register_tp_gradient_sum(model) == 0
-    assert _hooked(model) == set() and not hasattr(model, "_tp_gradient_sum")
+    assert _hooked(model) == set() and model.tp_gradient_sum is False
 
 
 def test_partial_gradients_are_the_qk_norms_without_sequence_parallelism_and_every_replicated_one_with_it():
@@ -70,7 +70,7 @@ def test_the_sum_is_registered_once_per_model():
     model = _model(2, sequence_parallel=True)
     assert register_tp_gradient_sum(model) == len(REPLICATED)
     assert register_tp_gradient_sum(model) == len(REPLICATED)  # the count again, no second hook
-    assert model._tp_gradient_sum is True
+    assert model.tp_gradient_sum is True
     assert _hooked(model) == REPLICATED
     assert all(len(p._backward_hooks) == 1 for name, p in model.named_parameters() if name in REPLICATED)
 

@@ -15,16 +15,18 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from megatron_loop import build_model, load_config
 from megatron_loop.config import build_model_config
 from megatron_loop.errors import LoopConfigError
-from megatron_loop.model.recompute import CheckpointingSettings, apply_activation_checkpointing
+from megatron_loop.model.recompute import RecomputeSettings
+from megatron_loop.parallel.parallelize import apply_recompute
 from megatron_loop.parallel import parallelize as preparation
-from megatron_loop.parallel.groups import ParallelPlacement
+from megatron_loop.parallel.bootstrap import ensure_groups
+from megatron_loop.model.placement import ParallelPlacement
 from megatron_loop.parallel.parallelize import apply_compile, parallelize
-from megatron_loop.parallel.vocab import TensorParallelEdges
+from megatron_loop.model.vocab import TensorParallelEdges
 
 
 def _config(**kw):
     base = dict(backbone="tiny-llama", prelude_layers=1, core_layers=2, coda_layers=1, train_loops=3,
-                timestep="branch_gating", activation_checkpointing="none")
+                timestep="branch_gating", recompute="none")
     base.update(kw)
     return build_model_config(base)
 
@@ -63,11 +65,11 @@ def test_compiled_blocks_match_eager_and_never_recompile_across_r():
 
 @pytest.mark.parametrize("mode", ["per_loop", "selective", "per_block"])
 def test_compiled_training_step_matches_eager_gradients(mode):
-    """Checkpointing applied first, compilation second: a compiled block traces its checkpointed
+    """Recomputation applied first, compilation second: a compiled block traces its recomputed
     region (the selective policy included) and the gradients stay those of eager."""
     eager, compiled = _pair(_config(timestep="none"))
     for model in (eager, compiled):
-        apply_activation_checkpointing(model, CheckpointingSettings(mode))
+        apply_recompute(model, RecomputeSettings(mode))
     counter = _compiled_graphs()
     apply_compile(compiled, backend=counter)
     x = torch.randint(0, 2048, (2, 16))
@@ -125,12 +127,12 @@ def test_when_training_compiles(monkeypatch, compile_key, cuda):
 
 
 def test_the_steps_run_in_order_and_zero3_registration_only_at_stage_3(monkeypatch):
-    """TP sum, recomputation (as ``model.activation_checkpointing`` asks), compile when the rule says so,
-    ZeRO-3 registration: recomputation before compile, so that a compiled block traces its checkpointed
+    """TP sum, recomputation (as ``model.recompute`` asks), compile when the rule says so,
+    ZeRO-3 registration: recomputation before compile, so that a compiled block traces its recomputed
     region (test_compiled_training_step_matches_eager_gradients)."""
     calls = []
     monkeypatch.setattr(preparation, "register_tp_gradient_sum", lambda m: calls.append("tp sum"))
-    monkeypatch.setattr(preparation, "apply_activation_checkpointing",
+    monkeypatch.setattr(preparation, "apply_recompute",
                         lambda m, settings: calls.append(f"recompute {settings.mode}"))
     monkeypatch.setattr(preparation, "apply_compile", lambda m: calls.append("compile"))
     monkeypatch.setattr(preparation, "register_external_parameters", lambda m: calls.append("zero-3"))
@@ -139,7 +141,7 @@ def test_the_steps_run_in_order_and_zero3_registration_only_at_stage_3(monkeypat
                 (False, 3): ["tp sum", "recompute per_loop", "zero-3"]}
     for (compile_key, zero), steps in expected.items():
         calls.clear()
-        model = build_model(_config(compile=compile_key, activation_checkpointing="per_loop"), device="meta")
+        model = build_model(_config(compile=compile_key, recompute="per_loop"), device="meta")
         note = parallelize(model, zero)
         assert calls == steps, (compile_key, zero)
         assert note == preparation.compile_decision(model.config, zero)[1] == model.compile_note
@@ -150,15 +152,16 @@ def test_the_tp_gradient_sum_is_registered_only_at_tp_above_1():
     replicated parameter (not the TP shards) gets one (the rule: tests/unit/parallel/test_grads.py)."""
     plain = build_model(_config())
     parallelize(plain, 1)
-    assert not any(p._backward_hooks for p in plain.parameters()) and not hasattr(plain, "_tp_gradient_sum")
+    assert not any(p._backward_hooks for p in plain.parameters()) and plain.tp_gradient_sum is False
     sharded = build_model(_config())
+    ensure_groups()  # the sum's hooks are made for megatron-core's TP group (here: of one rank)
     sharded.tensor_parallel = TensorParallelEdges(ParallelPlacement(tp_size=2, sequence_parallel=True))
     sharded.embed_tokens.weight.tensor_model_parallel = True  # as VocabParallelEmbedding marks it
     sharded.lm_head.weight.tensor_model_parallel = True  # and the vocab-parallel head
     parallelize(sharded, 1)
     hooked = {name for name, p in sharded.named_parameters() if p._backward_hooks}
     replicated = {name for name, p in sharded.named_parameters() if not getattr(p, "tensor_model_parallel", False)}
-    assert sharded._tp_gradient_sum is True
+    assert sharded.tp_gradient_sum is True
     assert hooked == replicated and "norm.weight" in hooked and "core.1.input_layernorm.weight" in hooked
     assert not any(name.endswith(("linear_qkv.weight", "linear_fc1.weight")) for name in hooked)
 
@@ -176,3 +179,49 @@ def test_zero3_registers_the_head_weight_with_deepspeed_as_an_external_parameter
     untied = build_model(_config())
     parallelize(untied, 3)
     assert list(untied._external_params.values()) == [untied.lm_head.weight]
+
+
+def test_parallelize_sets_only_what_the_model_declares():
+    """What training adds to a model (recomputation, the compile note, the TP gradient sum) is declared by
+    the model and set by this stage: parallelize adds no attribute of its own."""
+    model = build_model(_config(recompute="per_loop"))
+    declared = set(vars(model))
+    assert (model.recompute, model.compile_note, model.tp_gradient_sum) == (None, None, False)
+    parallelize(model, 1)
+    assert set(vars(model)) == declared
+    assert model.recompute is not None and model.compile_note.startswith("model.compile=")
+
+
+# the modules that build, train, step and save a model; the model's own constructor sets its fields
+NO_MODEL_ATTRIBUTES = ("megatron_loop/model", "megatron_loop/optim", "megatron_loop/training",
+                       "megatron_loop/checkpoint")
+OWN_FIELDS = {"megatron_loop/model/looplm.py"}
+STEP_OBJECTIVE_PENDING = {"megatron_loop/model/exit_gate.py"}  # Ouro's objective: set on the model until the step object
+
+
+def _model_attribute_assignments(path) -> list[str]:
+    import ast
+
+    def names_a_model(node) -> bool:  # model.x, module.x, engine.module.x
+        return ((isinstance(node, ast.Name) and node.id in ("model", "module"))
+                or (isinstance(node, ast.Attribute) and node.attr == "module"))
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        found += [f"{path}:{node.lineno}" for t in targets if isinstance(t, ast.Attribute) and names_a_model(t.value)]
+    return found
+
+
+def test_no_module_but_the_preparation_stage_sets_attributes_on_a_model(tmp_path):
+    """optim/engine, training/setup, recompute and the rest set nothing on a model from outside (parallelize
+    does, for the fields the model declares)."""
+    from testpaths import REPO
+
+    files = [p for folder in NO_MODEL_ATTRIBUTES for p in sorted((REPO / folder).rglob("*.py"))
+             if p.relative_to(REPO).as_posix() not in OWN_FIELDS | STEP_OBJECTIVE_PENDING]
+    assert [hit for p in files for hit in _model_attribute_assignments(p)] == []
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(model, engine):\n    model.recompute = 1\n    engine.module.note = 2\n")
+    assert len(_model_attribute_assignments(bad)) == 2  # the check sees both spellings

@@ -14,8 +14,16 @@ from megatron_loop.model.conditioning import timestep_features
 from megatron_loop.probes import metrics
 from megatron_loop.probes.runner import GeometryProbe, ProbeSettings, probe_passes
 from megatron_loop.probes.sampling import ProbeSample, load_probe_sample, select_positions
+from megatron_loop.parallel.bootstrap import ensure_groups
 
 SEQ = 13  # tokens per window: 12 prediction positions
+
+@pytest.fixture(autouse=True, scope="module")
+def megatron_groups():
+    """megatron-core's own attention (the reference path, or blocks called with rotary angles) reads its
+    process groups when it runs; the model is built without any (build_model creates none)."""
+    ensure_groups()
+
 
 
 def random_sample(num_sequences: int = 3, num_positions: int = 30, seed: int = 1) -> ProbeSample:

@@ -14,7 +14,7 @@ K = 3
 
 
 def make(**kw):
-    base = dict(backbone="tiny-qwen", core_layers=2, train_loops=K, activation_checkpointing="none", **kw)
+    base = dict(backbone="tiny-qwen", core_layers=2, train_loops=K, recompute="none", **kw)
     torch.manual_seed(0)
     model = build_model(build_model_config(base))
     gen = torch.Generator().manual_seed(1)

@@ -27,7 +27,7 @@ def _cfg(missing: str = "error", **model) -> Config:
     gate = model.get("exit_gate") == "learned"
     train = TrainConfig(init_from="/runs/stage1/train/checkpoints", init_from_missing=missing,
                         exit_gate_objective="adaptive_gate" if gate else "none")
-    values = dict(backbone="tiny-llama", core_layers=1, train_loops=2, vocab_size=96, activation_checkpointing="none")
+    values = dict(backbone="tiny-llama", core_layers=1, train_loops=2, vocab_size=96, recompute="none")
     return Config(model=build_model_config({**values, **model}), train=train)
 
 

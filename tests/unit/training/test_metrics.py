@@ -33,7 +33,7 @@ def test_resume_drops_records_past_the_checkpoint(tmp_path):
 def test_one_tolerant_reader_serves_truncation_and_the_curves(tmp_path):
     """A line torn by a crash and lines that are JSON but not records are skipped by every reader
     of metrics.jsonl (truncation on resume, the training curves), not an error."""
-    from megatron_loop.training.curves import read_run
+    from megatron_loop.curves import read_run
 
     path = tmp_path / "metrics.jsonl"
     lines = [json.dumps(_record(1)), "[1, 2]", "7", json.dumps({"event": "eval", "step": 2, "val_loss_r1": 3.0}),

@@ -1,4 +1,4 @@
-"""training/resume.py's ``apply_plan`` on an extended schedule (issue 33 item 9): the line it prints
+"""training/resume.py's ``apply_decision`` on an extended schedule (issue 33 item 9): the line it prints
 says what the lr does after the extension, and ``train.schedule_on_resume: continue_decay`` decays
 on from where the checkpoint stopped instead of going back to the peak (optim/schedule.py)."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from megatron_loop.optim.schedule import wsd_lambda, wsd_scheduler, wsd_split
-from megatron_loop.training.resume import Hyperparameters, ResumeDecision, apply_plan
+from megatron_loop.training.resume import Hyperparameters, ResumeDecision, apply_decision
 
 PEAK = 1e-2
 
@@ -27,8 +27,8 @@ def _resumed(done: int, old_total: int, new_total: int, mode: str, kept=()):
     for _ in range(done):
         opt.step()
         sched.step()
-    plan = ResumeDecision(schedule=[f"train.max_steps {old_total} -> {new_total}"])
-    line = apply_plan(SimpleNamespace(lr_scheduler=sched), opt, fresh, plan, mode, list(kept))
+    decision = ResumeDecision(schedule=[f"train.max_steps {old_total} -> {new_total}"])
+    line = apply_decision(SimpleNamespace(lr_scheduler=sched), opt, fresh, decision, mode, list(kept))
     return line, opt, sched
 
 

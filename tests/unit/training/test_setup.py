@@ -13,7 +13,7 @@ import torch
 from megatron_loop.config import config_from_dict
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.parallel.bootstrap import ensure_groups
-from megatron_loop.parallel.groups import ParallelPlacement
+from megatron_loop.model.placement import ParallelPlacement
 from megatron_loop.training import preflight, setup
 from megatron_loop.training.distributed import DistInfo
 from megatron_loop.training.lock import LOCK_NAME

@@ -1,4 +1,4 @@
-"""``training/curves.py``'s loop-dynamics figure (``tools/plot_metrics.py`` writes it beside the curves):
+"""``curves.py``'s loop-dynamics figure (``tools/plot_metrics.py`` writes it beside the curves):
 read from the ``dynamics`` records of metrics.jsonl, one line per loop l (or r), labelled."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_loop.training.curves import plot_dynamics, plot_runs, read_run
+from megatron_loop.curves import plot_dynamics, plot_runs, read_run
 from testpaths import load_script
 
 
@@ -61,7 +61,7 @@ def test_a_run_without_gates_says_so_on_the_gate_panel(tmp_path):
 
 def test_curves_go_to_png_pdf_or_svg_and_the_shared_learning_rate_is_labelled(tmp_path):
     from megatron_loop.errors import LoopConfigError
-    from megatron_loop.training.curves import plot_runs, save_figure
+    from megatron_loop.curves import plot_runs, save_figure
 
     _write(tmp_path / "a", dynamics=False)
     fig = plot_runs([read_run(tmp_path / "a")])

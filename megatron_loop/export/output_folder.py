@@ -1,4 +1,6 @@
-"""Where an export may be written, and what ``--overwrite`` may replace (docs/RELIABILITY.md).
+"""Where an export may be written, by whom, and what ``--overwrite`` may replace (docs/RELIABILITY.md).
+
+One export at a time per output folder (:class:`ExportLock`, held from the first check to the publish).
 
 An export is published whole (:func:`megatron_loop.atomic.publish_folder`: the old folder swapped
 out, then removed), so replacing the wrong folder loses it: ``--overwrite`` therefore replaces
@@ -9,12 +11,15 @@ only a folder that this tool exported and nobody changed since (the export's
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import os
 from pathlib import Path
 
 from megatron_loop.checkpoint.folders import CONFIG_NAME, MANIFEST, step_of
-from megatron_loop.errors import LoopDataError
-from megatron_loop.training.lock import run_lock_holder
+from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
+from megatron_loop.training.lock import holder_text, read_holder, run_lock_holder, write_holder
 
 
 # The list of files an export wrote, inside it: what --overwrite may replace (nothing else).
@@ -65,3 +70,59 @@ def check_replaceable(output: Path) -> None:
 def write_export_record(folder: Path) -> None:
     """List every file of the finished export ``folder`` in it (the last file written)."""
     (folder / EXPORT_RECORD).write_text(json.dumps({"files": _files_under(folder)}, indent=1))
+
+
+class ExportLock:
+    """One writer per export folder (``tools/convert_to_hf.py --output``): an exclusive ``flock``
+    on a hidden ``.NAME.lock`` next to the output, held from the first check to the publish and
+    removed after. Creating it is also the early writability check of the output's folder
+    (a read-only or full file system fails here, before the slow consolidation)."""
+
+    def __init__(self, output: Path) -> None:
+        self.output = Path(output)
+        self.path = self.output.parent / f".{self.output.name}.lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> "ExportLock":
+        while True:  # a holder that removed the file as we opened it: lock the new one
+            try:
+                self.output.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError as e:
+                raise LoopDataError(f"{self.output}: cannot write an export there ({os_error_text(e)}: "
+                                    f"{e.filename or self.path}); expected a writable folder") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = read_holder(fd)
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise LoopConfigError(f"{self.output}: another export to this folder is running "
+                                          f"({holder_text(holder)}): wait for it to end, or choose another "
+                                          "--output") from None
+                raise LoopDataError(f"{self.output}: cannot lock {self.path} ({os_error_text(e)})") from None
+            try:
+                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        self.fd = fd
+        try:
+            write_holder(fd)
+        except OSError as e:
+            self.__exit__()
+            raise LoopDataError(f"{self.output}: cannot write an export there ({os_error_text(e)}: {self.path}); "
+                                "expected a writable folder") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)  # while locked: a waiting process sees the new file
+        except OSError:
+            pass
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        self.fd = None

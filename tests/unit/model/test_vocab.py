@@ -1,4 +1,4 @@
-"""``parallel/vocab.py``: the vocabulary under tensor parallelism. In one process the TP group has one
+"""``model/vocab.py``: the vocabulary under tensor parallelism. In one process the TP group has one
 rank, whose shard is the whole vocabulary: the vocab-parallel cross-entropy (its max / sum-exp / target
 logit all-reduces over the TP group) must then be F.cross_entropy exactly, with the gradient softmax -
 onehot; the TP = 1 embedding and head are torch's own modules with their roles and initialisation; the
@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron_loop.config import ParallelConfig, build_model_config
+from megatron_loop.config import build_model_config
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
 from megatron_loop.model.loss import torch_chunk_loss
-from megatron_loop.parallel import vocab
+from megatron_loop.model import vocab
 from megatron_loop.parallel.bootstrap import ensure_groups
-from megatron_loop.parallel.groups import ParallelPlacement
-from megatron_loop.parallel.vocab import TensorParallelEdges, lm_head, token_embedding, vocab_parallel_chunk
+from megatron_loop.model.placement import ParallelPlacement
+from megatron_loop.model.vocab import TensorParallelEdges, lm_head, token_embedding, vocab_parallel_chunk
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -111,10 +111,10 @@ def test_the_gradient_of_the_head_input_is_summed_over_the_tp_group(monkeypatch)
     assert torch.equal(h.grad, torch.arange(3.0)[:, None, None].expand(3, 2, 4))  # one rank: the sum is itself
 
 
-def test_the_configured_tp_size_must_be_the_groups():
+def test_the_placement_tp_size_must_be_the_groups():
     cfg = build_model_config(dict(backbone="tiny-llama", core_layers=1, train_loops=2))
-    assert TensorParallelEdges.of(cfg, ParallelConfig(1)).layout.tp_size == 1
-    assert TensorParallelEdges.of(cfg, None).layout == TP1
+    assert TensorParallelEdges.of(cfg, ParallelPlacement(tp_size=1)).placement.tp_size == 1
+    assert TensorParallelEdges.of(cfg, None).placement == TP1
     with pytest.raises(LoopConfigError, match=r"^parallel.tensor_model_parallel_size=2: this process's "
                                               r"tensor-parallel groups have size 1"):
-        TensorParallelEdges.of(cfg, ParallelConfig(2))
+        TensorParallelEdges.of(cfg, ParallelPlacement(tp_size=2))

@@ -29,7 +29,7 @@ activations of ``itemsize`` bytes (S = b s d itemsize, one hidden-state tensor):
   reduce-scatter and its backward all-gather, the head input's forward all-gather and its
   backward reduce-scatter; and the loss statistics (3 fp32 numbers per token: 12 b s bytes per
   chunk pass, independent of d and V).
-  Activation checkpointing repeats the forward collectives of every recomputed block.
+  Activation recomputation repeats the forward collectives of every recomputed block.
 * activation memory per rank: the per-block model of ``model/recompute.py`` with the heads,
   query groups and MLP columns divided by t; the hidden-sized tensors (norm inputs and outputs,
   residual stream) are whole on every rank without SP and 1/t with it.
@@ -74,7 +74,7 @@ def tp_communication_bytes(cfg: ModelConfig, tp: int, sequence_parallel: bool, m
 
 def activation_bytes_per_rank(cfg: ModelConfig, tp: int, sequence_parallel: bool, micro_batch: int,
                               seq_length: int, itemsize: int, num_loops: int | None = None) -> int:
-    """Activation bytes one rank keeps for backward for one micro-batch without checkpointing: every
+    """Activation bytes one rank keeps for backward for one micro-batch without recomputation: every
     block occurrence of L(K) (``model.recompute.block_bytes_per_token`` per rank)."""
     from megatron_loop.model.recompute import block_bytes_per_token  # torch: only for TP plans
 
@@ -89,14 +89,14 @@ def activation_bytes_per_rank(cfg: ModelConfig, tp: int, sequence_parallel: bool
     return int(cfg.effective_depth(num_loops) * per_token * micro_batch * seq_length)
 
 
-def tensor_parallel_plan(cfg, params: int, data_parallel_size: int) -> dict:
+def tensor_parallel_figures(cfg, params: int, data_parallel_size: int) -> dict:
     """The dry run's tensor-parallel keys for a Config: the layout, the per-rank parameters and model
     FLOPs of a step and, with TP > 1, the per-rank activation memory and TP traffic of one
     micro-batch (precision: bf16 unless fp32)."""
     p, t, m = cfg.parallel, cfg.train, cfg.model
     tp = p.tensor_model_parallel_size
     world = tp * data_parallel_size
-    plan = dict(tensor_parallel_size=tp, sequence_parallel=p.sequence_parallel, world_size=world,
+    figures = dict(tensor_parallel_size=tp, sequence_parallel=p.sequence_parallel, world_size=world,
                 parallel_layout=f"TP {tp} x DP {data_parallel_size}", params_per_rank=parameters_per_rank(m, params, tp),
                 # model FLOPs of one optimizer step shared by every GPU (each TP rank does 1/t of its group's)
                 train_flops_per_rank_per_step=train_flops_per_token(m, t.seq_length) * t.global_batch_size
@@ -104,7 +104,7 @@ def tensor_parallel_plan(cfg, params: int, data_parallel_size: int) -> dict:
     if tp > 1:
         itemsize = 4 if t.precision == "fp32" else 2
         args = (t.micro_batch_size, t.seq_length, itemsize)
-        plan.update(activation_bytes_per_rank=activation_bytes_per_rank(m, tp, p.sequence_parallel, *args),
+        figures.update(activation_bytes_per_rank=activation_bytes_per_rank(m, tp, p.sequence_parallel, *args),
                     activation_bytes_tp1=activation_bytes_per_rank(m, 1, False, *args),
                     tp_comm_bytes_per_micro_batch=tp_communication_bytes(m, tp, p.sequence_parallel, *args))
-    return plan
+    return figures

@@ -15,7 +15,7 @@ old export is swapped out, not deleted first.
 * a NonLoop model (one loop, no conditioning) is written as a native ``LlamaForCausalLM``
   (``qk_norm`` false) or ``Qwen3ForCausalLM`` (``qk_norm`` true) with no remote code.
 
-``load_looplm_from_hf`` is the inverse: an exported folder back to the training ``LoopLM``.
+The inverse, an exported folder back to the training ``LoopLM``, is :func:`megatron_loop.export.load.load_looplm_from_hf`.
 """
 
 from __future__ import annotations
@@ -34,11 +34,10 @@ from megatron_loop.checkpoint.weights import read_weights
 from megatron_loop.config import ModelConfig, build_model_config
 from megatron_loop.data.tokenizer import open_tokenizer, tokenizer_fingerprint
 from megatron_loop.errors import LoopDataError, write_failure
-from megatron_loop.hf.output_folder import check_not_in_a_checkpoint, check_replaceable, write_export_record
+from megatron_loop.export.output_folder import (ExportLock, check_not_in_a_checkpoint, check_replaceable,
+                                                write_export_record)
 from megatron_loop.model.roles import GateUpSplit, QKVSplit
-from megatron_loop.training.lock import ExportLock
 
-MODELING_FILE = Path(__file__).with_name("modeling_looplm.py")
 DEFAULT_MAX_SHARD_SIZE = "2GB"
 
 # Training-model suffix -> export suffix, per block (fused matrices are handled separately).
@@ -297,7 +296,7 @@ def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: 
     """Write the HF folder for a training state dict; returns the folder. ``tokenizer_source`` names
     where ``tokenizer`` came from in error messages (default: the ``--tokenizer`` flag);
     ``train_seq_length`` goes to config.json (:func:`hf_config`). One export at a time per output
-    folder (:class:`megatron_loop.training.lock.ExportLock`)."""
+    folder (:class:`megatron_loop.export.output_folder.ExportLock`)."""
     with ExportLock(Path(output)):
         return _export_state_dict(state, cfg, Path(output), tokenizer, overwrite, max_shard_size, tokenizer_source,
                                   train_seq_length)
@@ -416,38 +415,3 @@ def _convert_checkpoint(ckpt_dir: Path, output: Path, tag: str | None, tokenizer
     state = read_weights(chosen)
     return _export_state_dict(state, cfg.model, output, tokenizer, overwrite, max_shard_size, source,
                               cfg.train.seq_length)
-
-
-def read_hf_state_dict(hf_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """All tensors of an exported folder (sharded or not)."""
-    from safetensors.torch import load_file
-
-    hf_dir = Path(hf_dir)
-    files = sorted(hf_dir.glob("*.safetensors"))
-    if not files:
-        raise LoopDataError(f"{hf_dir}: no *.safetensors files; expected a folder written by convert_to_hf")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state
-
-
-def load_looplm_from_hf(hf_dir: str | os.PathLike):
-    """An exported HF folder -> the training ``LoopLM`` (fp32, eval mode), for probing."""
-    from transformers import AutoConfig
-
-    from megatron_loop.model import build_model  # megatron-core: loaded only when a LoopLM is built from an export
-
-    hf_dir = Path(hf_dir)
-    if not (hf_dir / "config.json").is_file():
-        raise LoopDataError(f"{hf_dir / 'config.json'}: missing; expected a folder written by convert_to_hf")
-    config = AutoConfig.from_pretrained(hf_dir, trust_remote_code=True)
-    cfg = model_config_from_hf(config)
-    state = from_hf_state_dict({k: v.float() for k, v in read_hf_state_dict(hf_dir).items()}, cfg)
-    model = build_model(cfg)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.endswith("_extra_state")]
-    if missing or unexpected:
-        raise LoopDataError(f"{hf_dir}: tensors missing {missing[:3]} / unexpected {unexpected[:3]} for {cfg.layout}")
-    return model.eval()
-

@@ -1,7 +1,10 @@
-"""This rank's place in megatron-core's process groups: its tensor-parallel and data-parallel group.
+"""Where a model runs: this rank's place in the tensor- and data-parallel grid (:class:`ParallelPlacement`,
+what :func:`megatron_loop.model.build_model` is given), read from megatron-core's groups
+(:func:`current_placement`), and the group handles the model's tensor-parallel collectives use when they run.
 
-The groups are created in one place, :mod:`megatron_loop.parallel.bootstrap`; this module only reads
-them (TP = 1, DP = 1 when none were built).
+The groups are created in one place, :mod:`megatron_loop.parallel.bootstrap` (which returns the placement);
+this module only reads them (TP = 1, DP = 1 when none were built), and building a model reads nothing here
+but the placement it is given.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ class ParallelPlacement:
 
 
 def current_placement(sequence_parallel: bool = False) -> ParallelPlacement:
-    """This rank's layout from megatron-core's groups (TP = 1, DP = 1 when none are built)."""
+    """This rank's placement from megatron-core's groups (TP = 1, DP = 1 when none are built)."""
     if not parallel_state.model_parallel_is_initialized():
         return ParallelPlacement(sequence_parallel=sequence_parallel)
     tp = parallel_state.get_tensor_model_parallel_world_size()

@@ -28,7 +28,7 @@ from torch import nn
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
 from megatron_loop.config.parallel import ParallelConfig
-from megatron_loop.parallel.groups import ParallelPlacement, current_placement, tensor_parallel_group
+from megatron_loop.model.placement import ParallelPlacement, tensor_parallel_group
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -37,27 +37,27 @@ with warnings.catch_warnings():
                                                         gather_from_tensor_model_parallel_region)
 
 
-def token_embedding(vocab_size: int, hidden_size: int, std: float, tcfg, layout: ParallelPlacement) -> nn.Module:
+def token_embedding(vocab_size: int, hidden_size: int, std: float, tcfg, placement: ParallelPlacement) -> nn.Module:
     """``nn.Embedding`` at TP = 1; megatron-core's ``VocabParallelEmbedding`` otherwise (reduce-scattered
     to sequence shards with sequence parallelism). Both draw the whole ``[V, d]`` table from the
     global generator exactly as the TP = 1 module does (``nn.Embedding``'s own N(0, 1) draw, then
     N(0, std), App. C.2), so a TP = N model holds the TP = 1 model's shards."""
-    if layout.tp_size == 1:
+    if placement.tp_size == 1:
         embedding = nn.Embedding(vocab_size, hidden_size)
         nn.init.normal_(embedding.weight, mean=0.0, std=std)
     else:
         embedding = VocabParallelEmbedding(
-            vocab_size, hidden_size, config=tcfg, reduce_scatter_embeddings=layout.sequence_parallel,
+            vocab_size, hidden_size, config=tcfg, reduce_scatter_embeddings=placement.sequence_parallel,
             init_method=lambda w: nn.init.normal_(nn.init.normal_(w), mean=0.0, std=std))
     roles.set_role(embedding.weight, roles.EMBEDDING)
     return embedding
 
 
-def lm_head(hidden_size: int, vocab_size: int, std: float, tcfg, layout: ParallelPlacement) -> nn.Module:
+def lm_head(hidden_size: int, vocab_size: int, std: float, tcfg, placement: ParallelPlacement) -> nn.Module:
     """The untied LM head: ``nn.Linear`` at TP = 1, a ``ColumnParallelLinear`` over the vocabulary
     otherwise (only its weight is used: the loss and the logits read it directly). The master
     weight is drawn as ``nn.Linear``'s (Kaiming uniform, then N(0, std))."""
-    if layout.tp_size == 1:
+    if placement.tp_size == 1:
         head = nn.Linear(hidden_size, vocab_size, bias=False)
         nn.init.normal_(head.weight, mean=0.0, std=std)
     else:
@@ -125,43 +125,50 @@ class TensorParallelEdges:
     TP = 1 every method is what the model did without tensor parallelism.
     """
 
-    def __init__(self, layout: ParallelPlacement):
-        self.layout = layout
+    def __init__(self, placement: ParallelPlacement):
+        self.placement = placement
 
     @classmethod
-    def of(cls, model, parallel: ParallelConfig | None) -> "TensorParallelEdges":
-        """The edges for a model (a ModelConfig) in this process's TP groups; ``parallel`` (the config
-        section, optional) must agree with them."""
-        layout = current_placement(parallel is not None and parallel.sequence_parallel)
-        if parallel is not None and parallel.tensor_model_parallel_size != layout.tp_size:
-            raise LoopConfigError(f"parallel.tensor_model_parallel_size={parallel.tensor_model_parallel_size}: "
-                                  f"this process's tensor-parallel groups have size {layout.tp_size} "
-                                  "(parallel.bootstrap.init_model_parallel builds them)")
-        ParallelConfig(layout.tp_size).check_model(model)
-        return cls(layout)
+    def of(cls, model, placement: ParallelPlacement | None = None) -> "TensorParallelEdges":
+        """The edges for a model (a ModelConfig) at ``placement`` (None: one rank, TP = 1). Reads no process
+        group: at TP > 1 the caller built megatron-core's groups of that size, and its layers are built in them."""
+        placement = ParallelPlacement() if placement is None else placement
+        ParallelConfig(placement.tp_size).check_model(model)
+        if placement.tp_size > 1:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                from megatron.core import parallel_state
+
+            built = (parallel_state.get_tensor_model_parallel_world_size()
+                     if parallel_state.model_parallel_is_initialized() else None)
+            if built != placement.tp_size:
+                raise LoopConfigError(f"parallel.tensor_model_parallel_size={placement.tp_size}: this process's "
+                                      f"tensor-parallel groups have size {built or 1} (parallel.bootstrap."
+                                      "init_model_parallel builds them, and returns the placement)")
+        return cls(placement)
 
     @property
     def enabled(self) -> bool:
-        return self.layout.tp_size > 1
+        return self.placement.tp_size > 1
 
     def embed(self, embedding: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.layout.sequence_parallel:
-            if input_ids.shape[1] % self.layout.tp_size:
+        if self.placement.sequence_parallel:
+            if input_ids.shape[1] % self.placement.tp_size:
                 raise LoopConfigError(f"input length {input_ids.shape[1]}: sequence parallelism needs a multiple of "
-                                      f"parallel.tensor_model_parallel_size={self.layout.tp_size}")
+                                      f"parallel.tensor_model_parallel_size={self.placement.tp_size}")
             return embedding(input_ids)  # reduce-scattered: [s/N, b, d]
         return embedding(input_ids).transpose(0, 1)
 
     def gather_sequence(self, hidden: torch.Tensor) -> torch.Tensor:
         """A sequence-sharded state ``[s/N, b, d]`` as the whole ``[s, b, d]`` (trajectories)."""
-        if not self.layout.sequence_parallel:
+        if not self.placement.sequence_parallel:
             return hidden
         return gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
 
     def head_input(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final hidden states ``[s, b, d]`` whole on every rank; backward sums (and re-shards) the
         partial gradients of the vocabulary shards."""
-        if self.layout.sequence_parallel:
+        if self.placement.sequence_parallel:
             return gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)
         if self.enabled:
             return _SumGradientOverTP.apply(hidden)
