@@ -90,8 +90,14 @@ def hf_assets() -> HFAssets:
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
              for cmd, env in _checkpoint_runs(root, tokenizer)]
-    for proc in procs:
-        out, _ = proc.communicate(timeout=600)
+    try:
+        outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+    finally:  # a timeout or an interrupt leaves no checkpoint writer running behind the suite
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for proc, out in zip(procs, outputs):
         assert proc.returncode == 0, out[-4000:]
     checkpoints = {name: root / "ckpt" / name for name in MODELS}
     exports = {name: root / "hf" / name for name in MODELS}

@@ -23,6 +23,7 @@ import deepspeed
 from megatron_loop.config import config_from_dict
 from megatron_loop.model import build_model
 from megatron_loop.checkpoint.folders import save_run_config
+from megatron_loop.parallel.bootstrap import init_world
 from megatron_loop.parallel.parallelize import register_external_parameters
 
 
@@ -64,10 +65,9 @@ def main() -> None:
     ap.add_argument("--zero", type=int, required=True)
     ap.add_argument("--tokenizer")
     args = ap.parse_args()
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    deepspeed.init_distributed(dist_backend="gloo")
+    # the project's world (plain python: a world of one; torchrun: its ranks), which does not JIT-build
+    # DeepSpeed's CPU shared-memory extension (tests/conftest.py fails the suite when anything builds it)
+    init_world()
     for name, spec in json.loads(open(args.spec).read()).items():
         write_checkpoint(spec["model"], spec["out"], args.zero, args.tokenizer)
         if dist.get_rank() == 0:
