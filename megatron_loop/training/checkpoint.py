@@ -263,9 +263,14 @@ def universal_copy(root: Path, point: SelectedCheckpoint, info: D.DistInfo) -> P
         shutil.rmtree(load_dir, ignore_errors=True)
         try:
             to_universal(point.path, load_dir)
-        except OSError as e:
-            raise LoopDataError(f"{load_dir}: writing the universal checkpoint failed "
-                                f"({write_failure(e, root)})") from None
+        except (OSError, RuntimeError) as e:  # torch's zip writer reports a full disk as a RuntimeError
+            why = write_failure(e, root)  # before the clean-up: the probe write needs the disk as it was
+            shutil.rmtree(load_dir, ignore_errors=True)  # not left filling the disk until the next start
+            raise LoopDataError(f"{load_dir}: writing the universal checkpoint failed ({why}); removed it, "
+                                f"{point.path} is unchanged") from None
+        except BaseException:
+            shutil.rmtree(load_dir, ignore_errors=True)
+            raise
         return load_dir
 
     return D.on_main(info, convert, share=True)

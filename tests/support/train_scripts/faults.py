@@ -2,7 +2,7 @@
 tests (docs/RELIABILITY.md).
 
     python tests/support/train_scripts/faults.py FAULT[+FAULT...] [pretrain_loop.py arguments]
-    python tests/support/train_scripts/faults.py FAULT convert_to_hf.py [convert_to_hf.py arguments]
+    python tests/support/train_scripts/faults.py FAULT TOOL.py [arguments of tools/TOOL.py]
 
 FAULT is one of
   nan@A:S1,S2,...        the training loss of optimizer steps S1, S2, ... becomes NaN
@@ -27,6 +27,12 @@ FAULT is one of
   metrics@remove:N       after the N-th train record, metrics.jsonl is deleted (rm under a run)
   kill_in_swap           SIGKILL an HF export right after its old folder was moved aside, before
                          the new one is renamed into place
+  universal_full@N       the disk fills at the N-th file of a universal conversion (a resume on
+                         another number of ranks): that file is half written, torch reports
+                         "enforce fail", and every later write under the checkpoint folder fails
+                         with ENOSPC (removing files still works, as on a full disk)
+  slow_encode@SECONDS    every encode batch of tools/preprocess_data.py sleeps SECONDS (in its
+                         worker processes too: time to interrupt it mid-run)
 
 Under ``torchrun --max-restarts``, faults are injected in the first attempt only.
 """
@@ -275,6 +281,43 @@ def kill_in_swap() -> None:
     os.replace = patched
 
 
+def universal_full(nth: int) -> None:
+    import torch
+
+    save = torch.save
+    bump = _counter()
+
+    def patched(obj, f, *args, **kwargs):
+        parts = Path(str(f)).parents
+        partial = next((p for p in parts if p.name.endswith(".universal.partial")), None)
+        if partial is not None and bump() == nth:
+            save(obj, f, *args, **kwargs)
+            with open(f, "r+b") as handle:
+                handle.truncate(os.path.getsize(f) // 2)
+            oserror("ENOSPC", str(partial.parent))  # the checkpoint folder's disk is full from now on
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4352 vs 4242")
+        return save(obj, f, *args, **kwargs)
+
+    torch.save = patched
+
+
+def slow_encode(seconds: float) -> None:
+    import time
+
+    from megatron_loop.data import preprocess
+
+    encode = preprocess.encode_batch
+
+    def patched(texts):
+        time.sleep(seconds)
+        return encode(texts)
+
+    # the pool pickles the function by name: under the patched function's own name it resolves to
+    # itself, in the forked workers too
+    patched.__module__, patched.__qualname__ = preprocess.__name__, "encode_batch"
+    preprocess.encode_batch = patched  # read at call time
+
+
 def apply(fault: str) -> None:
     kind, _, arg = fault.partition("@")
     if kind == "nan":
@@ -306,6 +349,10 @@ def apply(fault: str) -> None:
         metrics_fault(how, int(nth))
     elif kind == "kill_in_swap":
         kill_in_swap()
+    elif kind == "universal_full":
+        universal_full(int(arg))
+    elif kind == "slow_encode":
+        slow_encode(float(arg))
     else:
         raise SystemExit(f"unknown fault {fault!r}")
 
@@ -318,11 +365,13 @@ def main() -> int:
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":  # a torchrun restart runs clean
         for fault in faults.split("+"):
             apply(fault)
-    if argv and argv[0] == "convert_to_hf.py":
-        sys.path.insert(0, str(REPO / "tools"))
-        import convert_to_hf
+    if argv and argv[0].endswith(".py") and (REPO / "tools" / argv[0]).is_file():  # a tool, as its CLI runs it
+        import runpy
 
-        return convert_to_hf.main(argv[1:])
+        sys.path.insert(0, str(REPO / "tools"))
+        sys.argv = [str(REPO / "tools" / argv[0]), *argv[1:]]
+        runpy.run_path(sys.argv[0], run_name="__main__")  # exits through its sys.exit(run_cli(main))
+        return 0
     import pretrain_loop
 
     return pretrain_loop.main(argv)
