@@ -38,7 +38,7 @@ from megatron_loop.parallel.bootstrap import init_model_parallel
 from megatron_loop.parallel.groups import current_placement
 from megatron_loop.parallel.parallelize import parallelize
 from megatron_loop.plan import accumulation_steps, total_train_steps
-from megatron_loop.training import checkpoint, distributed, init_from, preflight, signals
+from megatron_loop.training import checkpoint, distributed, init_from, memory_plan, preflight, signals
 from megatron_loop.training.banner import start_record, training_statement
 from megatron_loop.training.distributed import DistInfo
 from megatron_loop.training.lock import RunLock
@@ -117,6 +117,7 @@ def build_run(cfg: Config, resume: str | None,
     ds_config = Path(preflight.check_input_files(cfg, accumulation, data_parallel)["deepspeed_config"])
     preflight.check_data_epochs(cfg)
     total_steps = total_train_steps(cfg)
+    memory_plan.check_run_memory(cfg, data_parallel, ds_config)  # a step its device cannot hold: refused here
 
     info = distributed.setup_distributed(t.collective_timeout_s)
     layout = init_model_parallel(cfg.parallel.tensor_model_parallel_size, cfg.parallel.sequence_parallel,
