@@ -38,7 +38,8 @@ from megatron_loop.parallel.bootstrap import init_model_parallel
 from megatron_loop.parallel.groups import current_placement
 from megatron_loop.parallel.parallelize import parallelize
 from megatron_loop.plan import accumulation_steps, total_train_steps
-from megatron_loop.training import checkpoint, distributed, init_from, memory_plan, preflight, signals
+from megatron_loop.training import (agreement, checkpoint, distributed, init_from, memory_plan, preflight,
+                                    signals)
 from megatron_loop.training.banner import start_record, training_statement
 from megatron_loop.training.distributed import DistInfo
 from megatron_loop.training.lock import RunLock
@@ -120,6 +121,7 @@ def build_run(cfg: Config, resume: str | None,
     memory_plan.check_run_memory(cfg, data_parallel, ds_config)  # a step its device cannot hold: refused here
 
     info = distributed.setup_distributed(t.collective_timeout_s)
+    agreement.check_ranks_agree(cfg, ds_config, info)  # every rank runs rank 0's config, data and tokenizer
     layout = init_model_parallel(cfg.parallel.tensor_model_parallel_size, cfg.parallel.sequence_parallel,
                                  t.collective_timeout_s)
     assert layout.dp_size == data_parallel, (layout, data_parallel)  # the same world, counted twice

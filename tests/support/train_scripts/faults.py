@@ -31,6 +31,7 @@ FAULT is one of
                          another number of ranks): that file is half written, torch reports
                          "enforce fail", and every later write under the checkpoint folder fails
                          with ENOSPC (removing files still works, as on a full disk)
+  config@RANK:KEY=VALUE  rank RANK runs with --set KEY=VALUE added (a node with an edited YAML)
   slow_encode@SECONDS    every encode batch of tools/preprocess_data.py sleeps SECONDS (in its
                          worker processes too: time to interrupt it mid-run)
 
@@ -364,6 +365,11 @@ def main() -> int:
     faults, argv = rest[0], launcher_args + rest[1:]
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":  # a torchrun restart runs clean
         for fault in faults.split("+"):
+            kind, _, arg = fault.partition("@")
+            if kind == "config":  # this rank's own --set: changes the arguments, not the code
+                rank, _, setting = arg.partition(":")
+                argv += ["--set", setting] if int(os.environ.get("RANK", "0")) == int(rank) else []
+                continue
             apply(fault)
     if argv and argv[0].endswith(".py") and (REPO / "tools" / argv[0]).is_file():  # a tool, as its CLI runs it
         import runpy
