@@ -29,7 +29,7 @@ from megatron_loop.checkpoint.folders import read_latest
 from megatron_loop.checkpoint.state import TrainState
 from megatron_loop.config import Config
 from megatron_loop.data.loaders import LoaderFailure, end_loader_workers, loader_failure
-from megatron_loop.errors import LoopDataError, os_error_text
+from megatron_loop.errors import LoopDataError, os_error_line
 from megatron_loop.flops import mfu
 from megatron_loop.model.recompute import new_loop_schedules
 from megatron_loop.model.shortcut import shortcut_trajectory
@@ -217,8 +217,9 @@ def train(cfg: Config, resume: str | None = None) -> int:
         if why is None:
             raise
         raise CollectiveFailure(f"{why}{_where(run, state)}") from None
-    except OSError as e:  # e.g. metrics.jsonl on a full disk: the file and the condition, one line
-        raise LoopDataError(f"{e.filename or t.output_dir}: {os_error_text(e)}{_where(run, state)}") from None
+    except OSError as e:  # e.g. metrics.jsonl on a full disk: the file and the condition, one line (no file
+        # named: the condition alone, not train.output_dir, which a full /dev/shm was blamed as before)
+        raise LoopDataError(f"{os_error_line(e)}{_where(run, state)}") from None
     finally:
         # Cleanup first, with the stop handlers still installed: a launcher's SIGTERM to the
         # surviving ranks (torchrun ends them when one rank fails) then only sets a flag and

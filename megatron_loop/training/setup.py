@@ -197,7 +197,8 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     loaders.train_sampler.consumed_samples = state.consumed_samples  # exact next sample
     valid_batches = [] if loaders.valid is None else list(islice(loaders.valid, t.eval_batches))
 
-    batches = SupervisedBatches(loaders.train, cfg.data.worker_timeout_s)  # a hung worker is an error
+    # a hung worker is an error, and so is a data file changed under the live run (loaders.data_watch)
+    batches = SupervisedBatches(loaders.train, cfg.data.worker_timeout_s, loaders.data_watch)
     # MFU where a peak is known (a GPU's published one, or logging.peak_tflops); a CPU's measured matmul
     # rate moves with the machine's load (MFU of 6 % to 90 % for one config), so none is logged there.
     device = torch.device(engine.device)

@@ -25,6 +25,10 @@ FAULT is one of
   metrics@full:N         after the N-th train record, metrics.jsonl writes fail with ENOSPC (the
                          appends go to /dev/full, as to a full disk: the flush and the close fail)
   metrics@remove:N       after the N-th train record, metrics.jsonl is deleted (rm under a run)
+  data@truncate:N        after the N-th train record, the first train prefix's P.bin is truncated to
+                         half its size in place (a file copied over, data preprocessed again in place)
+  shm_full               /dev/shm is full: no room for the DataLoader workers' batches, and creating
+                         their queues' semaphores fails with ENOSPC
   kill_in_swap           SIGKILL an HF export right after its old folder was moved aside, before
                          the new one is renamed into place
   universal_full@N       the disk fills at the N-th file of a universal conversion (a resume on
@@ -271,6 +275,40 @@ def metrics_fault(how: str, nth: int) -> None:
     MetricsLogger.log = patched
 
 
+def truncate_data(nth: int) -> None:
+    from megatron_loop.training.metrics import MetricsLogger
+
+    log = MetricsLogger.log
+    bump = _counter()
+
+    def patched(self, record):
+        log(self, record)
+        if record.get("event") == "train" and bump() == nth:
+            path = self.cfg.data.train_prefixes[0] + ".bin"
+            os.truncate(path, os.path.getsize(path) // 2)
+
+    MetricsLogger.log = patched
+
+
+def shm_full() -> None:
+    import multiprocessing.synchronize
+    import shutil
+
+    usage = shutil.disk_usage
+
+    def patched_usage(path):
+        if os.fspath(path).rstrip("/") == "/dev/shm":
+            total = 64 << 20
+            return type(usage("/"))(total, total, 0)
+        return usage(path)
+
+    def no_room(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # sem_open in a full /dev/shm: no file name
+
+    shutil.disk_usage = patched_usage
+    multiprocessing.synchronize.SemLock.__init__ = no_room
+
+
 def kill_in_swap() -> None:
     real_replace = os.replace
 
@@ -348,6 +386,12 @@ def apply(fault: str) -> None:
     elif kind == "metrics":
         how, _, nth = arg.partition(":")
         metrics_fault(how, int(nth))
+    elif kind == "data":
+        how, _, nth = arg.partition(":")
+        assert how == "truncate", fault
+        truncate_data(int(nth))
+    elif kind == "shm_full":
+        shm_full()
     elif kind == "kill_in_swap":
         kill_in_swap()
     elif kind == "universal_full":
