@@ -58,7 +58,7 @@ __all__ = ["save_checkpoint", "load_checkpoint", "set_aside_newer", "choose_resu
 
 
 def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.DistInfo,
-                    settings: dict[str, Any]) -> str:
+                    settings: dict[str, Any], retention: bool = True) -> str:
     """Atomically save ``engine`` + ``state`` + RNG as ``global_step{state.step}``; returns the tag.
 
     ``settings`` (:func:`megatron_loop.training.resume.run_settings`) go into the manifest: what a
@@ -67,7 +67,8 @@ def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.
     (:func:`_write_failures_deferred`): every rank goes through the save's collectives as the
     others do, then one exchange tells every rank which rank failed on which file and why; the
     partial folder is removed and every rank raises the same :class:`LoopDataError`. The
-    previous checkpoint stays published.
+    previous checkpoint stays published. ``retention`` False: no older checkpoint is removed (a save
+    during a streak of skipped updates keeps the newest one from before it, training/loop.py).
     """
     tag = tag_for(state.step)
     partial = root / (tag + PARTIAL)
@@ -118,7 +119,7 @@ def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.
         reason = "; ".join(errors) if errors else publish_error
         raise LoopDataError(f"{partial}: writing the checkpoint failed ({reason}); nothing was "
                             f"published, the latest checkpoint is still {previous or 'none'}")
-    if info.is_main:
+    if info.is_main and retention:
         prune(root, cfg.train.keep_last)
     D.barrier()
     return tag

@@ -38,8 +38,8 @@ from megatron_loop.parallel.bootstrap import init_model_parallel
 from megatron_loop.parallel.groups import current_placement
 from megatron_loop.parallel.parallelize import parallelize
 from megatron_loop.plan import accumulation_steps, total_train_steps
-from megatron_loop.training import (agreement, checkpoint, distributed, init_from, memory_plan, preflight,
-                                    signals)
+from megatron_loop.training import (agreement, checkpoint, distributed, divergence, init_from, memory_plan,
+                                    preflight, signals)
 from megatron_loop.training.banner import start_record, training_statement
 from megatron_loop.training.distributed import DistInfo
 from megatron_loop.training.lock import RunLock
@@ -65,6 +65,7 @@ class Run:
     root: Path
     settings: dict | None = None  # what each checkpoint's manifest records (resume.run_settings)
     lock: RunLock | None = None  # rank 0's hold on train.output_dir
+    last_tokens: object = None  # the last training micro-batch (a non-finite stop checks the weights on it)
 
 
 def seed_everything(seed: int) -> None:
@@ -152,6 +153,8 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     stage = zero_stage(ds)
     root = out / preflight.CHECKPOINTS
     point = checkpoint.choose_resume_point(root, resume, t.resume, info)  # what changed: refused before any work
+    cfg, divergence_note = divergence.lr_after_divergence(cfg, root)  # after a stop on non-finite values
+    t = cfg.train
     plan = decide_resume(point, cfg, info.world_size, stage) if point else ResumeDecision()
 
     loaders = data_loaders(cfg, total_steps)
@@ -172,7 +175,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     engine, optimizer = parts.engine, parts.optimizer
 
     state = TrainState()
-    logger_msgs = [describe_precision(engine)]
+    logger_msgs = [describe_precision(engine)] + ([divergence_note] if divergence_note else [])
     if lock is not None and lock.taken_over:
         logger_msgs.append(lock.takeover_note())
     settings = run_settings(cfg, info.world_size, stage)
