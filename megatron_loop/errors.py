@@ -44,8 +44,11 @@ _TEMPORARY = (re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-\d+-[0-9a-f]+(?P<suffix>
 
 
 def user_path(path: str | os.PathLike) -> str:
-    """The path a message names for ``path``: the target a temporary file stands for, else itself."""
+    """The path a message names for ``path``: the target a temporary file stands for, the folder a
+    write probe tested (:func:`write_failure`, ``training/preflight.py``), else itself."""
     path = Path(path)
+    if re.fullmatch(r"\.write_probe\.\d+", path.name):
+        return str(path.parent)
     m = _TEMPORARY[0].match(path.name)
     if m:
         return str(path.with_name(m.group("name")))
@@ -98,9 +101,12 @@ def write_failure(error: BaseException, folder: Path) -> str:
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        return f"{os_error_text(e)} (torch: {first_line(error)})"
+        return f"{os_error_text(e)}: {folder} (torch: {first_line(error)})"
     finally:
-        probe.unlink(missing_ok=True)
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:  # a folder that refuses the probe refuses its removal too
+            pass
     try:
         free = shutil.disk_usage(folder).free
         return f"{first_line(error)} ({free / 2**20:.0f} MiB free on that file system)"

@@ -48,6 +48,9 @@ def test_run_cli_turns_project_errors_into_one_line_and_exit_2(capsys):
     (PermissionError(1, "Operation not permitted", "/ckpt/global_step5.partial"),
      "error: /ckpt/global_step5.partial: operation not permitted (EPERM)"),
     (OSError(30, "Read-only file system", "/ro/out"), "error: /ro/out: read-only file system (EROFS)"),
+    # a write probe names the folder it tested
+    (OSError(30, "Read-only file system", "/run/checkpoints/.write_probe.4242"),
+     "error: /run/checkpoints: read-only file system (EROFS)"),
     # shared memory is named as such: not the output folder's disk
     (OSError(28, "No space left on device", "/dev/shm/torch_4242_1"),
      "error: /dev/shm/torch_4242_1: no space left on device (ENOSPC) in shared memory (/dev/shm); give the job "
