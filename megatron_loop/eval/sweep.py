@@ -197,10 +197,10 @@ def check_export(model_dir: str | Path) -> dict:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise LoopDataError(f"{folder}: no *.safetensors files; expected a folder written by tools/convert_to_hf.py")
-    from megatron_loop.hf.output_folder import verify_export_shards  # the sha256 the export recorded
+    stored = {name: (f, shape) for f in files for name, shape in _safetensors_header(f).items()}  # whole files
+    from megatron_loop.hf.output_folder import verify_export_shards  # and the bytes the export recorded
 
     verify_export_shards(folder)
-    stored = {name: (f, shape) for f in files for name, shape in _safetensors_header(f).items()}
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
         with torch.device("meta"):

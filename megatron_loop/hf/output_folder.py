@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from megatron_loop.checkpoint.folders import CONFIG_NAME, MANIFEST, SET_ASIDE, step_of
+from megatron_loop.checkpoint.folders import CONFIG_NAME, MANIFEST, step_of
 from megatron_loop.errors import LoopDataError
 from megatron_loop.training.lock import run_lock_holder
 
@@ -28,13 +28,15 @@ def _files_under(folder: Path) -> list[str]:
 
 
 def _checkpoint_root(folder: Path) -> bool:
-    """A run's ``checkpoints/`` folder: what resume, retention and the saves manage (``latest``, the run
-    config written next to the checkpoints, ``global_step*`` folders, ``set_aside/``)."""
+    """A run's ``checkpoints/`` folder, which resume, retention and the saves manage: it holds the
+    ``latest`` pointer, the run config written next to the checkpoints, or a ``global_step*`` folder
+    that is a checkpoint (a manifest or DeepSpeed's files; exports named after steps are not)."""
     if not folder.is_dir():
         return False
-    if (folder / "latest").exists() or (folder / CONFIG_NAME).is_file() or (folder / SET_ASIDE).is_dir():
+    if (folder / "latest").is_file() or (folder / CONFIG_NAME).is_file():
         return True
-    return any(step_of(p.name) is not None for p in folder.iterdir())
+    return any(step_of(p.name) is not None and ((p / MANIFEST).is_file() or any(p.glob("mp_rank_*")))
+               for p in folder.iterdir() if p.is_dir())
 
 
 def check_not_in_a_checkpoint(output: Path) -> None:

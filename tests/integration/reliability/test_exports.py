@@ -221,6 +221,12 @@ def test_an_export_into_a_runs_checkpoint_folder_is_refused(tmp_path):
                      script="tools/convert_to_hf.py")
     assert result.returncode == 2 and len([x for x in result.stderr.splitlines() if x.startswith("error: ")]) == 1
     assert "is inside the checkpoint folder" in result.stderr and sorted(p.name for p in ckpt.iterdir()) == before
+    # exports named after the steps they hold, outside any run: not a checkpoint folder
+    from megatron_loop.hf.output_folder import check_not_in_a_checkpoint
+
+    (tmp_path / "exports" / "global_step100").mkdir(parents=True)
+    (tmp_path / "exports" / "global_step100" / "config.json").write_text("{}")
+    check_not_in_a_checkpoint(tmp_path / "exports" / "global_step200")
 
 
 def test_a_checkpoint_removed_by_retention_mid_export_is_named_and_the_newest_is_read(tmp_path, monkeypatch, capsys):
