@@ -1,6 +1,7 @@
 """The command-line convention every entry point shares (``pretrain_loop.py`` and ``tools/*.py``): project
-errors become one ``error: <message>`` line and exit code 2; and the argument checks several tools
-share (output folders, loop lists, the JSON files the tools write)."""
+errors, and OS errors such as a full disk or a read-only folder, become one ``error: <message>`` line
+and exit code 2, Ctrl-C one line and exit code 130; and the argument checks several tools share
+(output folders, loop lists, the JSON files the tools write)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,34 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from megatron_loop.errors import LoopConfigError, LoopDataError
+from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_line
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+INTERRUPTED = ("interrupted (SIGINT): stopped; outputs are published only when complete, so nothing "
+               "half-written is left")
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
-    """Call ``main(argv)``; a LoopConfigError/LoopDataError prints ``error: ...`` and returns 2."""
+    """Call ``main(argv)``. A LoopConfigError/LoopDataError prints ``error: ...`` and returns 2; so
+    does an OSError that reaches here (a full disk, a read-only or immutable folder, a full /dev/shm:
+    the file the user knows and the condition, :func:`megatron_loop.errors.os_error_line`, not a
+    traceback); Ctrl-C (KeyboardInterrupt) prints one line and returns 130. Every writer publishes
+    through a temporary name and removes it on the way out, which is why one line is all there is
+    to say."""
     try:
         return main(argv)
     except (LoopConfigError, LoopDataError) as e:
         print_error(str(e))
         return 2
+    except BrokenPipeError:  # the reader of stdout went away (``| head``): nothing left to tell it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the final flush is silent too
+        return 1
+    except OSError as e:
+        print_error(os_error_line(e))
+        return 2
+    except KeyboardInterrupt:
+        print_error(INTERRUPTED)
+        return EXIT_INTERRUPTED
 
 
 def print_error(message: str) -> None:

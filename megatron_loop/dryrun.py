@@ -18,6 +18,7 @@ from megatron_loop.errors import LoopConfigError
 from megatron_loop.plan import accumulation_steps, check_train_steps, training_plan
 from megatron_loop.training import preflight
 from megatron_loop.training.banner import run_summary
+from megatron_loop.training.memory_plan import dry_run_memory
 
 # Repeating data up to about four epochs costs almost nothing against fresh data; beyond that the
 # returns fall quickly (Muennighoff et al., 2023, "Scaling Data-Constrained Language Models").
@@ -71,6 +72,10 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None, check_dat
     preflight.check_vocabulary(cfg)
     check_train_steps(cfg, training_plan(cfg)["train_steps"])
     report = run_summary(cfg, dp, accumulation, files)
-    for line in data_reuse_warnings(report["data_epochs"], cfg.data.max_epochs):
+    # what a rank holds in a step (weights, gradients, optimizer state, activations); training checks it
+    # against the memory it trains in, the dry run warns when this host could not (training/memory_plan.py)
+    need, memory_warnings = dry_run_memory(cfg, dp, report["zero_stage"], report["precision"])
+    report["memory_per_rank"] = need
+    for line in data_reuse_warnings(report["data_epochs"], cfg.data.max_epochs) + memory_warnings:
         print(line, file=sys.stderr)
     return report

@@ -2,6 +2,7 @@
 
 import errno
 import os
+import re
 from pathlib import Path
 
 
@@ -34,6 +35,41 @@ def os_error_text(error: OSError) -> str:
     return f"{words} ({name})" if name else words
 
 
+SHARED_MEMORY = "/dev/shm"
+# Temporary names of the writers (atomic.py's ``.NAME.tmp-PID-RANDOM.SUFFIX`` and ``.NAME.old-...``,
+# preprocessing's ``P.tmpPID.bin``): an error names the file the user knows, which the temporary one
+# stood for (it is removed on the way out, so naming it would point at nothing).
+_TEMPORARY = (re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-\d+-[0-9a-f]+(?P<suffix>\.[^.]*)?$"),
+              re.compile(r"^(?P<name>.+)\.tmp\d+(?P<suffix>(?:_valid)?\.(?:bin|idx))$"))
+
+
+def user_path(path: str | os.PathLike) -> str:
+    """The path a message names for ``path``: the target a temporary file stands for, the folder a
+    write probe tested (:func:`write_failure`, ``training/preflight.py``), else itself."""
+    path = Path(path)
+    if re.fullmatch(r"\.write_probe\.\d+", path.name):
+        return str(path.parent)
+    m = _TEMPORARY[0].match(path.name)
+    if m:
+        return str(path.with_name(m.group("name")))
+    m = _TEMPORARY[1].match(path.name)
+    return str(path.with_name(m.group("name") + m.group("suffix"))) if m else str(path)
+
+
+def os_error_line(error: OSError) -> str:
+    """One line for an OS error reaching a command line (a full disk, a read-only or immutable
+    folder, shared memory): the file the user knows (a rename's target, not the temporary file
+    that is gone: ``latest`` turned into a folder names ``latest``), the condition, and shared
+    memory named as such (DataLoader workers and multiprocessing put their queues and batches in
+    /dev/shm: a full /dev/shm is not the output folder's disk)."""
+    target = error.filename2 if getattr(error, "filename2", None) else error.filename
+    where = user_path(os.fsdecode(target)) if target not in (None, "") and not isinstance(target, int) else None
+    what = os_error_text(error)
+    if where is not None and (where == SHARED_MEMORY or where.startswith(SHARED_MEMORY + "/")):
+        return f"{where}: {what} in shared memory ({SHARED_MEMORY}); give the job more shared memory"
+    return what if where is None else f"{where}: {what}"
+
+
 def first_line(error: BaseException) -> str:
     """Errors are reported on one line (the CLI prints exactly one ``error:`` line)."""
     text = str(error).strip()
@@ -45,8 +81,8 @@ def write_failure(error: BaseException, folder: Path) -> str:
     as ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``; a 1 MiB probe write
     then names the condition (ENOSPC, EDQUOT, EFBIG, EROFS, ...)."""
     if isinstance(error, OSError):
-        return os_error_text(error) + (f": {error.filename}" if error.filename else "")
-    import re
+        target = getattr(error, "filename2", None) or error.filename
+        return os_error_text(error) + (f": {user_path(os.fsdecode(target))}" if target else "")
     import resource
     import shutil
 
@@ -65,9 +101,12 @@ def write_failure(error: BaseException, folder: Path) -> str:
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        return f"{os_error_text(e)} (torch: {first_line(error)})"
+        return f"{os_error_text(e)}: {folder} (torch: {first_line(error)})"
     finally:
-        probe.unlink(missing_ok=True)
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:  # a folder that refuses the probe refuses its removal too
+            pass
     try:
         free = shutil.disk_usage(folder).free
         return f"{first_line(error)} ({free / 2**20:.0f} MiB free on that file system)"

@@ -97,6 +97,7 @@ DESCRIPTIONS: dict[str, str] = {
     "train.init_from_missing": "What a start from `init_from` does with parameters of this model that the checkpoint lacks: `error` (refused, naming them) or `keep_init` (they keep their initialisation: an exit gate added to a plain run). Parameters of the checkpoint that this model lacks are always an error.",
     "train.nan_policy": "Non-finite loss or gradient norm: `skip` the update (up to max_consecutive_nonfinite) or `stop` with a checkpoint of the last good state.",
     "train.max_consecutive_nonfinite": "Consecutive skipped updates before the run stops.",
+    "train.divergence_lr_factor": "After a stop on non-finite values, the automatic resume from the last good state multiplies `train.lr` by this factor for every stop recorded in `checkpoints/divergence.json` (e.g. 0.5: half the lr after the first, a quarter after the second); `null` resumes at `train.lr` as configured (docs/RELIABILITY.md, divergence).",
     "train.wall_time_limit_s": "Save and exit cleanly after this many seconds (`null`: no limit).",
     "train.exit_interval": "Save and exit once the step is a multiple of N (Megatron-LM's --exit-interval; the schedule stays that of the full run).",
     "train.collective_timeout_s": "Longest wait of any collective (seconds); a rank that stopped or hung makes the others stop with one error instead of blocking for DeepSpeed's 30 minutes.",
@@ -189,4 +190,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from megatron_loop.cli import run_cli  # a full disk or Ctrl-C: one line
+
+    sys.exit(run_cli(main))

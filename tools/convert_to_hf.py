@@ -79,4 +79,6 @@ def _fail(message: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from megatron_loop.cli import run_cli  # a full disk or Ctrl-C: one line
+
+    sys.exit(run_cli(main))

@@ -148,4 +148,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from megatron_loop.cli import run_cli  # a full disk or Ctrl-C: one line
+
+    sys.exit(run_cli(main))

@@ -180,6 +180,9 @@ class TrainConfig(OptimizerSettings):
     init_from_missing: str = "error"
     nan_policy: str = "skip"
     max_consecutive_nonfinite: int = 5
+    # After a stop on non-finite values (nan_policy), the run resumed from its last good state trains at
+    # train.lr x this factor per recorded stop (training/divergence.py); null: at train.lr as configured.
+    divergence_lr_factor: float | None = None
     wall_time_limit_s: float | None = None
     # Exit (after saving a checkpoint) once the step number is a multiple of this, as
     # Megatron-LM's --exit-interval: a planned stop that keeps the full run's schedule.

@@ -223,6 +223,8 @@ def validate_train(train: TrainConfig, prefix: str = "train") -> None:
          "its default 'error' unless train.init_from is set (it decides what a weights-only start does with "
          "parameters the checkpoint lacks)")
     need(train.max_consecutive_nonfinite >= 1, "max_consecutive_nonfinite", "a positive integer")
+    need(train.divergence_lr_factor is None or 0 < train.divergence_lr_factor < 1, "divergence_lr_factor",
+         "null or a number in (0, 1) (the lr of a resume after a stop on non-finite values, per stop, e.g. 0.5)")
     need(train.wall_time_limit_s is None or train.wall_time_limit_s > 0, "wall_time_limit_s",
          "null or a positive number of seconds")
     need(train.exit_interval is None or train.exit_interval >= 1, "exit_interval", "null or a positive integer")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -153,3 +154,48 @@ def content_fingerprint(prefix: str) -> str:
             f.seek(offset)
             digest.update(f.read(CONTENT_BLOCK_BYTES))
     return digest.hexdigest()
+
+
+class DataWatch:
+    """The data files a run opened (``P.bin`` and ``P.idx`` of each prefix), as they were then.
+
+    The loaders read them through memory maps: a file truncated or rewritten in place under a live run
+    (``cp`` over it, preprocessing re-run into the same prefix by a tool that writes in place) makes
+    the next read past its new end a SIGBUS, which kills the process without a word (exit 135) or a
+    DataLoader worker with torch's misleading shared-memory hint. :meth:`check` runs before every batch
+    (a stat per file) and turns such a change into one line naming the file; a file replaced by a
+    rename (a new inode) is safe to go on with -- the maps hold the file the run opened -- and is
+    reported once (the next resume compares the new content, ``training/resume.py``)."""
+
+    def __init__(self, prefixes: list[str]) -> None:
+        self.files: dict[str, os.stat_result] = {}
+        for prefix in prefixes:
+            for path in (get_bin_path(prefix), get_idx_path(prefix)):
+                self.files[path] = os.stat(path)
+        self.replaced: set[str] = set()
+
+    def problem(self) -> str | None:
+        """One line for the first data file changed in place since the run opened it (None: none)."""
+        for path, then in self.files.items():
+            try:
+                now = os.stat(path)
+            except OSError:  # removed: the maps still hold it, like a replaced file
+                now = None
+            if now is None or (now.st_ino, now.st_dev) != (then.st_ino, then.st_dev):
+                if path not in self.replaced:
+                    self.replaced.add(path)
+                    print(f"warning: {path}: {'removed' if now is None else 'replaced'} during the run; this run "
+                          "reads the file it opened (a resume compares the new one with its checkpoint)",
+                          file=sys.stderr, flush=True)
+                continue
+            if now.st_size != then.st_size:
+                return (f"{path}: {now.st_size} bytes now, {then.st_size} when the run opened it: the data file "
+                        "changed in place during the run (truncated or rewritten, e.g. copied over or preprocessed "
+                        "again into the same prefix), so its memory map would read past the new end (SIGBUS); "
+                        "restore the file, or write new data under a new prefix and start a new run")
+        return None
+
+    def check(self) -> None:
+        problem = self.problem()
+        if problem is not None:
+            raise LoopDataError(problem)

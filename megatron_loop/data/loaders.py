@@ -30,10 +30,10 @@ from torch.utils.data import DataLoader
 
 from megatron_loop.config import DataConfig
 from megatron_loop.data.blend import BlendedDataset, max_blend_samples, samples_needed
-from megatron_loop.data.indexed import check_token_ids, count_tokens, open_indexed
+from megatron_loop.data.indexed import DataWatch, check_token_ids, count_tokens, open_indexed
 from megatron_loop.data.packed import PackedDataset, epochs_for
 from megatron_loop.data.sampler import GlobalBatchSampler
-from megatron_loop.errors import LoopDataError
+from megatron_loop.errors import SHARED_MEMORY, LoopDataError, os_error_text
 
 
 def _packed(prefixes: list[tuple[str, float]], seq_length: int, seed: int, num_samples: int | None,
@@ -89,6 +89,8 @@ class TrainValidLoaders:
     train_usage: list[dict] | None = None
     # the prefixes the validation loader reads ([] without validation)
     valid_prefixes: list[str] = field(default_factory=list)
+    # the data files as they were opened: a change under the live run is one error line (DataWatch)
+    data_watch: DataWatch | None = None
 
 
 def _loader(dataset, sampler: GlobalBatchSampler, num_workers: int, pin_memory: bool = False) -> DataLoader:
@@ -120,6 +122,7 @@ def build_train_valid_loaders(data: DataConfig, *, seq_length: int, global_batch
         raise TypeError(f"build_train_valid_loaders: expected the config's DataConfig (cfg.data), "
                         f"got {type(data).__name__}")
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    check_shared_memory(data.num_workers, micro_batch_size * seq_length * 8)  # the workers' batches go there
     train_prefixes = data.train_blend()
     usage: list[dict] = []
     train_ds = _packed(train_prefixes, seq_length, seed, train_samples, vocab_size, data.order, usage)
@@ -143,8 +146,45 @@ def build_train_valid_loaders(data: DataConfig, *, seq_length: int, global_batch
                                 "data.valid_prefixes=[])")
         valid = _loader(valid_ds, GlobalBatchSampler(len(valid_ds), step, micro_batch_size, dp_rank,
                                                      dp_size), data.num_workers, pin)
+    watch = DataWatch([p for p, _ in train_prefixes])  # validation batches are read once, at the start
     return TrainValidLoaders(_loader(train_ds, sampler, data.num_workers, pin), valid, train_ds, valid_ds, sampler,
-                             usage if train_samples is not None else None, valid_prefixes)
+                             usage if train_samples is not None else None, valid_prefixes, watch)
+
+
+# DataLoader workers hand each batch to the main process through shared memory (/dev/shm), up to
+# prefetch_factor (2) batches per worker at a time; their queues' semaphores live there too.
+PREFETCH = 2
+
+
+def shared_memory_free() -> tuple[int, int] | None:
+    """(free, total) bytes of /dev/shm, or None where there is none."""
+    import shutil
+
+    try:
+        usage = shutil.disk_usage(SHARED_MEMORY)
+    except OSError:
+        return None
+    return usage.free, usage.total
+
+
+def check_shared_memory(num_workers: int, batch_bytes: int) -> None:
+    """Before the workers start: room in /dev/shm for the batches they hold (a full /dev/shm was
+    reported as a full output folder, and the DataLoader's own half-built iterator then raised an
+    AttributeError as it was collected)."""
+    room = shared_memory_free() if num_workers > 0 else None
+    if room is None:
+        return
+    need = max(1 << 20, 2 * num_workers * PREFETCH * batch_bytes)
+    if room[0] < need:
+        raise LoopDataError(shared_memory_text(num_workers, f"{room[0] / 2**20:,.1f} MiB free of "
+                                                            f"{room[1] / 2**20:,.0f} MiB, about {need / 2**20:,.1f} MiB "
+                                                            "needed"))
+
+
+def shared_memory_text(num_workers: int, detail: str) -> str:
+    return (f"data.num_workers={num_workers}: shared memory ({SHARED_MEMORY}) is full ({detail}): the DataLoader "
+            f"workers pass their batches through {SHARED_MEMORY}; give the job more shared memory (docker run "
+            "--shm-size, a larger /dev/shm) or set data.num_workers: 0")
 
 
 def measure_loader_throughput(prefix: str, seq_length: int = 2048, micro_batch_size: int = 8,
@@ -190,10 +230,17 @@ class SupervisedBatches:
     signal handlers run); otherwise batches are passed through unchanged.
     """
 
-    def __init__(self, loader: DataLoader, timeout_s: float) -> None:
+    def __init__(self, loader: DataLoader, timeout_s: float, watch: DataWatch | None = None) -> None:
         import threading
 
-        self._batches = iter(loader)
+        try:
+            self._batches = iter(loader)  # starts the workers: their queues live in /dev/shm
+        except OSError as e:
+            room = shared_memory_free()
+            detail = os_error_text(e) + (f"; {room[0] / 2**20:,.1f} MiB free of {room[1] / 2**20:,.0f} MiB" if room
+                                         else "")
+            raise LoopDataError(shared_memory_text(loader.num_workers, detail)) from None
+        self.watch = watch  # the data files as they were opened: checked before every batch
         self.num_workers = loader.num_workers
         self.timeout_s = timeout_s
         self._armed = loader.num_workers > 0 and threading.current_thread() is threading.main_thread()
@@ -212,6 +259,8 @@ class SupervisedBatches:
         return {w.pid: w.exitcode for w in getattr(self._batches, "_workers", [])}
 
     def __next__(self) -> dict[str, torch.Tensor]:
+        if self.watch is not None:
+            self.watch.check()
         if not self._armed:
             return next(self._batches)
         previous = signal.signal(signal.SIGALRM, self._expired)
@@ -219,12 +268,16 @@ class SupervisedBatches:
         try:
             return next(self._batches)
         except RuntimeError as e:
-            if (why := loader_failure(e, self.num_workers, self.exit_codes())) is not None:
+            if self.watch is not None:  # a worker's SIGBUS from a data file changed in place: that file, one line
+                self.watch.check()
+            if (why := loader_failure(e, self.num_workers, self.exit_codes(), self.watch)) is not None:
                 raise LoaderFailure(why) from None
             raise
         except (ConnectionError, EOFError):
             # A worker killed while the main process fetches a batch's tensors from it: the
             # descriptor handshake sees the closed socket before torch's SIGCHLD check runs.
+            if self.watch is not None:
+                self.watch.check()
             if (why := self._dead_worker()) is not None:
                 raise LoaderFailure(why) from None
             raise
@@ -242,7 +295,7 @@ class SupervisedBatches:
             if dead:
                 pid, code = next(iter(dead.items()))
                 return loader_failure(RuntimeError(f"DataLoader worker (pid {pid}) exited unexpectedly with exit "
-                                                   f"code {code}"), self.num_workers)
+                                                   f"code {code}"), self.num_workers, watch=self.watch)
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.05)
@@ -252,15 +305,29 @@ _KILLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: (.+?
 _EXITED = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\) exited unexpectedly(?: with exit code (-?\d+))?")
 
 
-def _killed_text(pid: str, name: str, num_workers: int) -> str:
+def _killed_text(pid: str, name: str, num_workers: int, watch: DataWatch | None = None) -> str:
+    """The hint fits the signal: the out-of-memory killer's SIGKILL is memory; a SIGBUS is a data file
+    changed under its memory map (named) or a full /dev/shm (said only when it is full); nothing is
+    guessed for other signals."""
+    name = name.split(". ")[0]  # torch appends its shared-memory guess to every "Bus error"
+    killed = f"data.num_workers={num_workers}: DataLoader worker (pid {pid}) was killed by signal"
     if name in ("Killed", "SIGKILL"):
-        name = "SIGKILL (Killed; the kernel's out-of-memory killer sends it: see dmesg)"
-    return (f"data.num_workers={num_workers}: DataLoader worker (pid {pid}) was killed by signal {name}; "
-            "with too little memory lower data.num_workers or give the job more memory")
+        return (f"{killed} SIGKILL (Killed; the kernel's out-of-memory killer sends it: see dmesg); with too little "
+                "memory lower data.num_workers or give the job more memory")
+    if name in ("Bus error", "SIGBUS"):
+        changed = watch.problem() if watch is not None else None
+        if changed is not None:
+            return changed
+        room = shared_memory_free()
+        if room is not None and room[0] < max(1 << 20, room[1] // 100):
+            return shared_memory_text(num_workers, f"{room[0] / 2**20:,.1f} MiB free of {room[1] / 2**20:,.0f} MiB; "
+                                                   f"a worker was killed by SIGBUS (pid {pid})")
+        return f"{killed} SIGBUS (Bus error: a memory-mapped file shrank under it, or shared memory ran out)"
+    return f"{killed} {name}"
 
 
 def loader_failure(error: BaseException, num_workers: int,
-                   exit_codes: dict[int, int | None] | None = None) -> str | None:
+                   exit_codes: dict[int, int | None] | None = None, watch: DataWatch | None = None) -> str | None:
     """One line for a DataLoader worker that died (torch reports it as a bare ``RuntimeError``,
     from its SIGCHLD handler or, when its status check comes first, without the cause:
     ``exit_codes`` (pid -> exit code) recovers it) or stopped producing batches; None for any
@@ -269,14 +336,14 @@ def loader_failure(error: BaseException, num_workers: int,
         return str(error)
     text = str(error).strip()
     if m := _KILLED.search(text):
-        return _killed_text(m.group(1), m.group(2), num_workers)
+        return _killed_text(m.group(1), m.group(2), num_workers, watch)
     if m := _EXITED.search(text):
         pid = m.group(1).strip()
         code = m.group(2)
         if code is None and pid.isdigit():
             code = (exit_codes or {}).get(int(pid))
         if code is not None and int(code) < 0:
-            return _killed_text(pid, signal.Signals(-int(code)).name, num_workers)
+            return _killed_text(pid, signal.Signals(-int(code)).name, num_workers, watch)
         code = f" with exit code {code}" if code is not None else ""
         return f"data.num_workers={num_workers}: DataLoader worker (pid {pid}) exited unexpectedly{code}"
     return None

@@ -19,10 +19,12 @@ run never leaves a partial file under a final name.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -37,7 +39,7 @@ from megatron_loop.config import VALID_SUFFIX
 from megatron_loop.cli import check_output_folder
 from megatron_loop.data.sources import ENCODING_ERRORS, HFSource, iter_documents
 from megatron_loop.data.tokenizer import check_tokenizer_location, load_tokenizer
-from megatron_loop.errors import LoopDataError
+from megatron_loop.errors import LoopDataError, os_error_text, user_path
 
 
 # The tokenizer used by encode workers. Set in the parent before the pool forks, so workers
@@ -91,7 +93,10 @@ def _map_ordered(fn, batches: Iterable[list[str]], tok, workers: int) -> Iterato
         if workers <= 1:
             yield from map(fn, batches)
             return
-        with mp.get_context("fork").Pool(workers) as pool:
+        # Ctrl-C reaches the whole foreground process group: the parent stops the pool and says so in
+        # one line (cli.run_cli); the workers must not each print a KeyboardInterrupt traceback
+        with mp.get_context("fork").Pool(workers, initializer=signal.signal,
+                                          initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
             yield from pool.imap(fn, batches, chunksize=1)
     finally:
         if previous is None:
@@ -129,10 +134,15 @@ class _PrefixWriter:
         os.replace(self.tmp + ".idx", self.prefix + ".idx")
 
     def discard(self) -> None:
+        """Remove the temporary files, whatever state the writer is in: on a full disk closing the
+        file flushes its buffer and fails again (the file is closed all the same), which must not
+        keep the temporary files on the disk that just filled up."""
         if not self.builder.data_file.closed:
-            self.builder.data_file.close()
+            with contextlib.suppress(OSError):
+                self.builder.data_file.close()
         for suffix in (".bin", ".idx"):
-            Path(self.tmp + suffix).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                Path(self.tmp + suffix).unlink(missing_ok=True)
 
 
 @dataclass
@@ -191,6 +201,11 @@ def preprocess(input_spec: str, tokenizer: str, output_prefix: str,
         _check_counts(writers, input_spec, options)
         for w in writers.values():
             w.commit()
+    except OSError as e:  # a full disk, a quota, a file-size limit: the prefix, the condition, nothing left
+        target = f": {user_path(os.fsdecode(e.filename))}" if e.filename else ""
+        raise LoopDataError(f"--output-prefix {output_prefix}: writing the indexed dataset failed "
+                            f"({os_error_text(e)}{target}); nothing was published and its temporary files "
+                            "are removed") from None
     finally:
         for w in writers.values():
             w.discard()

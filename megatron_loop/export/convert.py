@@ -30,7 +30,7 @@ import torch
 from megatron_loop.atomic import clean_leftovers, publish_folder, staging_folder
 from megatron_loop.checkpoint.folders import CONFIG_NAME, MANIFEST, load_run_config
 from megatron_loop.checkpoint.selection import report_selection, select_checkpoint
-from megatron_loop.checkpoint.weights import read_weights
+from megatron_loop.checkpoint.weights import read_weights_or_newest
 from megatron_loop.config import ModelConfig, build_model_config
 from megatron_loop.data.tokenizer import open_tokenizer, tokenizer_fingerprint
 from megatron_loop.errors import LoopDataError, write_failure
@@ -412,6 +412,6 @@ def _convert_checkpoint(ckpt_dir: Path, output: Path, tag: str | None, tokenizer
     _load_tokenizer(tokenizer, source)  # a bad tokenizer fails here, before the (slow) consolidation
     check_tokenizer_identity(tokenizer, chosen)
     report_selection(chosen)
-    state = read_weights(chosen)
+    chosen, state = read_weights_or_newest(chosen, ckpt_dir, tag)  # a live run's retention may remove it mid-read
     return _export_state_dict(state, cfg.model, output, tokenizer, overwrite, max_shard_size, source,
                               cfg.train.seq_length)

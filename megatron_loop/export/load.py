@@ -21,14 +21,14 @@ def load_model_from_checkpoint(ckpt_dir: str | os.PathLike, tag: str | None = No
     """(LoopLM in fp32 eval mode, Config) from a training checkpoint folder (root or tag folder)."""
     import torch
 
-    from megatron_loop.checkpoint.weights import read_weights  # DeepSpeed's zero_to_fp32 (module docstring)
+    from megatron_loop.checkpoint.weights import read_weights_or_newest  # DeepSpeed's zero_to_fp32 (module docstring)
     from megatron_loop.model import build_model  # megatron-core, slow to import: only where a model is built
 
     chosen = select_checkpoint(ckpt_dir, tag)
     if not quiet:
         report_selection(chosen)
     cfg = load_run_config(chosen.root)
-    state = read_weights(chosen)
+    chosen, state = read_weights_or_newest(chosen, ckpt_dir, tag)
     model = build_model(cfg.model)
     # megatron-core linears add ``_extra_state`` entries (None); only tensors are weights.
     expected = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
@@ -136,7 +136,10 @@ def check_export(model_dir: str | Path) -> dict:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise LoopDataError(f"{folder}: no *.safetensors files; expected a folder written by tools/convert_to_hf.py")
-    stored = {name: (f, shape) for f in files for name, shape in _safetensors_header(f).items()}
+    stored = {name: (f, shape) for f in files for name, shape in _safetensors_header(f).items()}  # whole files
+    from megatron_loop.export.output_folder import verify_export_shards  # and the bytes the export recorded
+
+    verify_export_shards(folder)
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
         with torch.device("meta"):

@@ -32,12 +32,34 @@ def _files_under(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir())
 
 
+def _checkpoint_root(folder: Path) -> bool:
+    """A run's ``checkpoints/`` folder, which resume, retention and the saves manage: it holds the
+    ``latest`` pointer, the run config written next to the checkpoints, or a ``global_step*`` folder
+    that is a checkpoint (a manifest or DeepSpeed's files; exports named after steps are not)."""
+    if not folder.is_dir():
+        return False
+    if (folder / "latest").is_file() or (folder / CONFIG_NAME).is_file():
+        return True
+    return any(step_of(p.name) is not None and ((p / MANIFEST).is_file() or any(p.glob("mp_rank_*")))
+               for p in folder.iterdir() if p.is_dir())
+
+
 def check_not_in_a_checkpoint(output: Path) -> None:
-    """An export written into a checkpoint folder would change what its manifest describes."""
+    """An export written into a checkpoint folder would change what its manifest describes; one
+    written into a run's ``checkpoints/`` folder (a ``global_step*`` name the run has not reached,
+    ``set_aside/``, any other name, or the folder itself) is the run's to manage: its save of that
+    step replaces it, retention removes it, a resume sets it aside."""
     for parent in output.absolute().parents:
         if (parent / MANIFEST).is_file() or step_of(parent.name) is not None:
             raise LoopDataError(f"--output {output}: inside the checkpoint folder {parent}; expected a folder "
                                 "outside any checkpoint (e.g. RUN/hf)")
+    for folder in (output.absolute(), *output.absolute().parents):
+        if _checkpoint_root(folder):
+            what = "is" if folder == output.absolute() else "is inside"
+            raise LoopDataError(f"--output {output}: {what} the checkpoint folder {folder} of a run, whose saves "
+                                "replace a global_step* folder of the same name, whose retention removes old "
+                                "ones and whose resume sets folders aside; expected a folder outside it "
+                                "(e.g. RUN/hf)")
 
 
 def check_replaceable(output: Path) -> None:
@@ -68,8 +90,36 @@ def check_replaceable(output: Path) -> None:
 
 
 def write_export_record(folder: Path) -> None:
-    """List every file of the finished export ``folder`` in it (the last file written)."""
-    (folder / EXPORT_RECORD).write_text(json.dumps({"files": _files_under(folder)}, indent=1))
+    """List every file of the finished export ``folder`` in it (the last file written), with the
+    sha256 of each weight shard: what evaluation and probes check before they load it
+    (:func:`verify_export_shards`), since a garbled shard of the same size loads without a word."""
+    shards = {p.name: file_sha256(p) for p in sorted(folder.glob("*.safetensors"))}
+    (folder / EXPORT_RECORD).write_text(json.dumps({"files": _files_under(folder), "sha256": shards}, indent=1))
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_export_shards(folder: Path) -> None:
+    """Every weight shard of an export has the sha256 its record lists (exports written before the
+    record held hashes, and folders of other tools, have nothing to check against)."""
+    try:
+        recorded = json.loads((folder / EXPORT_RECORD).read_text()).get("sha256") or {}
+    except (OSError, ValueError, AttributeError):
+        return
+    for name, digest in sorted(recorded.items()):
+        shard = folder / name
+        if shard.is_file() and file_sha256(shard) != digest:
+            raise LoopDataError(f"{shard}: sha256 differs from {folder / EXPORT_RECORD} (a corrupt or replaced "
+                                "weight shard); expected the files as tools/convert_to_hf.py wrote them: export "
+                                "the checkpoint again")
 
 
 class ExportLock:

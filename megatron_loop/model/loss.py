@@ -35,10 +35,9 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from megatron_loop.model.loss_chunk import DEFAULT_CHUNK_TOKENS  # tokens per chunk (torch-free there)
+
 IGNORE_INDEX = -100
-# Tokens per chunk: 4096 x 128k vocab is 2 GB of fp32 logits (plus the bf16 copy) -- large
-# enough that the head matmul runs at full speed, small next to a 1B model's activations.
-DEFAULT_CHUNK_TOKENS = 4096
 
 
 class ChunkLoss(Protocol):

@@ -53,13 +53,10 @@ back a whole loop while the loops before it are still alive).
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Sequence
-
-import torch
-from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from megatron_loop.config.validation import RECOMPUTE_MODES
 from megatron_loop.flops import block_forward_flops_per_token, selective_recompute_flops_per_token
@@ -72,31 +69,48 @@ LOOP_MODES = {"none": NONE, "per_loop": FULL, "selective": SELECTIVE}
 RECOMPUTE_COST = {NONE: 0.0, FULL: 1.0}
 GIB = 2**30
 
-_aten = torch.ops.aten
-# The selective policy (torchtitan's "op" policy): every SDPA kernel's output is kept (plus the CPU
-# flash kernel, so that CPU runs exercise the same policy); of the matmuls, every other one in a
-# block's op order (1st, 3rd, ...) is kept and the others are recomputed.
-ATTENTION_OPS = frozenset(op for op in (
-    _aten._scaled_dot_product_flash_attention.default,
-    _aten._scaled_dot_product_efficient_attention.default,
-    _aten._scaled_dot_product_cudnn_attention.default,
-    _aten._scaled_dot_product_flash_attention_for_cpu.default,
-    getattr(_aten, "_scaled_dot_product_fused_attention_overrideable", None) and
-    _aten._scaled_dot_product_fused_attention_overrideable.default,
-) if op is not None)
-MATMUL_OPS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.bmm.default})
+# torch is imported where the mechanism runs, not at the top: the memory model and the planner
+# below are arithmetic on the config, which --dry-run's memory check (training/memory_plan.py)
+# uses without paying for torch.
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import CheckpointPolicy
+
+
+@functools.cache
+def policy_ops() -> tuple[frozenset, frozenset]:
+    """(attention ops, matmul ops) of the selective policy (torchtitan's "op" policy): every SDPA
+    kernel's output is kept (plus the CPU flash kernel, so that CPU runs exercise the same policy); of
+    the matmuls, every other one in a block's op order (1st, 3rd, ...) is kept and the others are
+    recomputed."""
+    import torch
+
+    aten = torch.ops.aten
+    attention = frozenset(op for op in (
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        getattr(aten, "_scaled_dot_product_fused_attention_overrideable", None) and
+        aten._scaled_dot_product_fused_attention_overrideable.default,
+    ) if op is not None)
+    return attention, frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default})
 
 
 def selective_policy() -> Callable[..., CheckpointPolicy]:
     """A fresh policy for one recomputed region: keep attention outputs and the odd-numbered
     matmuls (counted apart in the forward and in the recomputation, which must decide alike),
     recompute everything else (torchtitan's ``_custom_policy``)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
     matmuls = {False: 0, True: 0}  # ctx.is_recompute -> matmuls seen
+    attention_ops, matmul_ops = policy_ops()
 
     def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-        if op in ATTENTION_OPS:
+        if op in attention_ops:
             return CheckpointPolicy.MUST_SAVE
-        if op in MATMUL_OPS:
+        if op in matmul_ops:
             matmuls[ctx.is_recompute] += 1
             if matmuls[ctx.is_recompute] % 2 == 1:
                 return CheckpointPolicy.MUST_SAVE
@@ -107,6 +121,8 @@ def selective_policy() -> Callable[..., CheckpointPolicy]:
 
 def selective_contexts():
     """``context_fn`` of a selective region (called once per region: a fresh matmul count)."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
     return create_selective_checkpoint_contexts(selective_policy())
 
 
@@ -114,6 +130,8 @@ def run_recomputed(kind: str, fn: Callable, *args):
     """``fn(*args)`` keeping what ``kind`` (none / selective / full) says for backward."""
     if kind == NONE:
         return fn(*args)
+    from torch.utils.checkpoint import checkpoint
+
     context = {}
     if kind == SELECTIVE:
         context["context_fn"] = selective_contexts
@@ -198,6 +216,29 @@ def predicted_peak(kinds: Sequence[str], memory: LoopMemory) -> int:
     return peak
 
 
+def step_activation_peak(cfg, mode: str, num_loops: int, batch: int, seq: int, itemsize: int, chunk_tokens: int,
+                         budget: float | None = None, selective_cost: float | None = None) -> tuple[int, str]:
+    """(predicted activation peak in bytes, the plan in words) of one training micro-batch
+    ``[batch, seq]`` with ``num_loops`` loops that build a graph, under
+    ``model.activation_checkpointing`` = ``mode``: the plan a run makes (:func:`loop_kinds`; ``auto``
+    plans against ``budget`` bytes as :func:`schedule_loops` does, None: no limit) and its
+    :func:`predicted_peak` without the parameter gradients (the plan's memory check,
+    training/memory_plan.py, counts those with the rest of the training state). ``per_block`` keeps
+    each block occurrence's input and recomputes one block at a time in backward."""
+    import dataclasses
+
+    memory = loop_memory(cfg, batch, seq, itemsize, chunk_tokens)
+    if mode == "per_block":
+        outside = loop_memory(dataclasses.replace(cfg, prelude_layers=0, coda_layers=0), batch, seq, itemsize,
+                              chunk_tokens)  # the loss, the final norm, the embedding output
+        blocks = cfg.prelude_layers + num_loops * cfg.core_layers + cfg.coda_layers
+        return outside.fixed + blocks * memory.full + memory.none // cfg.core_layers, "per_block"
+    cost = selective_recompute_fraction(cfg, seq) if selective_cost is None else selective_cost
+    kinds = loop_kinds(mode, num_loops, lambda: schedule_loops(num_loops, memory, budget, cost))
+    counts = ", ".join(f"{k} x{kinds.count(k)}" for k in (FULL, SELECTIVE, NONE) if k in kinds)
+    return predicted_peak(kinds, memory), f"{mode}: {counts}"
+
+
 @dataclass(frozen=True)
 class PendingMemory:
     """Bytes the training step will hold that are not allocated yet when a schedule is made (at the first
@@ -236,6 +277,8 @@ def device_memory(device: torch.device) -> tuple[int, int] | None:
     """(total, allocated) bytes of ``device``; None off CUDA (no limit there)."""
     if device.type != "cuda":
         return None
+    import torch
+
     return torch.cuda.get_device_properties(device).total_memory, torch.cuda.memory_allocated(device)
 
 
@@ -353,6 +396,8 @@ class ActivationRecompute:
     def loop_runners(self, num_loops: int, hidden: torch.Tensor) -> list[Callable] | None:
         """One runner per loop that builds a graph, called as ``runner(loop_fn, *args)``; None without
         autograd (nothing is kept for backward then). ``hidden`` is ``[s, b, d]``."""
+        import torch
+
         if not torch.is_grad_enabled():
             return None
         kinds = loop_kinds(self.settings.mode, num_loops, lambda: self._auto_schedule(num_loops, hidden))
@@ -395,6 +440,8 @@ class ActivationRecompute:
     # -------------------------------------------------------------- blocks
     def block_kind(self) -> str:
         """What the block running now keeps for backward."""
+        import torch
+
         if not torch.is_grad_enabled():
             return NONE
         if self.settings.mode == "per_block":

@@ -59,7 +59,7 @@ class ProbeSettings:
 
 def probe_passes(model: torch.nn.Module, loops: Sequence[int], allowed: bool = True) -> SweepPasses:
     """One pass for every loop count or one per L: ``eval.one_pass.sweep_passes`` asked of the export this
-    model converts to (``hf.convert.hf_config``, built on the meta device: no memory), so the export's
+    model converts to (``export.convert.hf_config``, built on the meta device: no memory), so the export's
     ``readout_obstacle`` decides for the probes too, in the same words."""
     from megatron_loop.export.convert import hf_config  # transformers: loaded when a probe runs
     from megatron_loop.hf.modeling_looplm import LoopLMForCausalLM

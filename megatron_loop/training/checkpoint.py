@@ -58,7 +58,7 @@ __all__ = ["save_checkpoint", "load_checkpoint", "set_aside_newer", "choose_resu
 
 
 def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.DistInfo,
-                    settings: dict[str, Any]) -> str:
+                    settings: dict[str, Any], retention: bool = True) -> str:
     """Atomically save ``engine`` + ``state`` + RNG as ``global_step{state.step}``; returns the tag.
 
     ``settings`` (:func:`megatron_loop.training.resume.run_settings`) go into the manifest: what a
@@ -67,7 +67,8 @@ def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.
     (:func:`_write_failures_deferred`): every rank goes through the save's collectives as the
     others do, then one exchange tells every rank which rank failed on which file and why; the
     partial folder is removed and every rank raises the same :class:`LoopDataError`. The
-    previous checkpoint stays published.
+    previous checkpoint stays published. ``retention`` False: no older checkpoint is removed (a save
+    during a streak of skipped updates keeps the newest one from before it, training/loop.py).
     """
     tag = tag_for(state.step)
     partial = root / (tag + PARTIAL)
@@ -118,7 +119,7 @@ def save_checkpoint(engine, root: Path, state: TrainState, cfg: Config, info: D.
         reason = "; ".join(errors) if errors else publish_error
         raise LoopDataError(f"{partial}: writing the checkpoint failed ({reason}); nothing was "
                             f"published, the latest checkpoint is still {previous or 'none'}")
-    if info.is_main:
+    if info.is_main and retention:
         prune(root, cfg.train.keep_last)
     D.barrier()
     return tag
@@ -263,9 +264,14 @@ def universal_copy(root: Path, point: SelectedCheckpoint, info: D.DistInfo) -> P
         shutil.rmtree(load_dir, ignore_errors=True)
         try:
             to_universal(point.path, load_dir)
-        except OSError as e:
-            raise LoopDataError(f"{load_dir}: writing the universal checkpoint failed "
-                                f"({write_failure(e, root)})") from None
+        except (OSError, RuntimeError) as e:  # torch's zip writer reports a full disk as a RuntimeError
+            why = write_failure(e, root)  # before the clean-up: the probe write needs the disk as it was
+            shutil.rmtree(load_dir, ignore_errors=True)  # not left filling the disk until the next start
+            raise LoopDataError(f"{load_dir}: writing the universal checkpoint failed ({why}); removed it, "
+                                f"{point.path} is unchanged") from None
+        except BaseException:
+            shutil.rmtree(load_dir, ignore_errors=True)
+            raise
         return load_dir
 
     return D.on_main(info, convert, share=True)

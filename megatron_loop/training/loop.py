@@ -13,7 +13,10 @@ Non-finite loss or gradient norm: DeepSpeed's ZeRO optimizers already refuse
 an update whose global gradient norm is not finite (zeroing the gradients, not stepping the
 schedule); the loop counts such steps and, by ``train.nan_policy``, skips up to
 ``max_consecutive_nonfinite`` in a row (``skip``) or stops at once (``stop``), saving the last
-good state: the weights before the bad batch, with the data position before it.
+good state: the weights before the bad batch, with the data position before it, when they are
+still good, else nothing, naming the newest good checkpoint (:mod:`megatron_loop.training.divergence`).
+Saves during a streak of skipped updates leave retention alone, so the newest checkpoint from
+before the streak is never removed.
 """
 
 from __future__ import annotations
@@ -29,11 +32,11 @@ from megatron_loop.checkpoint.folders import read_latest
 from megatron_loop.checkpoint.state import TrainState
 from megatron_loop.config import Config
 from megatron_loop.data.loaders import LoaderFailure, end_loader_workers, loader_failure
-from megatron_loop.errors import LoopDataError, os_error_text
+from megatron_loop.errors import LoopDataError, os_error_line
 from megatron_loop.flops import mfu
 from megatron_loop.model.recompute import new_loop_schedules
 from megatron_loop.model.shortcut import shortcut_trajectory
-from megatron_loop.training import checkpoint, distributed, signals
+from megatron_loop.training import checkpoint, distributed, divergence, signals
 from megatron_loop.training.dynamics import loop_dynamics
 from megatron_loop.model.initial_state import step_seed
 from megatron_loop.training.loop_sampling import sample_train_loops
@@ -81,6 +84,7 @@ def train_step(run: Run, k: int | None = None, step: int = 0) -> tuple[float, fl
             depth["shortcut"] = shortcut
         # pinned by the loader on CUDA (data/loaders.py): the copy is queued, the host does not wait
         tokens = next(run.train_iter)["tokens"].to(engine.device, non_blocking=True)
+        run.last_tokens = tokens  # what a non-finite stop checks the weights on without validation data
         loss = engine(tokens, num_loops=k, labels=tokens, compute_logits=False, **depth).loss
         engine.backward(loss)  # divides by the accumulation steps (App. C.2)
         engine.step()  # optimizer + schedule only at the accumulation boundary
@@ -112,7 +116,9 @@ def _as_float(x) -> float:
 
 
 def _save(run: Run, state: TrainState, logger: MetricsLogger) -> str:
-    tag = checkpoint.save_checkpoint(run.engine, run.root, state, run.cfg, run.info, run.settings)
+    # during a streak of skipped updates retention waits: the newest checkpoint from before it stays
+    tag = checkpoint.save_checkpoint(run.engine, run.root, state, run.cfg, run.info, run.settings,
+                                     retention=state.consecutive_nonfinite == 0)
     logger.log({"event": "checkpoint", "step": state.step, "tag": tag, "path": str(run.root / tag)})
     return tag
 
@@ -147,12 +153,25 @@ def _on_nonfinite(run: Run, state: TrainState, before: TrainState, logger: Metri
                    f"update {'applied' if applied else 'skipped'}")
     if t.nan_policy == "skip" and state.consecutive_nonfinite <= t.max_consecutive_nonfinite:
         return
-    # The update was refused, so the weights are those from before this batch: save exactly that.
-    tag = _save(run, before, logger) if not applied else None
     why = ("train.nan_policy=stop" if t.nan_policy == "stop" else
            f"more than train.max_consecutive_nonfinite={t.max_consecutive_nonfinite} in a row")
-    raise NonFiniteStop(f"non-finite loss/gradient norm at step {state.step} ({why}); "
-                        f"last good state saved as {run.root / tag if tag else 'none'}")
+    # The update was refused, so the weights are those from before this batch: saved when they are still
+    # good on a held-out batch (a bad batch); else an earlier update blew them up (training/divergence.py)
+    probe = run.valid_batches[0]["tokens"] if run.valid_batches else run.last_tokens
+    tag = good = None
+    if not applied and divergence.weights_still_good(run, probe):
+        tag = good = _save(run, before, logger)
+        saved = f"last good state saved as {run.root / tag}"
+    else:
+        first = state.step - state.consecutive_nonfinite + 1  # the streak's first step: its weights came from
+        from_step = first - 1 if not applied else state.step  # the update before it (or this applied one)
+        aside, good = divergence.set_aside_diverged(run.root, from_step, run.info)
+        saved = (f"the weights had diverged before it (non-finite on another batch too): nothing saved"
+                 + (f", the checkpoints from step {from_step} on set aside in {aside}" if aside else "")
+                 + (f"; the newest good checkpoint is {run.root / good}" if good else
+                    "; no checkpoint from before the divergence (the next start begins afresh)"))
+    divergence.record_stop(run.root, state.step, tag, good, run.info)
+    raise NonFiniteStop(f"non-finite loss/gradient norm at step {state.step} ({why}); {saved}")
 
 
 def train(cfg: Config, resume: str | None = None) -> int:
@@ -217,8 +236,9 @@ def train(cfg: Config, resume: str | None = None) -> int:
         if why is None:
             raise
         raise CollectiveFailure(f"{why}{_where(run, state)}") from None
-    except OSError as e:  # e.g. metrics.jsonl on a full disk: the file and the condition, one line
-        raise LoopDataError(f"{e.filename or t.output_dir}: {os_error_text(e)}{_where(run, state)}") from None
+    except OSError as e:  # e.g. metrics.jsonl on a full disk: the file and the condition, one line (no file
+        # named: the condition alone, not train.output_dir, which a full /dev/shm was blamed as before)
+        raise LoopDataError(f"{os_error_line(e)}{_where(run, state)}") from None
     finally:
         # Cleanup first, with the stop handlers still installed: a launcher's SIGTERM to the
         # surviving ranks (torchrun ends them when one rank fails) then only sets a flag and

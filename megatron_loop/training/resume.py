@@ -171,7 +171,7 @@ def decide_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_
 def _check_tokenizer(where: Path, saved: dict | None, current: dict | None) -> None:
     """The same tokenizer files (by content, wherever the folder now is): a folder retrained in
     place gives the same token ids other text, and the next save would record the new hash, so
-    the export's own check (``hf/convert.check_tokenizer_identity``) would then pass it."""
+    the export's own check (``export/convert.check_tokenizer_identity``) would then pass it."""
     if not saved or not current or not saved.get("sha256") or not current.get("sha256"):
         return  # a hub name (recorded by name; a changed name is a changed data.tokenizer), or none
     if saved["sha256"] != current["sha256"]:

@@ -39,7 +39,8 @@ from megatron_loop.model.placement import current_placement
 from megatron_loop.optim.memory import pending_training_memory
 from megatron_loop.parallel.parallelize import count_pending_memory, parallelize
 from megatron_loop.plan import accumulation_steps, total_train_steps
-from megatron_loop.training import checkpoint, distributed, init_from, preflight, signals
+from megatron_loop.training import (agreement, checkpoint, distributed, divergence, init_from, memory_plan,
+                                    preflight, signals)
 from megatron_loop.training.banner import start_record, training_statement
 from megatron_loop.training.distributed import DistInfo
 from megatron_loop.training.lock import RunLock
@@ -65,6 +66,7 @@ class Run:
     root: Path
     settings: dict | None = None  # what each checkpoint's manifest records (resume.run_settings)
     lock: RunLock | None = None  # rank 0's hold on train.output_dir
+    last_tokens: object = None  # the last training micro-batch (a non-finite stop checks the weights on it)
 
 
 def seed_everything(seed: int) -> None:
@@ -118,8 +120,10 @@ def build_run(cfg: Config, resume: str | None,
     ds_config = Path(preflight.check_input_files(cfg, accumulation, data_parallel)["deepspeed_config"])
     preflight.check_data_epochs(cfg)
     total_steps = total_train_steps(cfg)
+    memory_plan.check_run_memory(cfg, data_parallel, ds_config)  # a step its device cannot hold: refused here
 
     info = distributed.setup_distributed(t.collective_timeout_s)
+    agreement.check_ranks_agree(cfg, ds_config, info)  # every rank runs rank 0's config, data and tokenizer
     placement = init_model_parallel(cfg.parallel.tensor_model_parallel_size, cfg.parallel.sequence_parallel,
                                      t.collective_timeout_s)
     assert placement.dp_size == data_parallel, (placement, data_parallel)  # the same world, counted twice
@@ -151,6 +155,8 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     stage = zero_stage(ds)
     root = out / preflight.CHECKPOINTS
     point = checkpoint.choose_resume_point(root, resume, t.resume, info)  # what changed: refused before any work
+    cfg, divergence_note = divergence.lr_after_divergence(cfg, root)  # after a stop on non-finite values
+    t = cfg.train
     decision = decide_resume(point, cfg, info.world_size, stage) if point else ResumeDecision()
 
     loaders = data_loaders(cfg, total_steps)
@@ -172,7 +178,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     count_pending_memory(model, lambda: pending_training_memory(engine, optimizer))  # auto recomputation's budget
 
     state = TrainState()
-    logger_msgs = [describe_precision(engine)]
+    logger_msgs = [describe_precision(engine)] + ([divergence_note] if divergence_note else [])
     if lock is not None and lock.taken_over:
         logger_msgs.append(lock.takeover_note())
     settings = run_settings(cfg, info.world_size, stage)
@@ -197,7 +203,8 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     loaders.train_sampler.consumed_samples = state.consumed_samples  # exact next sample
     valid_batches = [] if loaders.valid is None else list(islice(loaders.valid, t.eval_batches))
 
-    batches = SupervisedBatches(loaders.train, cfg.data.worker_timeout_s)  # a hung worker is an error
+    # a hung worker is an error, and so is a data file changed under the live run (loaders.data_watch)
+    batches = SupervisedBatches(loaders.train, cfg.data.worker_timeout_s, loaders.data_watch)
     # MFU where a peak is known (a GPU's published one, or logging.peak_tflops); a CPU's measured matmul
     # rate moves with the machine's load (MFU of 6 % to 90 % for one config), so none is logged there.
     device = torch.device(engine.device)

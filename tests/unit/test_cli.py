@@ -1,5 +1,6 @@
-"""``megatron_loop/cli.py``: the command-line convention every entry point shares (a project error is
-one ``error:`` line and exit 2; anything else is a traceback) and the argument checks the tools share."""
+"""``megatron_loop/cli.py``: the command-line convention every entry point shares (a project error or an
+OS error such as a full disk is one ``error:`` line and exit 2, Ctrl-C one line and exit 130; anything
+else is a traceback) and the argument checks the tools share."""
 
 from __future__ import annotations
 
@@ -29,6 +30,49 @@ def test_run_cli_turns_project_errors_into_one_line_and_exit_2(capsys):
     with pytest.raises(KeyError, match="a bug"):  # not ours to word: the traceback stays
         run_cli(bug)
 
+
+
+@pytest.mark.parametrize("error, line", [
+    # a full disk while writing a file: the file and the condition
+    (OSError(28, "No space left on device", "/data/run/eval/results.json"),
+     "error: /data/run/eval/results.json: no space left on device (ENOSPC)"),
+    # an atomic write's temporary file: the file it stood for (the temporary one is gone)
+    (OSError(28, "No space left on device", "/data/run/eval/.results.json.tmp-4242-a1b2c3.json"),
+     "error: /data/run/eval/results.json: no space left on device (ENOSPC)"),
+    # preprocessing's temporary prefix files
+    (OSError(27, "File too large", "/data/corpus.tmp4242_valid.bin"),
+     "error: /data/corpus_valid.bin: file too large (the process file-size limit, ulimit -f) (EFBIG)"),
+    # a rename onto a folder (`latest` made a folder): the target, not the vanished temporary file
+    (IsADirectoryError(21, "Is a directory", "/ckpt/.latest.tmp-4242-a1b2c3", None, "/ckpt/latest"),
+     "error: /ckpt/latest: Is a directory (EISDIR)"),
+    (PermissionError(1, "Operation not permitted", "/ckpt/global_step5.partial"),
+     "error: /ckpt/global_step5.partial: operation not permitted (EPERM)"),
+    (OSError(30, "Read-only file system", "/ro/out"), "error: /ro/out: read-only file system (EROFS)"),
+    # a write probe names the folder it tested
+    (OSError(30, "Read-only file system", "/run/checkpoints/.write_probe.4242"),
+     "error: /run/checkpoints: read-only file system (EROFS)"),
+    # shared memory is named as such: not the output folder's disk
+    (OSError(28, "No space left on device", "/dev/shm/torch_4242_1"),
+     "error: /dev/shm/torch_4242_1: no space left on device (ENOSPC) in shared memory (/dev/shm); give the job "
+     "more shared memory"),
+    (OSError(28, "No space left on device"), "error: no space left on device (ENOSPC)"),
+])
+def test_run_cli_turns_an_os_error_into_one_line_naming_the_real_file(capsys, error, line):
+    def main(argv):
+        raise error
+
+    assert run_cli(main) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == line + "\n"
+
+
+def test_run_cli_turns_ctrl_c_into_one_line_and_exit_130(capsys):
+    def main(argv):
+        raise KeyboardInterrupt
+
+    assert run_cli(main) == 130
+    assert capsys.readouterr().err == ("error: interrupted (SIGINT): stopped; outputs are published only when "
+                                       "complete, so nothing half-written is left\n")
 
 def test_check_output_folder_refuses_a_file_in_the_way(tmp_path):
     check_output_folder(tmp_path / "new" / "deeper", "--output", "the results")  # creatable: fine

@@ -27,6 +27,8 @@ OUT_OF_RANGE = {
                                       "(the Chinchilla token budget, 20 in the paper)",
     "train.train_tokens=0": "train.train_tokens=0: expected null or a positive integer",
     "data.max_epochs=0": "data.max_epochs=0.0: expected a positive number of epochs",
+    "train.divergence_lr_factor=1": "train.divergence_lr_factor=1.0: expected null or a number in (0, 1) (the lr of "
+                                    "a resume after a stop on non-finite values, per stop, e.g. 0.5)",
 }
 CONTRADICTIONS = {
     "model.history_window=3": "model.history_window=3: expected 1 (the default) unless history_injection is set",

@@ -36,6 +36,10 @@ def _main():
     return module.main
 
 
+INTERRUPTED = ("error: interrupted (SIGINT): stopped; outputs are published only when complete, so nothing "
+               "half-written is left")
+
+
 def _run(args: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -128,8 +132,8 @@ def test_each_r_is_written_as_it_completes_and_an_interrupted_sweep_resumes(expo
         return real(model, *args, **kwargs)
 
     monkeypatch.setattr(heldout, "heldout_loss", interrupted_at_r3)
-    with pytest.raises(KeyboardInterrupt):
-        _run(["--model", str(export), "--loops", "1,2,3", *valid, "--output", str(out), *VALID])
+    code, _, err = _run(["--model", str(export), "--loops", "1,2,3", *valid, "--output", str(out), *VALID])
+    assert (code, err.splitlines()[-1]) == (130, INTERRUPTED)  # Ctrl-C: one line, exit 130 (cli.run_cli)
     staged = tmp_path / "sweep.partial"  # the sweep in progress; --output appears only when it is done
     partial = json.loads((staged / "results.json").read_text())
     assert partial["loops"] == [1, 2] and sorted(partial["heldout"]) == ["1", "2"]
@@ -209,8 +213,9 @@ def test_outputs_are_published_as_one_set_and_a_killed_overwrite_keeps_the_old_s
 
     monkeypatch.setattr(heldout, "heldout_loss", killed_at_r2)
     other = ["--valid-sequences", "2", *VALID[:2], "--no-progress"]
-    with pytest.raises(KeyboardInterrupt):
-        _run(["--model", str(export), "--loops", "1,2", *valid, "--output", str(out), "--overwrite", *other])
+    code, _, err = _run(["--model", str(export), "--loops", "1,2", *valid, "--output", str(out), "--overwrite",
+                         *other])
+    assert (code, err.splitlines()[-1]) == (130, INTERRUPTED)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == old  # the previous set, whole and alone
     staged = tmp_path / "sweep.partial"
     assert json.loads((staged / "results.json").read_text())["loops"] == [1]

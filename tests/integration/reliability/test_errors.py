@@ -168,3 +168,82 @@ def test_a_worker_killed_during_the_descriptor_handshake_is_named_not_a_broken_c
     Broken._workers = [SimpleNamespace(pid=4242, exitcode=None)]  # no worker died (after a 2 s grace): unchanged
     with pytest.raises(ConnectionResetError):
         next(batches)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [0, 1])
+def test_data_truncated_under_a_live_run_is_one_line_naming_the_file(tmp_path, workers):
+    """RELIABILITY.md row 67. ``P.bin`` truncated in place after step 3 (``cp`` over it, preprocessing
+    run again into the prefix in place). Before: with workers "killed by signal Bus error ... out of
+    shared memory ... give the job more memory"; in-process (``num_workers: 0``) exit 135 and no
+    message at all (a SIGBUS from the memory map). Now the change is caught before the next batch is
+    read (or, when a worker's prefetch hit it first, from the worker's SIGBUS): one line naming the
+    file and both sizes, exit 2; the checkpoints are kept."""
+    from data_fixtures import copy_prefix
+
+    run_dir = tmp_path / "run"
+    prefix = copy_prefix(tmp_path)
+    size = (tmp_path / "p.bin").stat().st_size
+    code, out, _ = _run_to_end("data@truncate:3", run_dir, f"data.num_workers={workers}",
+                               f"data.train_prefixes=[{prefix}]", "train.save_interval=2")
+    assert code == 2, out[-4000:]
+    assert _errors(out) == [f"error: {prefix}.bin: {size // 2} bytes now, {size} when the run opened it: the data "
+                            "file changed in place during the run (truncated or rewritten, e.g. copied over or "
+                            "preprocessed again into the same prefix), so its memory map would read past the new end "
+                            "(SIGBUS); restore the file, or write new data under a new prefix and start a new run"], \
+        out[-4000:]
+    assert "Traceback" not in out and "shared memory" not in out, out[-4000:]
+    assert (run_dir / "checkpoints" / "latest").read_text() == "global_step2" and _released(run_dir)
+
+
+@pytest.mark.timeout(300)
+def test_a_full_shared_memory_is_named_as_such_not_the_output_folder(tmp_path):
+    """RELIABILITY.md row 68. Before: "OUTPUT_DIR: no space left on device" (any OSError without a file
+    name was blamed on train.output_dir) and an AttributeError from the DataLoader's half-built
+    iterator. Now one line naming /dev/shm and what to do, before the model is built."""
+    run_dir = tmp_path / "run"
+    code, out, _ = _run_to_end("shm_full", run_dir)
+    assert code == 2, out[-4000:]
+    (line,) = _errors(out)
+    assert line.startswith("error: data.num_workers=1: shared memory (/dev/shm) is full (0.0 MiB free of 64 MiB, "
+                           "about "), line
+    assert line.endswith("MiB needed): the DataLoader workers pass their batches through /dev/shm; give the job more "
+                         "shared memory (docker run --shm-size, a larger /dev/shm) or set data.num_workers: 0"), line
+    assert "Traceback" not in out and "AttributeError" not in out and str(run_dir) not in line, out[-4000:]
+    assert not run_dir.exists()  # refused before anything was written: the folder the lock made is gone too
+
+
+@pytest.mark.parametrize("code, cause", [
+    (-7, "SIGBUS (Bus error: a memory-mapped file shrank under it, or shared memory ran out)"),
+    (-11, "SIGSEGV"),
+])
+def test_a_worker_killed_by_another_signal_gets_no_memory_hint(code, cause, monkeypatch):
+    """Only the out-of-memory killer's SIGKILL gets the memory hint, and a full /dev/shm its own
+    line; a SIGBUS with /dev/shm not full and the data unchanged, or a SIGSEGV, is named as it is."""
+    import torch
+    from types import SimpleNamespace
+
+    from megatron_loop.data import loaders
+    from megatron_loop.data.loaders import LoaderFailure, SupervisedBatches
+
+    monkeypatch.setattr(loaders, "shared_memory_free", lambda: (512 << 20, 1024 << 20))
+    batches = SupervisedBatches(torch.utils.data.DataLoader(list(range(4)), num_workers=1), timeout_s=30)
+
+    class Broken:
+        _workers = [SimpleNamespace(pid=4242, exitcode=code)]
+
+        def __next__(self):
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+    batches._batches = Broken()
+    with pytest.raises(LoaderFailure) as e:
+        next(batches)
+    assert str(e.value) == f"data.num_workers=1: DataLoader worker (pid 4242) was killed by signal {cause}"
+    text = ("DataLoader worker (pid 4242) is killed by signal: Bus error. It is possible that dataloader's workers "
+            "are out of shared memory. Please try to raise your shared memory limit.")
+    assert loaders.loader_failure(RuntimeError(text), 1) == (
+        "data.num_workers=1: DataLoader worker (pid 4242) was killed by signal SIGBUS (Bus error: a memory-mapped "
+        "file shrank under it, or shared memory ran out)")
+    monkeypatch.setattr(loaders, "shared_memory_free", lambda: (0, 64 << 20))
+    assert loaders.loader_failure(RuntimeError(text), 1).startswith(
+        "data.num_workers=1: shared memory (/dev/shm) is full (0.0 MiB free of 64 MiB; a worker was killed by SIGBUS")

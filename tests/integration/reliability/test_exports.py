@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,8 +130,8 @@ def test_overwrite_replaces_only_an_export_never_a_run_or_a_checkpoint(tmp_path)
                             rf"{os.getpid()}, started .+\); --overwrite replaces only an export written by "
                             r"convert_to_hf\.py: choose another --output \(e\.g\. RUN/hf\)", line), line
         assert lock.still_ours()
-        for target, what in ((ckpt, r"\(latest, looplm_config\.json, global_step10\)"),
-                             (ckpt / "global_step10", r"\(manifest\.json\)"),
+        for target, what in ((ckpt, rf"is the checkpoint folder {re.escape(str(ckpt))} of a run"),
+                             (ckpt / "global_step10", rf"is inside the checkpoint folder {re.escape(str(ckpt))} "),
                              (ckpt / "global_step10" / "hf", "inside the checkpoint folder")):
             with pytest.raises(LoopDataError, match=what):
                 convert_checkpoint(ckpt, target, overwrite=True)
@@ -200,3 +201,92 @@ def test_overwrite_export_under_a_file_size_limit_keeps_the_old_export(tmp_path)
                                                                      f"{hf} is kept"), line
     assert "Traceback" not in result.stderr
     assert {p.name: p.read_bytes() for p in hf.iterdir()} == old and _hidden(tmp_path) == []
+
+
+def test_an_export_into_a_runs_checkpoint_folder_is_refused(tmp_path):
+    """RELIABILITY.md row 62. Before: ``--output RUN/checkpoints/global_step300`` (a step the run had not
+    reached) was rc 0 "exported", and the run's save of step 300 then replaced the export; an export
+    to ``global_step3`` was removed by retention; ``--output RUN/checkpoints/set_aside`` was accepted.
+    Now each is one line before the weights are read, and nothing is written there."""
+    import re
+
+    ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
+    before = sorted(p.name for p in ckpt.iterdir())
+    for target in (ckpt / "global_step300", ckpt / "global_step3", ckpt / "set_aside", ckpt / "mine"):
+        with pytest.raises(LoopDataError, match=rf"^--output {re.escape(str(target))}: is inside the checkpoint folder "
+                                                rf"{re.escape(str(ckpt))} of a run, whose saves replace a global_step\* "
+                                                r"folder of the same name, whose retention removes old ones and whose "
+                                                r"resume sets folders aside; expected a folder outside it \(e\.g\. RUN/hf\)$"):
+            convert_checkpoint(ckpt, target)
+    assert sorted(p.name for p in ckpt.iterdir()) == before
+    result = run_cli("--checkpoint", str(ckpt), "--output", str(ckpt / "global_step300"),
+                     script="tools/convert_to_hf.py")
+    assert result.returncode == 2 and len([x for x in result.stderr.splitlines() if x.startswith("error: ")]) == 1
+    assert "is inside the checkpoint folder" in result.stderr and sorted(p.name for p in ckpt.iterdir()) == before
+    # exports named after the steps they hold, outside any run: not a checkpoint folder
+    from megatron_loop.export.output_folder import check_not_in_a_checkpoint
+
+    (tmp_path / "exports" / "global_step100").mkdir(parents=True)
+    (tmp_path / "exports" / "global_step100" / "config.json").write_text("{}")
+    check_not_in_a_checkpoint(tmp_path / "exports" / "global_step200")
+
+
+def test_a_checkpoint_removed_by_retention_mid_export_is_named_and_the_newest_is_read(tmp_path, monkeypatch, capsys):
+    """RELIABILITY.md row 63. A live run's retention deletes the checkpoint an export is reading
+    (simulated: the folder is removed as DeepSpeed's reader starts). Before: "Directory
+    .../global_stepN doesn't exist", nothing said about retention, no fallback. Now the export says
+    which checkpoint was removed and reads the newest complete one; a checkpoint named explicitly is
+    refused with that line instead of being swapped for another."""
+    import shutil
+
+    from deepspeed.utils import zero_to_fp32
+
+    ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
+    expected = to_hf_state_dict(consolidated_state_dict(ckpt, "global_step9"), load_run_config(ckpt).model)
+    read = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint
+    removed = []
+
+    def retention_strikes(root, tag=None, **kwargs):
+        if not removed:  # the first read: retention removes the folder under the reader
+            removed.append(tag)
+            shutil.rmtree(Path(root) / tag)
+        return read(root, tag=tag, **kwargs)
+
+    monkeypatch.setattr(zero_to_fp32, "get_fp32_state_dict_from_zero_checkpoint", retention_strikes)
+    out = convert_checkpoint(ckpt, tmp_path / "hf")
+    err = capsys.readouterr().err
+    assert removed == ["global_step10"]
+    assert (f"warning: {ckpt / 'global_step10'}: removed while it was read (a live run's retention keeps only the "
+            f"newest train.keep_last checkpoints, a resume sets newer ones aside); reading {ckpt / 'global_step9'} "
+            "(the newest complete checkpoint)") in err, err
+    got = read_hf_state_dict(out)
+    assert all(torch.equal(got[k], expected[k]) for k in expected) and got.keys() == expected.keys()
+
+    removed.clear()
+    with pytest.raises(LoopDataError, match=rf"^{ckpt / 'global_step9'}: removed while it was read .*; expected a "
+                                            r"checkpoint the run keeps: name a newer one, or the run's checkpoint "
+                                            rf"folder {ckpt} for its newest$"):
+        convert_checkpoint(ckpt / "global_step9", tmp_path / "hf9")
+    assert not (tmp_path / "hf9").exists()
+
+
+def test_a_garbled_export_shard_is_refused_before_evaluation_and_probes(tmp_path):
+    """RELIABILITY.md row 64. Every export records the sha256 of each weight shard; the loader of
+    eval_loops.py and probe_geometry.py (``eval.sweep.check_export``) verifies them. Before: a
+    same-size garbled safetensors shard was evaluated without a word."""
+    from megatron_loop.eval.sweep import check_export
+    from megatron_loop.hf.output_folder import EXPORT_RECORD
+    from megatron_loop.probes.cli import check_probe_export
+
+    ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
+    hf = convert_checkpoint(ckpt, tmp_path / "hf")
+    check_export(hf)  # as written: verifies
+    (shard,) = sorted(hf.glob("*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-len(data) // 3] ^= 0xFF  # inside the tensors, same size: the header still parses
+    shard.write_bytes(bytes(data))
+    message = (rf"^{shard}: sha256 differs from {hf / EXPORT_RECORD} \(a corrupt or replaced weight shard\); "
+               r"expected the files as tools/convert_to_hf\.py wrote them: export the checkpoint again$")
+    for check in (check_export, check_probe_export):
+        with pytest.raises(LoopDataError, match=message):
+            check(str(hf))

@@ -1,15 +1,20 @@
-"""Non-finite loss policy (``train.nan_policy``), on an injected NaN loss.
+"""Non-finite loss policy (``train.nan_policy``), on an injected NaN loss and on a real divergence.
 
 ``skip``: the update is skipped (DeepSpeed refuses a non-finite gradient norm), counted, logged
 with the step and batch index, and training goes on; more than ``max_consecutive_nonfinite`` in a
-row stops. ``stop``: the first one stops. A stop saves the last good state and exits 3.
+row stops. ``stop``: the first one stops. A stop saves the last good state and exits 3 -- when the
+weights still work (a bad batch); when an update blew them up, nothing is saved and the newest good
+checkpoint is named, and the requeue resumes it (with a lower lr when asked). Saves during a streak
+of skipped updates never remove the newest checkpoint from before it (training/divergence.py).
 """
 
 from __future__ import annotations
 
-import pytest
-
+import json
 import math
+import shutil
+
+import pytest
 
 from train_fixtures import FAULTS, final_weights, records, reference_run, run_cli
 
@@ -56,3 +61,51 @@ def test_stop_policy_saves_last_good_state(tmp_path):
     assert (run_dir / "checkpoints" / "latest").read_text() == "global_step1"
     assert records(run_dir, "train")[0]["loss"] == records(reference_run().run_dir, "train")[0]["loss"]
     assert _finite(final_weights(run_dir))
+
+
+def test_saves_during_a_streak_of_skipped_updates_keep_the_checkpoint_from_before_it(tmp_path):
+    """RELIABILITY.md row 70. ``keep_last: 1``, a save every step, NaN from step 3 on: before, the
+    saves of steps 3 and 4 (same weights, updates skipped) pushed global_step2 out, the last
+    checkpoint from before the streak; the stop at step 5 then saved the streak's state only."""
+    run_dir = tmp_path / "run"
+    result = _run(run_dir, "3,4,5", "train.nan_policy=skip", "train.max_consecutive_nonfinite=2",
+                  "train.save_interval=1", "train.keep_last=1", "train.eval_interval=0")
+    assert result.returncode == 3, result.stderr[-3000:]
+    ckpt = run_dir / "checkpoints"
+    assert sorted(p.name for p in ckpt.glob("global_step*")) == ["global_step2", "global_step3", "global_step4"]
+    assert (ckpt / "latest").read_text() == "global_step4"  # the stop's save: the weights of update 2, batch 5 next
+    assert json.loads((ckpt / "divergence.json").read_text())["stops"][0]["saved"] == "global_step4"
+
+
+@pytest.mark.timeout(400)
+def test_a_divergence_saves_no_blown_up_weights_and_the_requeue_resumes_the_good_state(tmp_path):
+    """RELIABILITY.md row 69 (issue 44 case 8). A resume with ``train.lr=1e30``: update 11 blows the
+    weights up (the loss of step 12 is ln |V|, every gradient infinite). Before, the stop saved them as
+    "last good state" global_step11 and a requeue failed again at once. Now nothing is saved, the line
+    names global_step10, and the requeue (the same command; here with ``train.divergence_lr_factor``,
+    which brings the lr back to 3e-3) resumes global_step10 at the lowered lr and trains to the end."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run().run_dir, run_dir)
+    ckpt = run_dir / "checkpoints"
+    sets = ["train.lr=1e30", "train.max_steps=14", "train.nan_policy=stop"]
+    args = ["--config", str(reference_run().config), "--set", f"train.output_dir={run_dir}",
+            *[a for o in sets for a in ("--set", o)]]
+    first = run_cli(*args)
+    assert first.returncode == 3, first.stderr[-3000:]
+    errors = [line for line in first.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == ["error: non-finite loss/gradient norm at step 12 (train.nan_policy=stop); the weights had "
+                      "diverged before it (non-finite on another batch too): nothing saved; the newest good "
+                      f"checkpoint is {ckpt / 'global_step10'}"], first.stderr[-3000:]
+    assert (ckpt / "latest").read_text() == "global_step10" and not (ckpt / "global_step11").exists()
+    assert json.loads((ckpt / "divergence.json").read_text())["stops"][0] == {
+        **json.loads((ckpt / "divergence.json").read_text())["stops"][0], "step": 12, "saved": None,
+        "resume_from": "global_step10"}
+
+    requeue = run_cli(*args, "--set", "train.divergence_lr_factor=3e-33")
+    assert requeue.returncode == 0, requeue.stderr[-3000:]
+    assert (f"1 stop on non-finite values recorded in {ckpt / 'divergence.json'} (the last at step 12, resuming from "
+            "global_step10): training at train.lr=1e+30 x train.divergence_lr_factor=3e-33^1 = 0.003") in requeue.stderr
+    assert f"resuming from {ckpt / 'global_step10'} (step 10" in requeue.stderr
+    train = [r for r in records(run_dir, "train") if r["step"] > 10]
+    assert [r["step"] for r in train][-4:] == [11, 12, 13, 14] and all(math.isfinite(r["loss"]) for r in train[-4:])
+    assert abs(train[-4]["lr_muon"] - 3e-3) < 1e-9 and (ckpt / "latest").read_text() == "global_step14"

@@ -58,3 +58,20 @@ def test_auto_recompute_counts_optimizer_state_and_buckets(measured, stage):
 def test_compiled_block_is_one_graph_under_zero1_and_splits_under_zero3(measured):
     assert measured["zero1"]["graphs"] == 1 and measured["zero1"]["graph_breaks"] == 0
     assert measured["zero3"]["graphs"] > 10 and measured["zero3"]["graph_breaks"] > 0
+
+
+def test_the_plans_memory_check_counts_the_engines_training_state(measured):
+    """training/memory_plan.py counts, from the config alone, what DeepSpeed's ZeRO-1 engine holds on
+    one rank after a step: the fp32 weights, Muon's momentum and AdamW's two moments, and the fp32
+    master partitions (padded by ZeRO to its alignment: at most a few elements more)."""
+    from megatron_loop.config import config_from_dict
+    from megatron_loop.training.memory_plan import muon_parameters, rank_memory
+
+    m = measured["zero1"]
+    cfg = config_from_dict({"model": {"backbone": "tiny-llama", "core_layers": 1, "train_loops": 2,
+                                      "activation_checkpointing": "none"}})
+    need = rank_memory(cfg, 1, 1, False)
+    assert muon_parameters(cfg) == m["muon_numel"]
+    assert need["weights"] == need["gradients"] == m["param_bytes"]
+    assert need["optimizer_state"] == m["optimizer_state_bytes"]
+    assert 0 <= m["master_bytes"] - need["master_weights"] <= 4 * 64 and need["master_weights"] == m["param_bytes"]

@@ -72,10 +72,16 @@ def engines(stage: int) -> dict:
     graphs = counter.frame_count
     engine.step()
     after = pending_training_memory(engine, parts.optimizer)
+    state = [t for s in parts.optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim()]
+    masters = getattr(engine.optimizer, "single_partition_of_fp32_groups", [])  # ZeRO 1/2's fp32 partitions
     return {"graphs": graphs, "graph_breaks": sum(torch._dynamo.utils.counters["graph_break"].values()),
             "muon_numel": muon, "adamw_numel": adamw, "reduce_bucket_size": engine.zero_reduce_bucket_size(),
             "prefetch_bucket_size": engine.zero_prefetch_bucket_size(),
-            "before": vars(before), "after": vars(after)}
+            "before": vars(before), "after": vars(after),
+            # what the plan's memory check counts (training/memory_plan.py), measured on the engine after a step
+            "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "optimizer_state_bytes": sum(t.numel() * t.element_size() for t in state),
+            "master_bytes": sum(t.numel() * t.element_size() for t in masters)}
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 tests (docs/RELIABILITY.md).
 
     python tests/support/train_scripts/faults.py FAULT[+FAULT...] [pretrain_loop.py arguments]
-    python tests/support/train_scripts/faults.py FAULT convert_to_hf.py [convert_to_hf.py arguments]
+    python tests/support/train_scripts/faults.py FAULT TOOL.py [arguments of tools/TOOL.py]
 
 FAULT is one of
   nan@A:S1,S2,...        the training loss of optimizer steps S1, S2, ... becomes NaN
@@ -25,8 +25,19 @@ FAULT is one of
   metrics@full:N         after the N-th train record, metrics.jsonl writes fail with ENOSPC (the
                          appends go to /dev/full, as to a full disk: the flush and the close fail)
   metrics@remove:N       after the N-th train record, metrics.jsonl is deleted (rm under a run)
+  data@truncate:N        after the N-th train record, the first train prefix's P.bin is truncated to
+                         half its size in place (a file copied over, data preprocessed again in place)
+  shm_full               /dev/shm is full: no room for the DataLoader workers' batches, and creating
+                         their queues' semaphores fails with ENOSPC
   kill_in_swap           SIGKILL an HF export right after its old folder was moved aside, before
                          the new one is renamed into place
+  universal_full@N       the disk fills at the N-th file of a universal conversion (a resume on
+                         another number of ranks): that file is half written, torch reports
+                         "enforce fail", and every later write under the checkpoint folder fails
+                         with ENOSPC (removing files still works, as on a full disk)
+  config@RANK:KEY=VALUE  rank RANK runs with --set KEY=VALUE added (a node with an edited YAML)
+  slow_encode@SECONDS    every encode batch of tools/preprocess_data.py sleeps SECONDS (in its
+                         worker processes too: time to interrupt it mid-run)
 
 Under ``torchrun --max-restarts``, faults are injected in the first attempt only.
 """
@@ -264,6 +275,40 @@ def metrics_fault(how: str, nth: int) -> None:
     MetricsLogger.log = patched
 
 
+def truncate_data(nth: int) -> None:
+    from megatron_loop.training.metrics import MetricsLogger
+
+    log = MetricsLogger.log
+    bump = _counter()
+
+    def patched(self, record):
+        log(self, record)
+        if record.get("event") == "train" and bump() == nth:
+            path = self.cfg.data.train_prefixes[0] + ".bin"
+            os.truncate(path, os.path.getsize(path) // 2)
+
+    MetricsLogger.log = patched
+
+
+def shm_full() -> None:
+    import multiprocessing.synchronize
+    import shutil
+
+    usage = shutil.disk_usage
+
+    def patched_usage(path):
+        if os.fspath(path).rstrip("/") == "/dev/shm":
+            total = 64 << 20
+            return type(usage("/"))(total, total, 0)
+        return usage(path)
+
+    def no_room(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # sem_open in a full /dev/shm: no file name
+
+    shutil.disk_usage = patched_usage
+    multiprocessing.synchronize.SemLock.__init__ = no_room
+
+
 def kill_in_swap() -> None:
     real_replace = os.replace
 
@@ -273,6 +318,43 @@ def kill_in_swap() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     os.replace = patched
+
+
+def universal_full(nth: int) -> None:
+    import torch
+
+    save = torch.save
+    bump = _counter()
+
+    def patched(obj, f, *args, **kwargs):
+        parts = Path(str(f)).parents
+        partial = next((p for p in parts if p.name.endswith(".universal.partial")), None)
+        if partial is not None and bump() == nth:
+            save(obj, f, *args, **kwargs)
+            with open(f, "r+b") as handle:
+                handle.truncate(os.path.getsize(f) // 2)
+            oserror("ENOSPC", str(partial.parent))  # the checkpoint folder's disk is full from now on
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4352 vs 4242")
+        return save(obj, f, *args, **kwargs)
+
+    torch.save = patched
+
+
+def slow_encode(seconds: float) -> None:
+    import time
+
+    from megatron_loop.data import preprocess
+
+    encode = preprocess.encode_batch
+
+    def patched(texts):
+        time.sleep(seconds)
+        return encode(texts)
+
+    # the pool pickles the function by name: under the patched function's own name it resolves to
+    # itself, in the forked workers too
+    patched.__module__, patched.__qualname__ = preprocess.__name__, "encode_batch"
+    preprocess.encode_batch = patched  # read at call time
 
 
 def apply(fault: str) -> None:
@@ -304,8 +386,18 @@ def apply(fault: str) -> None:
     elif kind == "metrics":
         how, _, nth = arg.partition(":")
         metrics_fault(how, int(nth))
+    elif kind == "data":
+        how, _, nth = arg.partition(":")
+        assert how == "truncate", fault
+        truncate_data(int(nth))
+    elif kind == "shm_full":
+        shm_full()
     elif kind == "kill_in_swap":
         kill_in_swap()
+    elif kind == "universal_full":
+        universal_full(int(arg))
+    elif kind == "slow_encode":
+        slow_encode(float(arg))
     else:
         raise SystemExit(f"unknown fault {fault!r}")
 
@@ -317,12 +409,19 @@ def main() -> int:
     faults, argv = rest[0], launcher_args + rest[1:]
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":  # a torchrun restart runs clean
         for fault in faults.split("+"):
+            kind, _, arg = fault.partition("@")
+            if kind == "config":  # this rank's own --set: changes the arguments, not the code
+                rank, _, setting = arg.partition(":")
+                argv += ["--set", setting] if int(os.environ.get("RANK", "0")) == int(rank) else []
+                continue
             apply(fault)
-    if argv and argv[0] == "convert_to_hf.py":
-        sys.path.insert(0, str(REPO / "tools"))
-        import convert_to_hf
+    if argv and argv[0].endswith(".py") and (REPO / "tools" / argv[0]).is_file():  # a tool, as its CLI runs it
+        import runpy
 
-        return convert_to_hf.main(argv[1:])
+        sys.path.insert(0, str(REPO / "tools"))
+        sys.argv = [str(REPO / "tools" / argv[0]), *argv[1:]]
+        runpy.run_path(sys.argv[0], run_name="__main__")  # exits through its sys.exit(run_cli(main))
+        return 0
     import pretrain_loop
 
     return pretrain_loop.main(argv)

@@ -77,7 +77,7 @@ def test_selective_policy_keeps_every_other_matmul_and_attention(monkeypatch):
 
         def record(ctx, op, *args, **kwargs):
             decision = policy(ctx, op, *args, **kwargs)
-            width = args[1].shape[-1] if op in recompute.MATMUL_OPS else None
+            width = args[1].shape[-1] if op in recompute.policy_ops()[1] else None
             decisions.append((ctx.is_recompute, op, width, decision))
             return decision
         return record
@@ -95,7 +95,7 @@ def test_selective_policy_keeps_every_other_matmul_and_attention(monkeypatch):
     assert matmuls == [(qkv, save), (cfg.hidden_size, again), (2 * cfg.intermediate_size, save),
                        (cfg.hidden_size, again)], matmuls
     kept = {op for _, op, width, decision in seen if decision == save and width is None}
-    assert kept and kept <= recompute.ATTENTION_OPS, kept
+    assert kept and kept <= recompute.policy_ops()[0], kept
     assert sum(d == save for *_, d in seen) == 3  # nothing else is kept: norms, RoPE, SwiGLU, AdaLN recomputed
 
 
