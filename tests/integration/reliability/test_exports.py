@@ -275,7 +275,7 @@ def test_a_garbled_export_shard_is_refused_before_evaluation_and_probes(tmp_path
     eval_loops.py and probe_geometry.py (``eval.sweep.check_export``) verifies them. Before: a
     same-size garbled safetensors shard was evaluated without a word."""
     from megatron_loop.eval.sweep import check_export
-    from megatron_loop.hf.output_folder import EXPORT_RECORD
+    from megatron_loop.export.output_folder import EXPORT_RECORD
     from megatron_loop.probes.cli import check_probe_export
 
     ckpt = copy_run(reference_run().run_dir, tmp_path / "run") / "checkpoints"
