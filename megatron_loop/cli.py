@@ -36,7 +36,8 @@ def _first_to_report(line: str) -> bool:
     """Whether no other rank of this launch on this host printed ``line`` yet: an exclusively
     created marker file named after the launch (the launcher process every local rank shares:
     torchrun's agent, DeepSpeed's launch.py, slurmstepd; its pid and start time) and the line."""
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if not world.isdigit() or int(world) <= 1:  # one process (a bad WORLD_SIZE is the error being printed)
         return True
     try:
         import hashlib
@@ -59,6 +60,15 @@ def _first_to_report(line: str) -> bool:
         return False
     except Exception:  # no marker possible (psutil missing, /tmp unwritable): every rank prints
         return True
+
+
+def host_cores() -> int:
+    """CPU cores this process may run on (its affinity mask: a SLURM or container allocation, not the machine):
+    the bound of every worker-count flag and key (one worker process per core at most)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS has no affinity mask
+        return os.cpu_count() or 1
 
 
 def check_output_folder(path: str | Path, flag: str, what: str, given: str | Path | None = None) -> None:

@@ -39,6 +39,12 @@ def open_tokenizer(name_or_dir: str, source: str | None = None):
 
     source = source or f"--tokenizer {name_or_dir}"
     check_tokenizer_location(name_or_dir, source)
+    path = Path(name_or_dir).expanduser()
+    if path.is_file():  # transformers would read a file name as a hub id ("Repo id must be in the form ...")
+        if path.name != "tokenizer.json" or not (path.parent / "tokenizer_config.json").is_file():
+            raise LoopDataError(f"{source}: a file, not a tokenizer folder; expected a folder saved with "
+                                "save_pretrained (tokenizer.json and tokenizer_config.json) or a hub name")
+        name_or_dir = str(path.parent)  # its folder: the same tokenizer, with its settings (EOS, padding)
     try:
         # trust_remote_code=False: the tokenizers used here are plain fast tokenizers, and a folder
         # that is also a LoopLM export (config.json with auto_map) would otherwise make transformers
