@@ -83,6 +83,10 @@ def load_tokenizer(name_or_dir: str, eos_token: str | None = None, source: str |
     return tok
 
 
+# Largest vocabulary train_bpe_tokenizer trains (--vocab-size of tools/train_tokenizer.py).
+MAX_VOCAB_SIZE = 2**20
+
+
 def train_bpe_tokenizer(texts: Iterable[str], output_dir: str | Path, vocab_size: int = 2048,
                         min_frequency: int = 2) -> Path:
     """Train a byte-level BPE with ``<|endoftext|>`` as its only special token (id 0, the EOS)
@@ -93,6 +97,9 @@ def train_bpe_tokenizer(texts: Iterable[str], output_dir: str | Path, vocab_size
     if vocab_size < 257 + 1:
         raise LoopDataError(f"vocab_size {vocab_size} too small; byte-level BPE needs at least 258 "
                             "(256 bytes + EOS + one merge)")
+    if vocab_size > MAX_VOCAB_SIZE:  # the tokenizers library sizes its tables by it: 10^9 aborted the process
+        raise LoopDataError(f"vocab_size {vocab_size:,}: expected at most {MAX_VOCAB_SIZE:,} (2^20; the largest "
+                            "released LLM vocabularies have about 262,000 tokens)")
     tok = Tokenizer(models.BPE())
     # No prefix space: decode(encode(text)) must reproduce the document byte for byte.
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
