@@ -11,6 +11,7 @@ error line naming the variable instead of a traceback from ``int()`` inside the 
 from __future__ import annotations
 
 import os
+import re
 from typing import Mapping
 
 from megatron_loop.errors import LoopConfigError
@@ -36,10 +37,8 @@ def env_int(name: str, default: int | None = None, environ: Mapping[str, str] | 
         return default
     low, high, what = LAUNCH_VARIABLES[name]
     bounds = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = None
+    # plain decimal digits: int() would also take "1_0", " ٣ " or "+1", which no launcher writes
+    value = int(raw) if re.fullmatch(r"\s*[0-9]+\s*", raw) else None
     if value is None or value < low or (high is not None and value > high):
         raise LoopConfigError(f"environment variable {name}={raw!r}: expected {bounds} ({what})")
     return value

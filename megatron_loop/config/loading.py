@@ -137,7 +137,7 @@ def build_model_config(values: dict, section: str = "model") -> ModelConfig:
     values = dict(values)
     backbone = values.get("backbone")
     if backbone is not None:
-        if backbone not in BACKBONES:
+        if not isinstance(backbone, str) or backbone not in BACKBONES:
             raise LoopConfigError(
                 f"{section}.backbone={backbone!r}: unknown backbone; expected one of {sorted(BACKBONES)}")
         preset = BACKBONES[backbone]

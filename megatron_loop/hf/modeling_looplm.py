@@ -167,6 +167,29 @@ def _checked_call(config, input_ids, cached: bool, num_loops, timestep_grid, exi
     return num_loops, criterion, threshold
 
 
+# The numeric fields of the config: (smallest, largest or None, integer?) -> checked on every assignment (a size
+# of another type or sign failed deep inside torch; history_window=10**9 allocated a 4 GB beta)
+CONFIG_NUMBERS = {
+    **{key: (0, None, True) for key in ("prelude_layers", "coda_layers")},
+    **{key: (1, None, True) for key in ("core_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                                        "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")},
+    # beta holds one entry per lag j = 1..w (Eq. history_state_injection): w = 0 has none
+    **{key: (1, MAX_LOOPS, True) for key in ("train_loops", "history_window")},
+    **{key: (0, None, False) for key in ("rms_norm_eps", "initializer_range")},
+}
+
+
+def _check_number(key: str, value) -> None:
+    low, high, integer = CONFIG_NUMBERS[key]
+    kind = numbers.Integral if integer else numbers.Real
+    if (isinstance(value, bool) or not isinstance(value, kind) or not (low < value < math.inf if not integer else
+                                                                     low <= value <= (high or math.inf))):
+        expected = (f"an integer from {low} to {high}" if high else f"an integer >= {low}") if integer else \
+            "a positive finite number"
+        what = " (the number of past states the history injection reads)" if key == "history_window" else ""
+        raise ValueError(f"LoopLMConfig.{key}={value!r}: expected {expected}{what}")
+
+
 def _check_prefix_grid(num_loops, train_loops, timestep, grid) -> None:
     """The ``prefix`` grid is the training grid T = K, so it has no timestep for r > K (App. C.1)."""
     if (grid == "prefix" and timestep not in (None, "none") and num_loops is not None and train_loops is not None
@@ -277,6 +300,8 @@ class LoopLMConfig(PretrainedConfig):
         # attribute on a built config, where a bad value would otherwise surface as a wrong model.
         if key == "num_loops":
             value = _checked_num_loops(value)
+        elif key in CONFIG_NUMBERS:  # also from_pretrained's kwargs, which transformers sets after __init__
+            _check_number(key, value)
         elif key == "timestep_grid" and value not in TIMESTEP_GRIDS:
             raise ValueError(f"LoopLMConfig.timestep_grid={value!r}: expected one of {TIMESTEP_GRIDS}")
         elif key == "exit_criterion" and value not in EXIT_CRITERIA:
@@ -299,26 +324,9 @@ class LoopLMConfig(PretrainedConfig):
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"LoopLMConfig.{key}={getattr(self, key)!r}: expected one of {allowed}")
-        for key, low in (("prelude_layers", 0), ("coda_layers", 0), ("core_layers", 1), ("train_loops", 1),
-                         ("hidden_size", 1), ("intermediate_size", 1), ("num_attention_heads", 1),
-                         ("num_key_value_heads", 1), ("head_dim", 1), ("vocab_size", 1), ("max_position_embeddings", 1)):
-            value = getattr(self, key)  # a size of another type or sign fails later, deep inside torch
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-                raise ValueError(f"LoopLMConfig.{key}={value!r}: expected an integer >= {low}")
-        if self.train_loops > MAX_LOOPS:
-            raise ValueError(f"LoopLMConfig.train_loops={self.train_loops!r}: expected at most {MAX_LOOPS}")
-        for key in ("rms_norm_eps", "initializer_range"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
-                raise ValueError(f"LoopLMConfig.{key}={value!r}: expected a positive finite number")
         _check_exit_threshold(self.exit_threshold)
         _check_huginn(self)
         check_q_exit(self.exit_criterion, self.exit_threshold, self.exit_gate)
-        # beta holds one entry per lag j = 1..w (Eq. history_state_injection): w = 0 has none
-        window = self.history_window
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"LoopLMConfig.history_window={window!r}: expected an integer >= 1 "
-                             "(the number of past states the history injection reads)")
         if self.hidden_act != "silu":
             raise ValueError(f"LoopLMConfig.hidden_act={self.hidden_act!r}: only 'silu' (SwiGLU) is supported")
 
@@ -1119,7 +1127,7 @@ class LoopLMModelOutput(BaseModelOutputWithPast):
 
 def _checked_readout_loops(loops, num_loops) -> list[int]:
     """``readout_loops`` as increasing distinct ints >= 1 whose last is ``num_loops`` (when given)."""
-    values = list(loops) if isinstance(loops, (list, tuple, range)) else [loops]
+    values = list(loops) if isinstance(loops, (list, tuple, range)) else []
     if (not values or any(isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 1 <= r <= MAX_LOOPS
                           for r in values) or sorted(set(values)) != values):
         raise ValueError(f"readout_loops={loops!r}: expected a list of distinct loop counts from 1 to {MAX_LOOPS} in "
@@ -1490,7 +1498,9 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
         ``forward(input_ids, num_loops=r).logits``: the Coda and the head read h^r after loop r (a loop
         sweep r = 1..R then costs R loops, not R(R+1)/2). Refused (ValueError) where the trajectory
         depends on r, e.g. timestep conditioning on the rescaled grid (:func:`readout_obstacle`)."""
-        loops = sorted(set(loops))
+        if isinstance(loops, (list, tuple, range, set, frozenset)) and all(
+                isinstance(r, numbers.Integral) and not isinstance(r, bool) for r in loops):
+            loops = sorted(set(loops))  # any order; anything else is refused by the forward, naming readout_loops
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                          timestep_grid=timestep_grid, exit_criterion=exit_criterion, exit_threshold=exit_threshold,
                          exit_readout=self.lm_head, readout_loops=loops)
