@@ -1360,6 +1360,11 @@ class LoopLMModel(LoopLMPreTrainedModel):
             past_key_values = DynamicCache()
         cache = past_key_values if use_cache else None
         past = cache.get_seq_length() if cache is not None else 0
+        if (cache is not None and not past and type(cache) is DynamicCache and cache.layers
+                and len(cache.layers) != cfg.kv_cache_slots(r)):
+            # generate() sizes its empty cache from config.num_hidden_layers (the config's loop count): a per-call
+            # num_loops needs its own slot count (generate(ids, num_loops=3) on a K = 2 export: an IndexError)
+            cache.layers = [type(cache.layers[0])() for _ in range(cfg.kv_cache_slots(r))]
         if cache is not None and past and len(cache.layers) != cfg.kv_cache_slots(r):
             raise ValueError(f"the KV cache has {len(cache.layers)} block slots but num_loops={r} uses "
                              f"{cfg.kv_cache_slots(r)}; keep num_loops fixed while decoding")

@@ -41,7 +41,8 @@ LONG_RUN = int(os.environ.get("LOOPLM_FUZZ_EXAMPLES", "0") or 0)
 # A call that checks its input and stops takes well under a second; the bound catches a hang (before:
 # num_loops=10**9 never returned) on a loaded 2-core machine, not a slow check.
 TIME_BOUND_S = 60.0
-ERROR_LINE = re.compile(r"^(?:[\w.+-]+: )?error: ")  # ours, and argparse's "prog: error: ..."
+# ours, and argparse's "prog: error: ..." (a subcommand's prog has two words: "paired_study.py plan: error: ...")
+ERROR_LINE = re.compile(r"^(?:[\w.+-]+(?: [\w.+-]+)?: )?error: ")
 
 
 def fuzz_settings(examples: int) -> settings:
@@ -88,7 +89,7 @@ class Outcome:
 WORK = {
     "pretrain_loop.py": [("megatron_loop.training.setup", "distributed.setup_distributed", "process group")],
     "tools/convert_to_hf.py": [("megatron_loop.hf.convert", "read_weights", "consolidation")],
-    "tools/eval_loops.py": [("megatron_loop.eval.sweep", "open_session", "model load")],
+    "tools/eval_loops.py": [("megatron_loop.eval.sweep", "load_hf_model", "model load")],
     "tools/probe_geometry.py": [("megatron_loop.probes.cli", "load_model", "model load")],
     "tools/preprocess_data.py": [("megatron_loop.data.preprocess", "_PrefixWriter", "first write")],
     "tools/train_tokenizer.py": [("<script>", "train_bpe_tokenizer", "tokenizer training", "after")],
