@@ -1492,6 +1492,13 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
                                     hidden_states=out.hidden_states, exit_loops=out.exit_loops,
                                     exit_pdf=out.exit_pdf)
 
+    def generate(self, inputs=None, *args, **kwargs):
+        """``GenerationMixin.generate`` after :func:`_checked_call` of its arguments: transformers indexes the
+        token ids before the first forward (1-d ids were an IndexError inside it)."""
+        _checked_call(self.config, kwargs.get("input_ids", inputs), False, kwargs.get("num_loops"),
+                      kwargs.get("timestep_grid"), kwargs.get("exit_criterion"), kwargs.get("exit_threshold"))
+        return super().generate(inputs, *args, **kwargs)
+
     def readout_obstacle(self, loops, timestep_grid: str | None = None) -> str | None:
         """Why :meth:`loop_readouts` cannot serve ``loops`` (None: it can); :func:`readout_obstacle`."""
         return readout_obstacle(self.config, loops, timestep_grid)
