@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_loop.atomic import clean_leftovers  # noqa: E402
 from megatron_loop.cli import parse_loop_counts, run_cli  # noqa: E402
+from megatron_loop.config.validation import MAX_LOOPS  # noqa: E402
 from megatron_loop.errors import LoopConfigError  # noqa: E402
 
 
@@ -149,6 +150,10 @@ def _run(argv: Sequence[str] | None) -> int:
         if args.exit_criterion == "none":
             raise LoopConfigError("--exit-thresholds: expected --exit-criterion kl, cosine or q_exit with it")
         thresholds = parse_thresholds(args.exit_thresholds or "", args.exit_criterion)
+    for flag, r in (("--loops", max(settings.loops)), ("--exit-max-loops", args.exit_max_loops)):
+        if r is not None and r > MAX_LOOPS:  # the export refuses them (LoopLMConfig.num_loops), even unlimited
+            raise LoopConfigError(f"{flag} {r}: expected loop counts of at most {MAX_LOOPS}, the export's largest "
+                                  "num_loops (--no-loop-limit lifts only the 16 K limit)")
     config = export_config(args.model)
     if not args.no_loop_limit:  # before the model loads: --loops 100000 would run for hours without a word
         check_loop_limit(args.model, config, {"--loops": max(settings.loops), "--exit-max-loops": args.exit_max_loops})

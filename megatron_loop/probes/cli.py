@@ -26,6 +26,7 @@ import torch
 from megatron_loop import plotting
 from megatron_loop.checkpoint.weights import load_model_from_checkpoint
 from megatron_loop.cli import check_output_folder, parse_loop_counts
+from megatron_loop.config.validation import MAX_LOOPS
 from megatron_loop.data.indexed import check_token_ids
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.hf.convert import load_looplm_from_hf
@@ -110,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_sizes(args: argparse.Namespace) -> None:
+def check_sizes(args: argparse.Namespace, loops: list[int]) -> None:
     """The counts of the command line, before anything is read or loaded (``--batch-size 0`` was refused only
     after the checkpoint had loaded)."""
     for flag, value, low in (("--batch-size", args.batch_size, 1), ("--skip-batch", args.skip_batch, 1),
@@ -118,6 +119,8 @@ def check_sizes(args: argparse.Namespace) -> None:
                              ("--seed", args.seed, 0)):
         if value < low:
             raise LoopConfigError(f"{flag} {value}: expected an integer >= {low}")
+    if max(loops) > MAX_LOOPS:  # a probe at r runs L(r) block applications per token: --loops 100000 ran for hours
+        raise LoopConfigError(f"--loops {max(loops)}: expected loop counts of at most {MAX_LOOPS}")
 
 
 def check_source(checkpoint: str | None, hf_dir: str | None) -> None:
@@ -183,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.valid_prefix:
         raise LoopConfigError("--valid-prefix: required with --checkpoint or --model (the probe sample)")
     loops = parse_loop_counts(args.loops)
-    check_sizes(args)
+    check_sizes(args, loops)
     settings = ProbeSettings(loops=loops, sources=_sources(args.interaction_sources), batch_size=args.batch_size,
                              skip_batch=args.skip_batch, progress=not args.no_progress,
                              one_pass=not args.per_r)
