@@ -53,8 +53,19 @@ def launch_world_size(environ: Mapping[str, str] | None = None) -> int:
 
 
 def check_launch_env(environ: Mapping[str, str] | None = None) -> None:
-    """Every launch variable that is set is an integer in its range, and each rank is inside its world."""
+    """Every launch variable that is set is an integer in its range, each rank is inside its world, and a rank
+    comes with the rest of its launcher's variables (torch's env:// rendezvous fails without them)."""
+    environ = os.environ if environ is None else environ
     values = {name: env_int(name, environ=environ) for name in LAUNCH_VARIABLES}
+    if values["RANK"] is not None:
+        missing = [name for name in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not environ.get(name)]
+        if missing:
+            raise LoopConfigError(f"environment variable RANK={values['RANK']} without {', '.join(missing)}: expected "
+                                  "WORLD_SIZE, MASTER_ADDR and MASTER_PORT with it (torchrun and deepspeed set all "
+                                  "four; plain python needs none)")
+    elif (values["SLURM_NTASKS"] or 1) > 1 and values["SLURM_PROCID"] is None:
+        raise LoopConfigError(f"environment variable SLURM_NTASKS={values['SLURM_NTASKS']} without SLURM_PROCID: "
+                              "expected both (srun sets them), or a launcher's RANK and WORLD_SIZE")
     for rank, world in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"),
                         ("SLURM_LOCALID", "SLURM_NTASKS")):
         if values[rank] is not None and values[world] is not None and values[rank] >= values[world]:
