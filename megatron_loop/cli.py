@@ -15,6 +15,14 @@ from megatron_loop.errors import LoopConfigError, LoopDataError
 
 def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
     """Call ``main(argv)``; a LoopConfigError/LoopDataError prints ``error: ...`` and returns 2."""
+    # argparse reads "--workers=--" as an empty list of values (it drops the "--"), for every option of every tool:
+    # a list where a number or a path was expected fails later as a traceback
+    empty = next((a for a in (sys.argv[1:] if argv is None else argv)
+                  if isinstance(a, str) and a.startswith("-") and a.partition("=")[2] == "--"), None)
+    if empty is not None:
+        print_error(f"{empty}: '--' after '=' is no value (argparse takes it for the end of the options); expected "
+                    f"{empty.partition('=')[0]}=VALUE")
+        return 2
     try:
         return main(argv)
     except (LoopConfigError, LoopDataError) as e:
