@@ -25,6 +25,14 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     traceback); Ctrl-C (KeyboardInterrupt) prints one line and returns 130. Every writer publishes
     through a temporary name and removes it on the way out, which is why one line is all there is
     to say."""
+    # argparse reads "--workers=--" as an empty list of values (it drops the "--"), for every option of every tool:
+    # a list where a number or a path was expected fails later as a traceback
+    empty = next((a for a in (sys.argv[1:] if argv is None else argv)
+                  if isinstance(a, str) and a.startswith("-") and a.partition("=")[2] == "--"), None)
+    if empty is not None:
+        print_error(f"{empty}: '--' after '=' is no value (argparse takes it for the end of the options); expected "
+                    f"{empty.partition('=')[0]}=VALUE")
+        return 2
     try:
         return main(argv)
     except (LoopConfigError, LoopDataError) as e:
@@ -55,7 +63,8 @@ def _first_to_report(line: str) -> bool:
     """Whether no other rank of this launch on this host printed ``line`` yet: an exclusively
     created marker file named after the launch (the launcher process every local rank shares:
     torchrun's agent, DeepSpeed's launch.py, slurmstepd; its pid and start time) and the line."""
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if not world.isdigit() or int(world) <= 1:  # one process (a bad WORLD_SIZE is the error being printed)
         return True
     try:
         import hashlib
@@ -78,6 +87,15 @@ def _first_to_report(line: str) -> bool:
         return False
     except Exception:  # no marker possible (psutil missing, /tmp unwritable): every rank prints
         return True
+
+
+def host_cores() -> int:
+    """CPU cores this process may run on (its affinity mask: a SLURM or container allocation, not the machine):
+    the bound of every worker-count flag and key (one worker process per core at most)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS has no affinity mask
+        return os.cpu_count() or 1
 
 
 def check_output_folder(path: str | Path, flag: str, what: str, given: str | Path | None = None) -> None:

@@ -9,11 +9,11 @@ data prefixes, tokenizer) with the same preflight checks as training, and prints
 
 from __future__ import annotations
 
-import os
 import sys
 
 from megatron_loop.config import Config
 from megatron_loop.config.deepspeed import check_deepspeed_config
+from megatron_loop.config.launch_env import launch_world_size
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.plan import accumulation_steps, check_train_steps, training_plan
 from megatron_loop.training import preflight
@@ -37,7 +37,7 @@ def data_reuse_warnings(epochs: dict[str, float], max_epochs: float | None = Non
 
 def default_data_parallel_size() -> int:
     """The world size a launcher exported (torchrun/deepspeed ``WORLD_SIZE``, SLURM ``SLURM_NTASKS``), else 1."""
-    return int(os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or 1)
+    return launch_world_size()
 
 
 def dry_run_report(cfg: Config, data_parallel_size: int | None = None, check_data: bool = True) -> dict:
@@ -69,6 +69,9 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None, check_dat
                  "valid_prefixes": cfg.data.validation_prefixes() if cfg.train.eval_interval else [],
                  "tokenizer": cfg.data.tokenizer}
     files["data_checked"] = check_data
+    for line in preflight.check_host(cfg, training=False):
+        print(line, file=sys.stderr)
+    preflight.check_init_from(cfg)
     preflight.check_vocabulary(cfg)
     check_train_steps(cfg, training_plan(cfg)["train_steps"])
     report = run_summary(cfg, dp, accumulation, files)

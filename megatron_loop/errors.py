@@ -3,6 +3,7 @@
 import errno
 import os
 import re
+import stat
 from pathlib import Path
 
 
@@ -33,6 +34,30 @@ def os_error_text(error: OSError) -> str:
     name = errno.errorcode.get(error.errno or 0)
     words = _PLAIN_ERRNO.get(name or "", error.strerror or str(error))
     return f"{words} ({name})" if name else words
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def path_kind(mode: int) -> str:
+    """What an ``os.stat`` mode that is not a regular file is, in words (``a folder``, ``a character device``)."""
+    return next((name for test, name in _KINDS if test(mode)), "not a file")
+
+
+def file_problem(path: str) -> str | None:
+    """None for a regular file (or a link to one); else ``missing PATH`` or ``PATH is a named pipe
+    (FIFO), not a regular file`` (a link says where it points). A FIFO or a device such as
+    ``/dev/zero`` exists, so calling it "missing" would send the user looking for a file that is there."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"missing {path}" + (f" (a link to the missing {os.readlink(path)})" if os.path.islink(path) else "")
+    except OSError as e:
+        return f"{path}: cannot be read ({e.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    target = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
+    return f"{path}{target} is {path_kind(mode)}, not a regular file"
 
 
 SHARED_MEMORY = "/dev/shm"

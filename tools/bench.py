@@ -58,7 +58,10 @@ for path in (TOOLS.parent, TOOLS):  # the repository (megatron_loop) and tools/ 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from megatron_loop.cli import host_cores, parse_loop_counts, run_cli  # noqa: E402
 from megatron_loop.config import RECOMPUTE_MODES  # noqa: E402
+from megatron_loop.config.validation import MAX_LOOPS  # noqa: E402
+from megatron_loop.errors import LoopConfigError  # noqa: E402
 
 from benchmarks.harness import Row, fail, make_setup  # noqa: E402
 from benchmarks.rendering import report  # noqa: E402
@@ -146,17 +149,59 @@ def selected_modes(mode_arg: str) -> tuple[str, ...]:
     return modes
 
 
+# Options only some modes read (default None: given or not is known) -> those modes; given to none of the
+# selected modes they are refused, not ignored (--mode train --loops 0 ran the config's own K)
+MODE_FLAGS = {
+    "loops": ("checkpointing", "recompute", "backprop"), "accumulation": ("optimizer", "train"),
+    "ac_budget_gib": ("checkpointing",), "ac_reference_micro_batch": ("checkpointing",),
+    "data_input": ("data",), "tokenizer": ("data",), "data_prefix": ("train",),
+    "hf_model": ("exit-decode",), "valid_prefix": ("exit-decode",),
+}
+# Counts and their smallest values, checked before any model is built
+COUNTS = {"seq": 2, "micro_batch": 1, "steps": 1, "warmup": 0, "threads": 1, "accumulation": 1, "workers": 1,
+          "startup_repeats": 1, "top": 1}
+FAMILIES = ("llama", "qwen")
+
+
 def resolve_lists(args: argparse.Namespace) -> None:
     """The comma-list arguments as lists, with the device's defaults, checked before anything runs."""
     cuda = args.device == "cuda"
     args.families = args.families.split(",") if args.families else (["llama", "qwen"] if cuda else ["llama"])
-    args.loops = [int(k) for k in (args.loops or ("5,10" if cuda else "2,4,8")).split(",")]
-    args.eval_loops = [int(r) for r in args.eval_loops.split(",")]
-    args.sweep_loops = sorted({int(r) for r in args.sweep_loops.split(",")})
-    args.tp = [int(t) for t in args.tp.split(",")]
+    if not args.families or any(f not in FAMILIES for f in args.families):
+        fail(f"--families {','.join(args.families)!r}: expected a comma list of {', '.join(FAMILIES)}")
+    try:
+        args.loops = parse_loop_counts(args.loops or ("5,10" if cuda else "2,4,8"), "--loops")
+        args.eval_loops = parse_loop_counts(args.eval_loops, "--eval-loops")
+        args.sweep_loops = parse_loop_counts(args.sweep_loops, "--sweep-loops")
+        args.tp = parse_loop_counts(args.tp, "--tp")
+    except LoopConfigError as e:
+        fail(str(e))
+    for flag in ("loops", "eval_loops", "sweep_loops"):
+        if max(getattr(args, flag)) > MAX_LOOPS:
+            fail(f"--{flag.replace('_', '-')} {max(getattr(args, flag))}: expected loop counts of at most {MAX_LOOPS}")
+
+
+def check_unread_flags(modes: tuple[str, ...], args: argparse.Namespace) -> None:
+    """Before the device defaults fill them in: an option none of ``modes`` reads is refused."""
+    for flag, readers in MODE_FLAGS.items():
+        if getattr(args, flag) is not None and not set(readers) & set(modes):
+            fail(f"--{flag.replace('_', '-')}: read only by --mode {', '.join(readers)}; expected it with one of "
+                 f"them (--mode {','.join(modes)})")
 
 
 def check_mode_arguments(modes: tuple[str, ...], args: argparse.Namespace) -> None:
+    for flag, low in COUNTS.items():
+        value = getattr(args, flag)
+        if value is not None and value < low:
+            fail(f"--{flag.replace('_', '-')} {value}: expected an integer >= {low}")
+    if args.threads > host_cores() or args.workers > host_cores():
+        flag, value = ("--threads", args.threads) if args.threads > host_cores() else ("--workers", args.workers)
+        fail(f"{flag} {value}: expected at most the {host_cores()} CPU cores this process may use")
+    if args.ac_budget_gib is not None and not 0 < args.ac_budget_gib < float("inf"):
+        fail(f"--ac-budget-gib {args.ac_budget_gib}: expected a positive number of GiB")
+    unknown = [m for m in args.ac_modes.split(",") if m not in RECOMPUTE_MODES]
+    if unknown:
+        fail(f"--ac-modes {args.ac_modes!r}: expected a comma list of {', '.join(RECOMPUTE_MODES)}")
     if "recompute" in modes and args.loops[-1] < 2:
         fail(f"--mode recompute: expected --loops K >= 2 (K - 1 loops are recomputed), got {args.loops[-1]}")
     if args.ac_reference_micro_batch is not None and args.ac_reference_micro_batch < 1:
@@ -169,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     modes = selected_modes(args.mode)
+    check_unread_flags(modes, args)
     resolve_lists(args)
     check_mode_arguments(modes, args)
     setup = make_setup(args)
@@ -183,6 +229,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from megatron_loop.cli import run_cli  # a full disk or Ctrl-C: one line
-
     sys.exit(run_cli(main))

@@ -35,10 +35,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     # Cheap checks first: the conversion imports DeepSpeed and megatron-core (seconds).
+    from megatron_loop.checkpoint.selection import checkpoint_folder_problem
+    from megatron_loop.errors import LoopConfigError, LoopDataError
+
     ckpt, out = Path(args.checkpoint), Path(args.output)
-    if not ckpt.is_dir():
-        return _fail(f"{ckpt}: checkpoint folder not found; expected a DeepSpeed save dir")
+    problem = checkpoint_folder_problem(ckpt)  # missing, a file, an HF export
+    if problem:
+        return _fail(problem)
+    if not args.output.strip():
+        return _fail(f"--output {args.output!r}: expected the path of a folder for the export (e.g. RUN/hf)")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        from megatron_loop.export.output_folder import check_not_a_run  # a run folder: said before "pass --overwrite"
+
+        try:
+            check_not_a_run(out)
+        except LoopDataError as e:
+            return _fail(str(e))
         return _fail(f"{out}: output folder is not empty; pass --overwrite to replace it")
     shard_size = _shard_size(args.max_shard_size)
     if shard_size is None:
@@ -47,7 +59,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # after the argument checks: they answer without importing torch and transformers
     from megatron_loop.data.tokenizer import check_tokenizer_location
-    from megatron_loop.errors import LoopConfigError, LoopDataError
 
     try:
         if args.tokenizer:

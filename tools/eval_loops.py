@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_loop.atomic import clean_leftovers  # noqa: E402
 from megatron_loop.cli import parse_loop_counts, run_cli  # noqa: E402
+from megatron_loop.config.validation import MAX_LOOPS  # noqa: E402
 from megatron_loop.errors import LoopConfigError  # noqa: E402
 
 
@@ -126,12 +127,16 @@ def _run(argv: Sequence[str] | None) -> int:
     from megatron_loop.eval.plots import write_all_plots
     from megatron_loop.eval.report import (check_comparable, check_output, format_table, partial_folder, publish,
                                            read_results, write_results, write_results_json)
-    from megatron_loop.eval.sweep import (SweepSettings, check_loop_limit, open_session, resolve_seq_length,
-                                          run_sweep, sweep_fingerprint)
+    from megatron_loop.eval.sweep import (SweepSettings, check_loop_limit, limit_warnings, open_session,
+                                          resolve_seq_length, run_sweep, sweep_fingerprint)
     from megatron_loop.export.load import export_config
     from megatron_loop.eval.tasks import resolve_tasks
 
-    tasks = [] if args.tasks == "none" else resolve_tasks(args.tasks.split(",") if args.tasks else None)
+    items = None if args.tasks is None else [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if items == []:  # --tasks '' would run the eleven hub tasks of the default
+        raise LoopConfigError(f"--tasks {args.tasks!r}: expected task names (e.g. facts,clutrr=looplm_clutrr_local), "
+                              "'none' for the held-out loss only, or no --tasks for the paper's eleven")
+    tasks = [] if items == ["none"] else resolve_tasks(items)
     settings = SweepSettings(loops=parse_loop_counts(args.loops), tasks=tasks, limit=_limit(args.limit),
                              include_paths=args.include_path, valid_prefix=args.valid_prefix,
                              seq_length=args.seq_length, valid_sequences=args.valid_sequences,
@@ -146,6 +151,10 @@ def _run(argv: Sequence[str] | None) -> int:
         if args.exit_criterion == "none":
             raise LoopConfigError("--exit-thresholds: expected --exit-criterion kl, cosine or q_exit with it")
         thresholds = parse_thresholds(args.exit_thresholds or "", args.exit_criterion)
+    for flag, r in (("--loops", max(settings.loops)), ("--exit-max-loops", args.exit_max_loops)):
+        if r is not None and r > MAX_LOOPS:  # the export refuses them (LoopLMConfig.num_loops), even unlimited
+            raise LoopConfigError(f"{flag} {r}: expected loop counts of at most {MAX_LOOPS}, the export's largest "
+                                  "num_loops (--no-loop-limit lifts only the 16 K limit)")
     config = export_config(args.model)
     if not args.no_loop_limit:  # before the model loads: --loops 100000 would run for hours without a word
         check_loop_limit(args.model, config, {"--loops": max(settings.loops), "--exit-max-loops": args.exit_max_loops})
@@ -168,6 +177,8 @@ def _run(argv: Sequence[str] | None) -> int:
     session = None
     if todo or thresholds is not None:  # one load for the fixed-r and the adaptive sweeps
         session = open_session(args.model, settings)
+        for line in limit_warnings(settings, session.tasks):
+            print(line, file=sys.stderr)
     if thresholds is not None:
         max_loops = max(settings.loops) if args.exit_max_loops is None else args.exit_max_loops
         check_adaptive(session, args.exit_criterion, max_loops)  # before the fixed-r sweep spends any time

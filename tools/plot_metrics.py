@@ -45,6 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise LoopConfigError(f"--labels {args.labels!r}: {len(labels)} labels for {len(args.runs)} runs; "
                                   "expected one per RUN")
         runs = [read_run(path, label) for path, label in zip(args.runs, labels)]
+        files = [run.path.resolve() for run in runs]  # a folder and its metrics.jsonl are one run
+        twice = next((i for i, f in enumerate(files) if f in files[:i]), None)
+        if twice is not None:  # two identical curves under one label, the second hiding the first
+            raise LoopConfigError(f"RUN {args.runs[twice]!r}: the run of {args.runs[files.index(files[twice])]!r} "
+                                  "again; expected each run once")
         figure = plot_runs(runs, args.x)
         for run in runs:  # skipped lines and values, one line per kind, named by line number
             for warning in run.warnings:

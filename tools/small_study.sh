@@ -32,10 +32,16 @@ if [ "$STUDY" = --list ]; then
   exit 0
 fi
 if [ "$STUDY" = toy ]; then RUN=${STUDY_RUN:-runs/study}; else RUN=${STUDY_RUN:-runs/study_$STUDY}; fi
-eval "$(python tools/generate_configs.py --study "$STUDY" --toy-env)"  # STUDY_CORPUS_ARGS STUDY_TASKS ...
+# an unknown study: generate_configs.py's error line and its exit code 2, not an empty eval and a later failure
+toy_env=$(python tools/generate_configs.py --study "$STUDY" --toy-env) || exit $?
+eval "$toy_env"  # STUDY_CORPUS_ARGS STUDY_TASKS ...
 STEPS=${STUDY_STEPS:-$STUDY_DEFAULT_STEPS}
 LIMIT=${STUDY_LIMIT:-300}
 if [ -n "$STUDY_PAIRED" ]; then JOBS=${STUDY_JOBS:-2}; else JOBS=${STUDY_JOBS:-1}; fi
+# the knobs checked before any data is built (STUDY_STEPS=abc failed after it, as an unbound variable)
+[[ $STEPS =~ ^[1-9][0-9]*$ ]] || { echo "error: STUDY_STEPS='$STEPS': expected a positive integer (training steps per run)" >&2; exit 2; }
+[[ $JOBS =~ ^[1-9][0-9]*$ ]] || { echo "error: STUDY_JOBS='$JOBS': expected a positive integer (trainings at once)" >&2; exit 2; }
+[[ $LIMIT =~ ^([1-9][0-9]*|0?\.[0-9]*[1-9][0-9]*)$ ]] || { echo "error: STUDY_LIMIT='$LIMIT': expected lm-eval items per task (an integer >= 1) or a fraction in (0, 1)" >&2; exit 2; }
 [ -z "$STUDY_TASKS" ] || LOCAL_TASKS=$STUDY_TASKS
 mkdir -p "$RUN"
 PLAN=$(python tools/generate_configs.py --study "$STUDY" --toy-dir "$RUN")  # NAME CONFIG LOOPS PROBE_LOOPS

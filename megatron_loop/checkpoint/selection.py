@@ -15,7 +15,7 @@ from pathlib import Path
 
 from megatron_loop.checkpoint.folders import LATEST, MANIFEST, PARTIAL, complete_tags, read_latest, step_of
 from megatron_loop.checkpoint.manifest import verify_checkpoint
-from megatron_loop.errors import LoopDataError
+from megatron_loop.errors import LoopDataError, path_kind
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,22 @@ def outside_tag(root: Path, tag: str, source: str) -> str | None:
     return None
 
 
+def checkpoint_folder_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a checkpoint folder at all (None: it may be one): missing, a file, or a Hugging Face
+    export (config.json and safetensors), which its reader would otherwise report as a missing ``latest``."""
+    if not path.exists():
+        return f"{path}: checkpoint folder not found"
+    if not path.is_dir():
+        kind = "a file" if path.is_file() else path_kind(path.stat().st_mode)
+        return (f"{path}: {kind}, not a checkpoint folder; expected a run's checkpoints/ folder or one global_step* "
+                "folder in it")
+    if (path / "config.json").is_file() and any(path.glob("*.safetensors")) and not (path / LATEST).exists():
+        return (f"{path}: a Hugging Face export (config.json and safetensors, tools/convert_to_hf.py), not a training "
+                "checkpoint; expected a run's checkpoints/ folder or one global_step* folder in it (an export is "
+                "read by eval_loops.py --model and probe_geometry.py --model)")
+    return None
+
+
 def split_checkpoint_path(path: Path) -> tuple[Path, str | None]:
     """A checkpoint root (``latest`` decides) or one tag folder in it."""
     if (path / MANIFEST).is_file() or step_of(path.name) is not None or path.name.endswith(PARTIAL):
@@ -65,6 +81,9 @@ def select_explicit(path: Path) -> SelectedCheckpoint:
     if not path.exists():
         raise LoopDataError(f"--resume {path}: not found; expected a checkpoint folder "
                             "(the run's checkpoints/ folder or one global_step* folder in it)")
+    problem = checkpoint_folder_problem(path)
+    if problem:
+        raise LoopDataError(f"--resume {problem}")
     root, tag = split_checkpoint_path(path)
     if tag is not None and tag.endswith(PARTIAL):
         raise LoopDataError(f"{path}: an unpublished save (interrupted before '{LATEST}' was updated); "
@@ -125,8 +144,9 @@ def select_checkpoint(path: str | os.PathLike, tag: str | None = None) -> Select
     without any manifest (a DeepSpeed checkpoint written by another tool) is read unverified.
     """
     path = Path(path)
-    if not path.is_dir():
-        raise LoopDataError(f"{path}: checkpoint folder not found")
+    problem = checkpoint_folder_problem(path)
+    if problem:
+        raise LoopDataError(problem)
     root, named = split_checkpoint_path(path)
     problem = outside_tag(root, tag, "--tag") if tag is not None else None
     if problem:  # another run's checkpoint, reached through a path

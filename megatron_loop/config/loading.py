@@ -21,7 +21,7 @@ from megatron_loop.config.presets import BACKBONES
 from megatron_loop.config.sections import SECTIONS, Config, ModelConfig
 from megatron_loop.config.validation import CHOICES
 from megatron_loop.config.yaml_reader import read_yaml, yaml_problem
-from megatron_loop.errors import LoopConfigError
+from megatron_loop.errors import LoopConfigError, file_problem
 
 
 # Keys renamed (old section.key -> new key of the same section). A config written with the old name still
@@ -77,6 +77,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, a, key)
             except LoopConfigError as e:
                 errors.append(e)
+        # a value of the right kind with a bad part (a list holding a NaN): that part's own error, not "expected
+        # list or null"
+        same_kind = [e for a, e in zip([a for a in args if a is not type(None)], errors)
+                     if isinstance(value, get_origin(a) or a)]
+        if len(same_kind) == 1:
+            raise same_kind[0]
         raise LoopConfigError(f"{key}={value!r}: expected {' or '.join(_type_name(a) for a in args)}")
     if origin is list:
         (item,) = get_args(tp)
@@ -129,10 +135,32 @@ def _build_section(cls: type, values: dict, section: str) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise LoopConfigError(
-            f"{section}.{unknown[0]}: unknown key; expected one of {sorted(known)}")
+        raise LoopConfigError(f"{section}.{unknown[0]}: unknown key; {_closest(unknown[0], known)}")
     kwargs = {k: _coerce(v, hints[k], f"{section}.{k}") for k, v in values.items()}
     return cls(**kwargs)
+
+
+# Names other trainers give a key of this config (Megatron-LM, Hugging Face Trainer, nanoGPT): suggested when
+# the spelling is not close to any key
+ALIASES = {"learning_rate": "lr", "min_lr": "min_lr_ratio", "warmup_steps": "warmup_fraction",
+           "warmup_iters": "warmup_fraction", "batch_size": "global_batch_size", "micro_batch": "micro_batch_size",
+           "train_iters": "max_steps", "max_iters": "max_steps", "num_steps": "max_steps",
+           "clip_grad": "grad_clip", "max_grad_norm": "grad_clip", "seq_len": "seq_length", "n_embd": "hidden_size",
+           "ffn_hidden_size": "intermediate_size", "num_heads": "num_attention_heads", "n_head": "num_attention_heads",
+           "num_layers": "core_layers", "n_layer": "core_layers", "num_loops": "train_loops",
+           "data_path": "train_prefixes", "tokenizer_path": "tokenizer", "save": "output_dir", "out_dir": "output_dir"}
+
+
+def _closest(name: str, known) -> str:
+    """``did you mean 'lr'?`` for a misspelt or foreign key name; the whole list only when nothing is close."""
+    import difflib
+
+    names = {**{alias: key for alias, key in ALIASES.items() if key in known}, **{key: key for key in known}}
+    close = difflib.get_close_matches(str(name).lower(), sorted(names), n=1, cutoff=0.75)
+    if close:
+        guess = names[close[0]]
+        return f"did you mean '{guess}'? (docs/CONFIG.md lists every key)"
+    return f"expected one of {sorted(known)}"
 
 
 def build_model_config(values: dict, section: str = "model") -> ModelConfig:
@@ -140,7 +168,7 @@ def build_model_config(values: dict, section: str = "model") -> ModelConfig:
     values = renamed(section, values)
     backbone = values.get("backbone")
     if backbone is not None:
-        if backbone not in BACKBONES:
+        if not isinstance(backbone, str) or backbone not in BACKBONES:
             raise LoopConfigError(
                 f"{section}.backbone={backbone!r}: unknown backbone; expected one of {sorted(BACKBONES)}")
         preset = BACKBONES[backbone]
@@ -188,7 +216,11 @@ def config_from_dict(raw: dict, source: str = "<dict>", overrides: list[str] | N
         node[path[-1]] = value
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
-        raise LoopConfigError(f"{source}: unknown section {unknown[0]!r}; expected one of {sorted(SECTIONS)}")
+        import difflib
+
+        close = difflib.get_close_matches(str(unknown[0]), sorted(SECTIONS), n=1, cutoff=0.75)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise LoopConfigError(f"{source}: unknown section {unknown[0]!r}; {hint}expected one of {sorted(SECTIONS)}")
     for name, val in raw.items():
         if not isinstance(val, dict):
             raise LoopConfigError(f"{source}: section {name!r} must be a mapping")
@@ -208,7 +240,11 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     and make its file paths absolute (:func:`resolve_paths`, relative to the working directory)."""
     path = Path(path)
     if not path.is_file():
-        raise LoopConfigError(f"{path}: config file not found")
+        problem = file_problem(str(path))
+        if problem.startswith("missing "):
+            raise LoopConfigError(f"{path}: config file not found")
+        # a folder, /dev/null, a pipe: named as what it is (it exists: "not found" would send the user looking)
+        raise LoopConfigError(f"{problem}; expected a YAML config file")
     try:
         raw = read_yaml(path.read_text(encoding="utf-8"))
     except LoopConfigError as e:

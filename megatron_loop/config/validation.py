@@ -61,6 +61,9 @@ MAX_LOOPS = 1024
 # Longest wait a timeout key takes (7 days): beyond it a hung rank would block for longer than
 # any job runs, and far beyond it the value overflows the timedelta / thread timeouts it becomes.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+# Largest peak learning rate (train.lr): AdamW and Muon (matched to AdamW's update RMS) take steps of about lr
+# per weight, so lr = 1 already rewrites a weight of scale 0.02 by 50x its size; 1e10 is a typo.
+MAX_LR = 1.0
 # Seeds seed numpy's global generator (App. C.2 seed 42), which takes 0 <= seed < 2^32.
 MAX_SEED = 2**32 - 1
 
@@ -176,6 +179,8 @@ def validate_train(train: TrainConfig, prefix: str = "train") -> None:
          f"a multiple of micro_batch_size={train.micro_batch_size} (global = micro x accumulation x data-parallel)")
     need(train.seq_length >= 2, "seq_length", "an integer >= 2")
     need(train.lr > 0, "lr", "a positive float")
+    need(train.lr <= MAX_LR, "lr", f"at most {MAX_LR:g} (a peak learning rate: the paper's are about 1.3e-3 to "
+         "1.8e-3, the tiny configs' 3e-3; above 1 every update overshoots and the loss diverges)")
     need(0 <= train.min_lr_ratio <= 1, "min_lr_ratio", "a float in [0, 1]")
     need(0 <= train.warmup_fraction and 0 <= train.stable_fraction
          and train.warmup_fraction + train.stable_fraction <= 1, "warmup_fraction",
@@ -383,6 +388,11 @@ def check_exit_gate(cfg: Config) -> None:
                               "entropy_regularized or adaptive_gate exactly when the exit gate is learned")
     if gate == "learned" and cfg.parallel.tensor_model_parallel_size > 1:
         raise LoopConfigError(EXIT_GATE_TP_REFUSAL)
+    high = loop_range(cfg.train, cfg.model.train_loops)[1]
+    if gate == "learned" and high is not None and high < 2:
+        raise LoopConfigError(f"model.exit_gate='learned' with model.train_loops={cfg.model.train_loops}: expected "
+                              "train_loops >= 2 (Ouro's gate chooses the loop to exit at; with one loop the exit "
+                              "distribution is 1 at t = 1 whatever the gate says, so it never trains)")
 
 
 def validate_config(cfg: Config) -> None:

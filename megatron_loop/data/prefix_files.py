@@ -6,27 +6,7 @@ Standard library only: ``--dry-run`` and the checks before training use it witho
 
 from __future__ import annotations
 
-import os
-import stat
-
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def file_problem(path: str) -> str | None:
-    """None for a regular file (or a link to one); else ``missing PATH`` or ``PATH is a named pipe
-    (FIFO), not a regular file`` (a link says where it points)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return f"missing {path}" + (f" (a link to the missing {os.readlink(path)})" if os.path.islink(path) else "")
-    except OSError as e:
-        return f"{path}: cannot be read ({e.strerror})"
-    if stat.S_ISREG(mode):
-        return None
-    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
-    target = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
-    return f"{path}{target} is {kind}, not a regular file"
+from megatron_loop.errors import file_problem
 
 
 def prefix_file_problem(prefix: str, extensions: tuple[str, ...] = (".bin", ".idx")) -> str | None:

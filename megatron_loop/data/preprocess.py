@@ -38,6 +38,7 @@ from megatron_loop.atomic import write_atomic
 from megatron_loop.config import VALID_SUFFIX
 from megatron_loop.cli import check_output_folder
 from megatron_loop.data.sources import ENCODING_ERRORS, HFSource, iter_documents
+from megatron_loop.cli import host_cores
 from megatron_loop.data.tokenizer import check_tokenizer_location, load_tokenizer
 from megatron_loop.errors import LoopDataError, os_error_text, user_path
 
@@ -347,6 +348,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = build_arg_parser().parse_args(argv)
     if a.workers < 1 or a.batch_size < 1 or a.validation_documents < 0:
         raise LoopDataError("--workers and --batch-size must be >= 1, --validation-documents >= 0")
+    if a.workers > host_cores():  # 1000 processes on 2 cores took 40 s instead of 6
+        raise LoopDataError(f"--workers {a.workers}: expected at most the {host_cores()} CPU cores this process may "
+                            "use (one encoding process per core)")
+    for flag, value in (("--max-documents", a.max_documents), ("--shuffle-buffer", a.shuffle_buffer),
+                        ("--seed", a.seed)):
+        if value is not None and value < (1 if flag == "--max-documents" else 0):
+            raise LoopDataError(f"{flag} {value}: expected an integer >= {1 if flag == '--max-documents' else 0}")
     opts = PreprocessOptions(
         json_key=a.json_key, workers=a.workers, batch_size=a.batch_size,
         validation_documents=a.validation_documents, max_documents=a.max_documents,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from megatron_loop.errors import LoopDataError
+from megatron_loop.errors import LoopDataError, os_error_text
 
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
 _EXPECTED = "a .jsonl/.json/.parquet/.txt file, a folder or glob of them, or a Hugging Face dataset name"
@@ -52,7 +52,11 @@ def resolve_local_inputs(spec: str) -> list[Path] | None:
             raise LoopDataError(f"input glob '{spec}' matches no files; expected {_EXPECTED}")
         return files
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUPPORTED_SUFFIXES)
+        try:
+            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUPPORTED_SUFFIXES)
+        except OSError as e:  # --input / met /proc/1/cwd: a PermissionError traceback before
+            raise LoopDataError(f"input folder '{spec}': cannot read {e.filename} ({os_error_text(e)}); expected a "
+                                f"folder of {'/'.join(SUPPORTED_SUFFIXES)} files you can read") from None
         if not files:
             raise LoopDataError(f"input folder '{spec}' contains no {'/'.join(SUPPORTED_SUFFIXES)} files")
         return files

@@ -39,6 +39,12 @@ def open_tokenizer(name_or_dir: str, source: str | None = None):
 
     source = source or f"--tokenizer {name_or_dir}"
     check_tokenizer_location(name_or_dir, source)
+    path = Path(name_or_dir).expanduser()
+    if path.is_file():  # transformers would read a file name as a hub id ("Repo id must be in the form ...")
+        if path.name != "tokenizer.json" or not (path.parent / "tokenizer_config.json").is_file():
+            raise LoopDataError(f"{source}: a file, not a tokenizer folder; expected a folder saved with "
+                                "save_pretrained (tokenizer.json and tokenizer_config.json) or a hub name")
+        name_or_dir = str(path.parent)  # its folder: the same tokenizer, with its settings (EOS, padding)
     try:
         # trust_remote_code=False: the tokenizers used here are plain fast tokenizers, and a folder
         # that is also a LoopLM export (config.json with auto_map) would otherwise make transformers
@@ -77,6 +83,10 @@ def load_tokenizer(name_or_dir: str, eos_token: str | None = None, source: str |
     return tok
 
 
+# Largest vocabulary train_bpe_tokenizer trains (--vocab-size of tools/train_tokenizer.py).
+MAX_VOCAB_SIZE = 2**20
+
+
 def train_bpe_tokenizer(texts: Iterable[str], output_dir: str | Path, vocab_size: int = 2048,
                         min_frequency: int = 2) -> Path:
     """Train a byte-level BPE with ``<|endoftext|>`` as its only special token (id 0, the EOS)
@@ -87,6 +97,9 @@ def train_bpe_tokenizer(texts: Iterable[str], output_dir: str | Path, vocab_size
     if vocab_size < 257 + 1:
         raise LoopDataError(f"vocab_size {vocab_size} too small; byte-level BPE needs at least 258 "
                             "(256 bytes + EOS + one merge)")
+    if vocab_size > MAX_VOCAB_SIZE:  # the tokenizers library sizes its tables by it: 10^9 aborted the process
+        raise LoopDataError(f"vocab_size {vocab_size:,}: expected at most {MAX_VOCAB_SIZE:,} (2^20; the largest "
+                            "released LLM vocabularies have about 262,000 tokens)")
     tok = Tokenizer(models.BPE())
     # No prefix space: decode(encode(text)) must reproduce the document byte for byte.
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -15,6 +15,7 @@ import functools
 import logging
 import math
 import os
+import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -115,6 +116,11 @@ def load_tasks(specs: list[TaskSpec], manager) -> dict:
             reason = reason or _one_line(e)
             continue
         except Exception as e:  # a local data file missing, a broken task YAML, ...
+            field = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+            if isinstance(e, TypeError) and field:  # lm-eval builds its TaskConfig(**yaml): a misspelt field
+                raise LoopDataError(f"lm-eval task {name!r}: its YAML sets '{field.group(1)}', a field lm-eval's task "
+                                    "config does not have; expected lm-eval's task YAML fields (task, dataset_path, "
+                                    "doc_to_text, ...: lm-eval's docs/task_guide.md)") from None
             raise LoopDataError(f"lm-eval task {name!r}: cannot load its dataset ({_one_line(e)})") from None
         for task in loaded.values():
             task.set_config(key="num_fewshot", value=0)

@@ -8,6 +8,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -122,21 +123,49 @@ def resolve_seq_length(settings: SweepSettings, model_dir: str | Path, config: d
     """Set ``settings.seq_length`` for the held-out loss: the export's ``train_seq_length`` unless
     ``--seq-length`` says otherwise. Returns the warnings to print: a window longer than training
     measures length extrapolation, not the loop count (a model trained at 128 tokens and read at
-    2,048 ranks r differently)."""
+    2,048 ranks r differently); and a note when ``--valid-sequences`` asks for more windows than the prefix
+    holds (all of them are read)."""
     trained = config.get("train_seq_length")
     where = f"{Path(model_dir) / 'config.json'}"
+    lines = []
     if settings.seq_length is None:
-        if trained is None:
-            settings.seq_length = FALLBACK_SEQ_LENGTH
-            return [f"warning: {where} has no train_seq_length (exported before it was recorded): the held-out loss "
-                    f"uses windows of {FALLBACK_SEQ_LENGTH} tokens; pass --seq-length with the training "
-                    "train.seq_length"] if settings.valid_prefix else []
-        settings.seq_length = int(trained)
+        settings.seq_length = FALLBACK_SEQ_LENGTH if trained is None else int(trained)
+        if trained is None and settings.valid_prefix:
+            lines.append(f"warning: {where} has no train_seq_length (exported before it was recorded): the held-out "
+                         f"loss uses windows of {FALLBACK_SEQ_LENGTH} tokens; pass --seq-length with the training "
+                         "train.seq_length")
+    elif settings.valid_prefix and trained is not None and settings.seq_length > trained:
+        lines.append(f"warning: --seq-length {settings.seq_length} is longer than the {trained} tokens the model was "
+                     f"trained on ({where} train_seq_length): the held-out loss then measures length extrapolation "
+                     "too")
+    if settings.valid_prefix and settings.valid_sequences is not None:
+        from megatron_loop.plan import prefix_tokens
+
+        held = (prefix_tokens(settings.valid_prefix) or 0) // settings.seq_length
+        if settings.valid_sequences > held:  # the loss reads what is there: said, not silently fewer
+            lines.append(f"note: --valid-sequences {settings.valid_sequences:,}: {settings.valid_prefix} holds "
+                         f"{held:,} sequences of {settings.seq_length} tokens; the held-out loss reads all of them")
+    return lines
+
+
+# A fractional --limit that leaves fewer items of a task than this is said (a score of 1 item is 0 or 100 %)
+FEW_ITEMS = 20
+
+
+def limit_warnings(settings: SweepSettings, tasks: dict | None) -> list[str]:
+    """``--limit 0.0001``: the items each task keeps (lm-eval takes ceil(n x limit) of a fraction), said for
+    a task left with fewer than :data:`FEW_ITEMS` (it evaluated 1 item and reported "facts 0" without a word)."""
+    if not tasks or settings.limit is None or settings.limit >= 1:
         return []
-    if settings.valid_prefix and trained is not None and settings.seq_length > trained:
-        return [f"warning: --seq-length {settings.seq_length} is longer than the {trained} tokens the model was "
-                f"trained on ({where} train_seq_length): the held-out loss then measures length extrapolation too"]
-    return []
+    lines = []
+    for name, task in sorted(tasks.items()):
+        docs = getattr(task, "eval_docs", None)
+        n = len(docs) if docs is not None else None
+        if n and math.ceil(n * settings.limit) < FEW_ITEMS:
+            lines.append(f"warning: --limit {settings.limit:g} keeps {math.ceil(n * settings.limit)} of the {n:,} "
+                         f"items of lm-eval task {name!r}: its score moves by {100 / math.ceil(n * settings.limit):.0f} "
+                         "points per item; pass a larger --limit (or none) for a score to compare")
+    return lines
 
 
 def architecture(config) -> dict:

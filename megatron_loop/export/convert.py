@@ -33,9 +33,9 @@ from megatron_loop.checkpoint.selection import report_selection, select_checkpoi
 from megatron_loop.checkpoint.weights import read_weights_or_newest
 from megatron_loop.config import ModelConfig, build_model_config
 from megatron_loop.data.tokenizer import open_tokenizer, tokenizer_fingerprint
-from megatron_loop.errors import LoopDataError, write_failure
-from megatron_loop.export.output_folder import (ExportLock, check_not_in_a_checkpoint, check_replaceable,
-                                                write_export_record)
+from megatron_loop.errors import LoopConfigError, LoopDataError, write_failure
+from megatron_loop.export.output_folder import (ExportLock, check_not_a_run, check_not_in_a_checkpoint,
+                                                check_replaceable, write_export_record)
 from megatron_loop.model.roles import GateUpSplit, QKVSplit
 
 DEFAULT_MAX_SHARD_SIZE = "2GB"
@@ -260,6 +260,7 @@ def _prepare_output(output: Path, overwrite: bool) -> None:
         raise LoopDataError(f"{output}: exists and is not a folder; expected an empty or new output folder")
     check_not_in_a_checkpoint(output)
     if output.is_dir() and any(output.iterdir()):
+        check_not_a_run(output)
         if not overwrite:
             raise LoopDataError(f"{output}: output folder is not empty; pass --overwrite to replace it")
         check_replaceable(output)
@@ -407,6 +408,7 @@ def _convert_checkpoint(ckpt_dir: Path, output: Path, tag: str | None, tokenizer
     _prepare_output(output, overwrite)  # fail before the (slow) consolidation
     chosen = select_checkpoint(ckpt_dir, tag)
     cfg = load_run_config(chosen.root)
+    check_shard_size(max_shard_size, cfg.model)
     source = None if tokenizer else f"{chosen.root / CONFIG_NAME}: data.tokenizer={cfg.data.tokenizer!r}"
     tokenizer = tokenizer or cfg.data.tokenizer
     _load_tokenizer(tokenizer, source)  # a bad tokenizer fails here, before the (slow) consolidation
@@ -415,3 +417,17 @@ def _convert_checkpoint(ckpt_dir: Path, output: Path, tag: str | None, tokenizer
     chosen, state = read_weights_or_newest(chosen, ckpt_dir, tag)  # a live run's retention may remove it mid-read
     return _export_state_dict(state, cfg.model, output, tokenizer, overwrite, max_shard_size, source,
                               cfg.train.seq_length)
+
+
+def check_shard_size(max_shard_size: str | int, cfg: ModelConfig) -> None:
+    """A shard holds whole tensors: below the largest one (fp32, as exported) every tensor becomes a shard of
+    its own (``--max-shard-size 1`` wrote 21 one-tensor files), a unit left out rather than a layout."""
+    from transformers.utils.hub import convert_file_size_to_int
+
+    size = max_shard_size if isinstance(max_shard_size, int) else convert_file_size_to_int(max_shard_size)
+    d = cfg.hidden_size
+    largest = 4 * d * max(cfg.vocab_size, cfg.intermediate_size, cfg.num_attention_heads * cfg.head_dim, 2 * d)
+    if size < largest:
+        raise LoopConfigError(f"--max-shard-size {max_shard_size}: {size:,} bytes, below the model's largest tensor "
+                              f"({largest:,} bytes in fp32), so every tensor would be a shard of its own; expected "
+                              f"at least {largest:,} bytes (e.g. {DEFAULT_MAX_SHARD_SIZE}, the default)")

@@ -62,11 +62,10 @@ def check_not_in_a_checkpoint(output: Path) -> None:
                                 "(e.g. RUN/hf)")
 
 
-def check_replaceable(output: Path) -> None:
-    """``--overwrite`` replaces only an export this tool wrote, unchanged since: never a run folder
-    (its checkpoints, metrics and ``run.lock``, held by a live run or not), a checkpoint, or a
-    folder holding anything the export did not write itself (its :data:`EXPORT_RECORD` lists
-    every file). Checked before the slow work and again just before the swap."""
+def check_not_a_run(output: Path) -> None:
+    """A run folder (its checkpoints, metrics and ``run.lock``, held by a live run or not) or a checkpoint is never
+    an export's output, with or without ``--overwrite`` (said first: "pass --overwrite" would point at a flag
+    that is then refused)."""
     holds = [name for name in _RUN_MARKERS if (output / name).exists()]
     holds += sorted(p.name for p in output.iterdir() if step_of(p.name) is not None)[:1]
     if holds:
@@ -75,6 +74,13 @@ def check_replaceable(output: Path) -> None:
         raise LoopDataError(f"--output {output}: holds a training run or checkpoints ({', '.join(holds)}){live}; "
                             "--overwrite replaces only an export written by convert_to_hf.py: choose another "
                             "--output (e.g. RUN/hf)")
+
+
+def check_replaceable(output: Path) -> None:
+    """``--overwrite`` replaces only an export this tool wrote, unchanged since: never a run folder or a
+    checkpoint (:func:`check_not_a_run`), or a folder holding anything the export did not write itself (its
+    :data:`EXPORT_RECORD` lists every file). Checked before the slow work and again just before the swap."""
+    check_not_a_run(output)
     try:
         recorded = set(json.loads((output / EXPORT_RECORD).read_text())["files"])
     except (OSError, ValueError, KeyError, TypeError):

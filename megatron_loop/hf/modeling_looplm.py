@@ -116,15 +116,78 @@ HUGINN_STATE_STD = math.sqrt(2 / 5)
 # ======================================================================================
 
 
-def _checked_num_loops(value):
-    """``num_loops`` as an int >= 1, or None (= K). Floats, strings and bools are refused rather than
-    truncated or parsed: r = 2.5 or "abc" is a typo, not a loop count."""
+# Largest inference loop count r (as training's model.train_loops and train.eval_loops, config/validation.py):
+# a forward at r runs L(r) = p + r s block applications per token, so num_loops=10**9 would never return.
+MAX_LOOPS = 1024
+
+
+def _checked_num_loops(value, where: str = "LoopLMConfig.num_loops"):
+    """``num_loops`` as an int in [1, MAX_LOOPS], or None (= K). Floats, strings and bools are refused rather
+    than truncated or parsed: r = 2.5 or "3" is a typo, not a loop count."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"LoopLMConfig.num_loops={value!r}: expected an integer >= 1 (the inference loop "
+        raise ValueError(f"{where}={value!r}: expected an integer >= 1 (the inference loop "
                          "count r), or None for the training loop count K")
+    if value > MAX_LOOPS:
+        raise ValueError(f"{where}={value!r}: expected at most {MAX_LOOPS} (a forward at r runs L(r) = p + r s "
+                         "block applications per token)")
     return int(value)
+
+
+def _checked_call(config, input_ids, cached: bool, num_loops, timestep_grid, exit_criterion, exit_threshold):
+    """The arguments of one forward (``generate()`` passes its own to every forward): every per-call override
+    checked as the config checks its field, and token ids inside the vocabulary (an id >= vocab_size was a
+    bare IndexError on CPU and a device-side assert on CUDA). ``cached``: a decoding step on a filled KV cache,
+    whose ids the model produced (not checked again: a host sync per token). Returns (num_loops, criterion,
+    threshold) in effect."""
+    num_loops = _checked_num_loops(num_loops, "num_loops")
+    if timestep_grid is not None and timestep_grid not in TIMESTEP_GRIDS:
+        raise ValueError(f"timestep_grid={timestep_grid!r}: expected one of {TIMESTEP_GRIDS}")
+    criterion = config.exit_criterion if exit_criterion is None else exit_criterion
+    threshold = config.exit_threshold if exit_threshold is None else exit_threshold
+    if criterion not in EXIT_CRITERIA:
+        raise ValueError(f"exit_criterion={criterion!r}: expected one of {EXIT_CRITERIA}")
+    _check_exit_threshold(threshold)
+    check_q_exit(criterion, threshold, getattr(config, "exit_gate", "none"))
+    if input_ids is not None:
+        if (not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype == torch.bool
+                or input_ids.is_floating_point() or input_ids.is_complex() or input_ids.shape[1] == 0):
+            got = (f"a {input_ids.dtype} tensor of shape {list(input_ids.shape)}" if isinstance(input_ids, torch.Tensor)
+                   else type(input_ids).__name__)
+            raise ValueError(f"input_ids: {got}; expected an integer tensor of token ids [batch, sequence] with at "
+                             "least one token")
+        if not cached and input_ids.numel():
+            low, high = torch.aminmax(input_ids)
+            if low < 0 or high >= config.vocab_size:
+                bad = int(low) if low < 0 else int(high)
+                raise ValueError(f"input_ids: token id {bad} is outside the vocabulary (vocab_size="
+                                 f"{config.vocab_size}); expected ids in [0, {config.vocab_size - 1}] from the "
+                                 "tokenizer the model was trained with")
+    return num_loops, criterion, threshold
+
+
+# The numeric fields of the config: (smallest, largest or None, integer?) -> checked on every assignment (a size
+# of another type or sign failed deep inside torch; history_window=10**9 allocated a 4 GB beta)
+CONFIG_NUMBERS = {
+    **{key: (0, None, True) for key in ("prelude_layers", "coda_layers")},
+    **{key: (1, None, True) for key in ("core_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                                        "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")},
+    # beta holds one entry per lag j = 1..w (Eq. history_state_injection): w = 0 has none
+    **{key: (1, MAX_LOOPS, True) for key in ("train_loops", "history_window")},
+    **{key: (0, None, False) for key in ("rms_norm_eps", "initializer_range")},
+}
+
+
+def _check_number(key: str, value) -> None:
+    low, high, integer = CONFIG_NUMBERS[key]
+    kind = numbers.Integral if integer else numbers.Real
+    if (isinstance(value, bool) or not isinstance(value, kind) or not (low < value < math.inf if not integer else
+                                                                     low <= value <= (high or math.inf))):
+        expected = (f"an integer from {low} to {high}" if high else f"an integer >= {low}") if integer else \
+            "a positive finite number"
+        what = " (the number of past states the history injection reads)" if key == "history_window" else ""
+        raise ValueError(f"LoopLMConfig.{key}={value!r}: expected {expected}{what}")
 
 
 def _check_prefix_grid(num_loops, train_loops, timestep, grid) -> None:
@@ -237,6 +300,8 @@ class LoopLMConfig(PretrainedConfig):
         # attribute on a built config, where a bad value would otherwise surface as a wrong model.
         if key == "num_loops":
             value = _checked_num_loops(value)
+        elif key in CONFIG_NUMBERS:  # also from_pretrained's kwargs, which transformers sets after __init__
+            _check_number(key, value)
         elif key == "timestep_grid" and value not in TIMESTEP_GRIDS:
             raise ValueError(f"LoopLMConfig.timestep_grid={value!r}: expected one of {TIMESTEP_GRIDS}")
         elif key == "exit_criterion" and value not in EXIT_CRITERIA:
@@ -262,11 +327,6 @@ class LoopLMConfig(PretrainedConfig):
         _check_exit_threshold(self.exit_threshold)
         _check_huginn(self)
         check_q_exit(self.exit_criterion, self.exit_threshold, self.exit_gate)
-        # beta holds one entry per lag j = 1..w (Eq. history_state_injection): w = 0 has none
-        window = self.history_window
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"LoopLMConfig.history_window={window!r}: expected an integer >= 1 "
-                             "(the number of past states the history injection reads)")
         if self.hidden_act != "silu":
             raise ValueError(f"LoopLMConfig.hidden_act={self.hidden_act!r}: only 'silu' (SwiGLU) is supported")
 
@@ -1067,10 +1127,11 @@ class LoopLMModelOutput(BaseModelOutputWithPast):
 
 def _checked_readout_loops(loops, num_loops) -> list[int]:
     """``readout_loops`` as increasing distinct ints >= 1 whose last is ``num_loops`` (when given)."""
-    values = list(loops)
-    if (not values or any(isinstance(r, bool) or not isinstance(r, numbers.Integral) or r < 1 for r in values)
-            or sorted(set(values)) != values):
-        raise ValueError(f"readout_loops={values!r}: expected distinct loop counts >= 1 in increasing order")
+    values = list(loops) if isinstance(loops, (list, tuple, range)) else []
+    if (not values or any(isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 1 <= r <= MAX_LOOPS
+                          for r in values) or sorted(set(values)) != values):
+        raise ValueError(f"readout_loops={loops!r}: expected a list of distinct loop counts from 1 to {MAX_LOOPS} in "
+                         "increasing order")
     if num_loops is not None and int(num_loops) != values[-1]:
         raise ValueError(f"readout_loops={values!r} with num_loops={num_loops}: the forward runs to the largest "
                          "readout; pass num_loops=None or its value")
@@ -1084,6 +1145,15 @@ class LoopLMCausalLMOutput(CausalLMOutputWithPast):
 
     exit_loops: torch.LongTensor | None = None
     exit_pdf: torch.Tensor | None = None
+
+
+def _shaping_fields(config, name: str) -> str:
+    """The config fields that size the weight ``name`` (for the message of a weight of another shape)."""
+    sized_by = {"history_injection": ("history_window", "hidden_size"), "embed": ("vocab_size", "hidden_size"),
+                "lm_head": ("vocab_size", "hidden_size"), "mlp": ("intermediate_size", "hidden_size"),
+                "self_attn": ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size")}
+    keys = next((keys for part, keys in sized_by.items() if part in name), ("hidden_size",))
+    return ", ".join(f"{key}={getattr(config, key)}" for key in keys)
 
 
 class LoopLMPreTrainedModel(PreTrainedModel):
@@ -1107,6 +1177,15 @@ class LoopLMPreTrainedModel(PreTrainedModel):
         unused = {k for k in loading_info.unexpected_keys if not k.startswith("lm_head.")}  # AutoModel: no head
         blocks = {kind: sorted({re.sub(r"^(.*?\.\d+)\..*$", r"\1.*", k) for k in keys}) for kind, keys in
                   (("missing", loading_info.missing_keys), ("unused", unused))}
+        shapes = sorted(getattr(loading_info, "mismatched_keys", ()) or ())
+        if shapes:  # a from_pretrained kwarg that sizes weights (history_window=5): said with the field, not
+            # transformers' "ignore_mismatched_sizes" (which would run the model on reinitialised weights)
+            name, saved, built = shapes[0]
+            loading_info.error_msgs.append(
+                f"LoopLM weights do not fit this config: {name} has shape {list(saved)} in the export, "
+                f"{list(built)} for this config ({_shaping_fields(self.config, name)}); expected the config.json "
+                "written with these weights: from_pretrained takes inference settings (num_loops, timestep_grid, "
+                "exit_criterion, exit_threshold, kv_cache_loops, initial_state_seed), not the architecture")
         if blocks["missing"] or blocks["unused"]:
             c = self.config
             loading_info.error_msgs.append(
@@ -1249,13 +1328,16 @@ class LoopLMModel(LoopLMPreTrainedModel):
         ``last_hidden_state`` of a forward at ``num_loops=r_i`` (refused where the trajectory depends
         on r: :func:`readout_obstacle`). No KV cache: a cache has one layout per r."""
         cfg = self.config
+        given = _take_cache(past_key_values, dict(kwargs))
+        num_loops, criterion, threshold = _checked_call(cfg, input_ids, given is not None and given.get_seq_length() > 0,
+                                                        num_loops, timestep_grid, exit_criterion, exit_threshold)
         readouts = None
         if readout_loops is not None:
             readouts = _checked_readout_loops(readout_loops, num_loops)
             obstacle = readout_obstacle(cfg, readouts, timestep_grid)
             if obstacle is not None:
                 raise ValueError(f"readout_loops={readouts}: {obstacle}; run forward(num_loops=r) for each r")
-            if _take_cache(past_key_values, dict(kwargs)) is not None:
+            if given is not None:
                 raise ValueError("readout_loops reads several loop counts out of one forward and keeps no KV cache; "
                                  "pass no past_key_values / cache with it")
             num_loops, use_cache = readouts[-1], False
@@ -1266,12 +1348,6 @@ class LoopLMModel(LoopLMPreTrainedModel):
             r = len(loop_steps)
         if r < 1:
             raise ValueError(f"num_loops={num_loops}: expected an integer >= 1")
-        criterion = cfg.exit_criterion if exit_criterion is None else exit_criterion
-        threshold = cfg.exit_threshold if exit_threshold is None else exit_threshold
-        if criterion not in EXIT_CRITERIA:
-            raise ValueError(f"exit_criterion={criterion!r}: expected one of {EXIT_CRITERIA}")
-        _check_exit_threshold(threshold)
-        check_q_exit(criterion, threshold, getattr(cfg, "exit_gate", "none"))
         if criterion == "kl" and exit_readout is None:
             raise ValueError("exit_criterion='kl' reads the next-token distribution out of each loop's state: "
                              "call LoopLMForCausalLM (it passes its LM head), or use 'cosine'")
@@ -1284,6 +1360,11 @@ class LoopLMModel(LoopLMPreTrainedModel):
             past_key_values = DynamicCache()
         cache = past_key_values if use_cache else None
         past = cache.get_seq_length() if cache is not None else 0
+        if (cache is not None and not past and type(cache) is DynamicCache and cache.layers
+                and len(cache.layers) != cfg.kv_cache_slots(r)):
+            # generate() sizes its empty cache from config.num_hidden_layers (the config's loop count): a per-call
+            # num_loops needs its own slot count (generate(ids, num_loops=3) on a K = 2 export: an IndexError)
+            cache.layers = [type(cache.layers[0])() for _ in range(cfg.kv_cache_slots(r))]
         if cache is not None and past and len(cache.layers) != cfg.kv_cache_slots(r):
             raise ValueError(f"the KV cache has {len(cache.layers)} block slots but num_loops={r} uses "
                              f"{cfg.kv_cache_slots(r)}; keep num_loops fixed while decoding")
@@ -1411,6 +1492,13 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
                                     hidden_states=out.hidden_states, exit_loops=out.exit_loops,
                                     exit_pdf=out.exit_pdf)
 
+    def generate(self, inputs=None, *args, **kwargs):
+        """``GenerationMixin.generate`` after :func:`_checked_call` of its arguments: transformers indexes the
+        token ids before the first forward (1-d ids were an IndexError inside it)."""
+        _checked_call(self.config, kwargs.get("input_ids", inputs), False, kwargs.get("num_loops"),
+                      kwargs.get("timestep_grid"), kwargs.get("exit_criterion"), kwargs.get("exit_threshold"))
+        return super().generate(inputs, *args, **kwargs)
+
     def readout_obstacle(self, loops, timestep_grid: str | None = None) -> str | None:
         """Why :meth:`loop_readouts` cannot serve ``loops`` (None: it can); :func:`readout_obstacle`."""
         return readout_obstacle(self.config, loops, timestep_grid)
@@ -1422,7 +1510,9 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
         ``forward(input_ids, num_loops=r).logits``: the Coda and the head read h^r after loop r (a loop
         sweep r = 1..R then costs R loops, not R(R+1)/2). Refused (ValueError) where the trajectory
         depends on r, e.g. timestep conditioning on the rescaled grid (:func:`readout_obstacle`)."""
-        loops = sorted(set(loops))
+        if isinstance(loops, (list, tuple, range, set, frozenset)) and all(
+                isinstance(r, numbers.Integral) and not isinstance(r, bool) for r in loops):
+            loops = sorted(set(loops))  # any order; anything else is refused by the forward, naming readout_loops
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                          timestep_grid=timestep_grid, exit_criterion=exit_criterion, exit_threshold=exit_threshold,
                          exit_readout=self.lm_head, readout_loops=loops)

@@ -220,7 +220,7 @@ def step_activation_peak(cfg, mode: str, num_loops: int, batch: int, seq: int, i
                          budget: float | None = None, selective_cost: float | None = None) -> tuple[int, str]:
     """(predicted activation peak in bytes, the plan in words) of one training micro-batch
     ``[batch, seq]`` with ``num_loops`` loops that build a graph, under
-    ``model.activation_checkpointing`` = ``mode``: the plan a run makes (:func:`loop_kinds`; ``auto``
+    ``model.recompute`` = ``mode``: the plan a run makes (:func:`loop_kinds`; ``auto``
     plans against ``budget`` bytes as :func:`schedule_loops` does, None: no limit) and its
     :func:`predicted_peak` without the parameter gradients (the plan's memory check,
     training/memory_plan.py, counts those with the rest of the training state). ``per_block`` keeps

@@ -31,6 +31,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from megatron_loop.config.launch_env import check_launch_env, env_int
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.parallel.cpu import make_megatron_collectives_cpu_capable
 from megatron_loop.model.placement import ParallelPlacement, current_placement
@@ -49,7 +50,7 @@ def free_port() -> int:
 
 def _adopt_slurm_env() -> None:
     """Bare ``srun python pretrain_loop.py``: map SLURM's task ids onto torch's env variables."""
-    if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+    if "RANK" in os.environ or env_int("SLURM_NTASKS", 1) <= 1:
         return
     os.environ["RANK"] = os.environ["SLURM_PROCID"]
     os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
@@ -89,7 +90,7 @@ def _init_torchrun_attempt(timeout: timedelta) -> None:
     attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
     extra = {}
     if torch.cuda.is_available() and world > 1:  # as DeepSpeed binds it (its TorchBackend)
-        extra["device_id"] = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        extra["device_id"] = torch.device("cuda", env_int("LOCAL_RANK", 0))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timeout, rank=rank,
                             world_size=world, store=dist.PrefixStore(f"megatron_loop/attempt_{attempt}", store),
                             **extra)
@@ -111,12 +112,13 @@ def init_world(timeout_s: float | None = None) -> None:
     collective (None keeps DeepSpeed's default)."""
     timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
     if not dist.is_initialized():
+        check_launch_env()  # WORLD_SIZE=abc: one error line naming it, not int()'s traceback
         _adopt_slurm_env()
         _skip_cpu_shm_extension()
         if torch.cuda.is_available():
             # before the first collective: nccl needs each rank on its own GPU (DeepSpeed would only
             # set it when the engine is built, after the resume point is broadcast)
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(env_int("LOCAL_RANK", 0))
         if "RANK" not in os.environ:  # plain python: a world of one
             os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(free_port()))

@@ -25,6 +25,7 @@ import torch
 
 from megatron_loop import plotting
 from megatron_loop.cli import check_output_folder, parse_loop_counts
+from megatron_loop.config.validation import MAX_LOOPS
 from megatron_loop.data.indexed import check_token_ids
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.export.load import load_looplm_from_hf, load_model_from_checkpoint
@@ -109,10 +110,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_sizes(args: argparse.Namespace, loops: list[int]) -> None:
+    """The counts of the command line, before anything is read or loaded (``--batch-size 0`` was refused only
+    after the checkpoint had loaded)."""
+    for flag, value, low in (("--batch-size", args.batch_size, 1), ("--skip-batch", args.skip_batch, 1),
+                             ("--num-sequences", args.num_sequences, 1), ("--seq-length", args.seq_length, 2),
+                             ("--seed", args.seed, 0)):
+        if value < low:
+            raise LoopConfigError(f"{flag} {value}: expected an integer >= {low}")
+    if max(loops) > MAX_LOOPS:  # a probe at r runs L(r) block applications per token: --loops 100000 ran for hours
+        raise LoopConfigError(f"--loops {max(loops)}: expected loop counts of at most {MAX_LOOPS}")
+
+
 def check_source(checkpoint: str | None, hf_dir: str | None) -> None:
     """The model folder exists: checked before the sample is read (cheap errors first)."""
-    if checkpoint is not None and not Path(checkpoint).is_dir():
-        raise LoopDataError(f"{checkpoint}: checkpoint folder not found")
+    from megatron_loop.checkpoint.selection import checkpoint_folder_problem
+
+    problem = None if checkpoint is None else checkpoint_folder_problem(Path(checkpoint))
+    if problem:
+        raise LoopDataError(problem)
     if hf_dir is not None and not Path(hf_dir).is_dir():
         raise LoopDataError(f"--model {hf_dir}: folder not found")
 
@@ -169,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.valid_prefix:
         raise LoopConfigError("--valid-prefix: required with --checkpoint or --model (the probe sample)")
     loops = parse_loop_counts(args.loops)
+    check_sizes(args, loops)
     settings = ProbeSettings(loops=loops, sources=_sources(args.interaction_sources), batch_size=args.batch_size,
                              skip_batch=args.skip_batch, progress=not args.no_progress,
                              one_pass=not args.per_r)

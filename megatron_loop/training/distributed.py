@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from megatron_loop.config.launch_env import env_int
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.parallel.bootstrap import init_world
 
@@ -39,7 +40,7 @@ def setup_distributed(timeout_s: float | None = None) -> DistInfo:
     """The launcher's world (:func:`megatron_loop.parallel.bootstrap.init_world`, idempotent) and this
     process's place in it; ``timeout_s`` bounds every collective (``train.collective_timeout_s``)."""
     init_world(timeout_s)
-    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    return DistInfo(dist.get_rank(), dist.get_world_size(), env_int("LOCAL_RANK", 0))
 
 
 def _comm_device() -> torch.device:

@@ -21,7 +21,7 @@ what a step surely needs, so only a plan that surely cannot fit is refused.
 Training checks it against the memory the rank trains in (:func:`check_fits_device`): one GPU's
 memory, or on CPU the host's physical memory shared by the ranks of the host. ``auto`` recompute
 plans there as the run will: on a GPU against what the state leaves of the device, on CPU without
-a budget (no recomputation) unless ``model.activation_checkpointing_budget_gib`` is set. The dry
+a budget (no recomputation) unless ``model.recompute_budget_gib`` is set. The dry
 run does not know where the run will train (it plans paper configs on a login node): it reports the
 figures (:func:`rank_memory`, ``auto`` at its least memory) and warns when this host could not train
 the plan on its CPU.
@@ -84,10 +84,10 @@ def rank_memory(cfg: Config, data_parallel: int, zero_stage: int, bf16: bool,
                                 intermediate_size=max(m.intermediate_size // tp, 1))
     seq = t.seq_length // tp if p.sequence_parallel else t.seq_length
     budget = activation_budget
-    if m.activation_checkpointing_budget_gib is not None:  # auto plans against the configured budget
-        budget = m.activation_checkpointing_budget_gib * GIB
-    peak, plan = step_activation_peak(local, m.activation_checkpointing, graphed_loops(cfg), t.micro_batch_size,
-                                      seq, w, DEFAULT_CHUNK_TOKENS, budget, m.activation_checkpointing_selective_cost)
+    if m.recompute_budget_gib is not None:  # auto plans against the configured budget
+        budget = m.recompute_budget_gib * GIB
+    peak, plan = step_activation_peak(local, m.recompute, graphed_loops(cfg), t.micro_batch_size,
+                                      seq, w, DEFAULT_CHUNK_TOKENS, budget, m.recompute_selective_cost)
     parts["activations"] = peak
     return {**parts, "total": sum(parts.values()), "plan": plan}
 
@@ -105,7 +105,7 @@ def describe(cfg: Config, need: dict, data_parallel: int, zero_stage: int, bf16:
             f"{_gib(need['weights'])} ({'bf16' if bf16 else 'fp32'}), gradients {_gib(need['gradients'])}, fp32 "
             f"master weights {_gib(need['master_weights'])}, optimizer state {_gib(need['optimizer_state'])} "
             f"(Muon momentum + AdamW moments; ZeRO {zero_stage} over {data_parallel} data-parallel ranks), "
-            f"activations {_gib(need['activations'])} (activation_checkpointing {need['plan']}, "
+            f"activations {_gib(need['activations'])} (recompute {need['plan']}, "
             f"{graphed_loops(cfg)} loops with a graph)")
 
 
@@ -131,11 +131,11 @@ def check_fits_device(cfg: Config, data_parallel: int, zero_stage: int, bf16: bo
     if need["total"] * ranks > memory:
         where = (f"one GPU's {_gib(memory)}" if cuda else
                  f"this host's {_gib(memory)} of memory ({ranks} rank{'s' if ranks > 1 else ''} on it)")
-        hint = ("; with activation_checkpointing auto off CUDA set model.activation_checkpointing_budget_gib to plan "
-                "recomputation" if not cuda and cfg.model.activation_checkpointing == "auto" else "")
+        hint = ("; with recompute auto off CUDA set model.recompute_budget_gib to plan "
+                "recomputation" if not cuda and cfg.model.recompute == "auto" else "")
         raise LoopConfigError(f"{describe(cfg, need, data_parallel, zero_stage, bf16)}, more than {where}; expected a "
                               "smaller model or micro-batch, more data-parallel ranks with ZeRO 2/3, more "
-                              f"tensor-parallel ranks, or activation recomputation (model.activation_checkpointing)"
+                              f"tensor-parallel ranks, or activation recomputation (model.recompute)"
                               f"{hint}")
     return need
 

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from megatron_loop.cli import host_cores
 from megatron_loop.config import Config
 from megatron_loop.config.deepspeed import check_deepspeed_config
 from megatron_loop.data.prefix_files import prefix_file_problem
@@ -65,6 +66,49 @@ def check_input_files(cfg: Config, accumulation: int = 1, data_parallel_size: in
                             "expected a folder with tokenizer.json or a Hugging Face hub name such as "
                             "meta-llama/Llama-3.1-8B")
     return {**deepspeed, "train_prefixes": list(cfg.data.train_prefixes), "valid_prefixes": valid, "tokenizer": tok}
+
+
+def check_host(cfg: Config, training: bool = True) -> list[str]:
+    """What this host cannot run: more DataLoader workers than its cores (each worker is a process with its own
+    copy of the dataset index; data.num_workers=100000 would fork until memory runs out), and Liger's fused
+    loss without CUDA. ``training`` False (the dry run, often on a login node without the job's GPUs): the
+    device check is a ``warning:`` line returned, not an error."""
+    cores = host_cores()
+    if cfg.data.num_workers > cores:
+        raise LoopConfigError(f"data.num_workers={cfg.data.num_workers}: expected at most the {cores} CPU cores "
+                              "this process may use (each DataLoader worker is a process of its own; 0 reads in "
+                              "the training process)")
+    warnings = []
+    if cfg.model.loss_implementation == "fused" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        import torch  # here: only for a config that asks for the CUDA kernel (the dry run stays torch-free)
+
+        if not torch.cuda.is_available():
+            message = ("model.loss_implementation='fused': Liger's Triton kernel needs a CUDA device (or "
+                       "TRITON_INTERPRET=1 on CPU) and this host has none; expected 'auto' (fused on CUDA, "
+                       "chunked elsewhere) or 'chunked'")
+            if training:
+                raise LoopConfigError(message)
+            warnings.append(f"warning: {message} (training on this host would stop here)")
+    return warnings
+
+
+def check_init_from(cfg: Config) -> None:
+    """``train.init_from`` names a checkpoint folder with its run config, for the dry run (training selects and
+    verifies it, sha256 of every file, and compares the parameters: training/init_from.py): a missing path, a
+    file or a Hugging Face export is named as such before a job is queued."""
+    if not cfg.train.init_from:
+        return
+    from megatron_loop.checkpoint.folders import load_run_config
+    from megatron_loop.checkpoint.selection import checkpoint_folder_problem, split_checkpoint_path
+
+    path = Path(cfg.train.init_from)
+    try:
+        problem = checkpoint_folder_problem(path)
+        if problem:
+            raise LoopDataError(problem)
+        load_run_config(split_checkpoint_path(path)[0])
+    except LoopDataError as e:
+        raise LoopDataError(f"train.init_from={cfg.train.init_from!r}: {e}") from None
 
 
 def check_data_epochs(cfg: Config) -> None:

@@ -13,7 +13,6 @@ what this builds are :mod:`megatron_loop.training.loop`.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import sys
@@ -28,6 +27,7 @@ from megatron_loop.checkpoint.folders import complete_tags
 from megatron_loop.checkpoint.state import TrainState
 from megatron_loop.config import Config
 from megatron_loop.config.deepspeed import read_ds_config, with_universal_load, zero_stage
+from megatron_loop.config.launch_env import launch_world_size
 from megatron_loop.data.loaders import SupervisedBatches, build_train_valid_loaders
 from megatron_loop.measure.peak_flops import peak_flops_per_device
 from megatron_loop.model import build_model
@@ -111,9 +111,10 @@ def build_run(cfg: Config, resume: str | None,
     # Cheap checks first, before the heavy imports and the process group (fast, clear errors). The
     # data-parallel size is the world over the tensor-parallel size (config/parallel.py); the batch
     # arithmetic and the DeepSpeed JSON are checked against it, and the groups built below must agree.
-    data_parallel = cfg.parallel.check_world(int(os.environ.get("WORLD_SIZE", "1")), t.seq_length)
+    data_parallel = cfg.parallel.check_world(launch_world_size(), t.seq_length)
     accumulation = accumulation_steps(cfg, data_parallel)
     preflight.check_eval_loops(cfg)
+    preflight.check_host(cfg)
     preflight.check_vocabulary(cfg)
     out = Path(t.output_dir)
     preflight.check_output_dir(out, t.resume or resume is not None)

@@ -106,7 +106,7 @@ def hf_assets() -> HFAssets:
             convert_checkpoint(checkpoints[name], exports[name])
     cli = subprocess.run([sys.executable, str(REPO / "tools" / "convert_to_hf.py"), "--checkpoint",
                           str(checkpoints[CLI_EXPORTED]), "--output", str(exports[CLI_EXPORTED]),
-                          "--tokenizer", str(tokenizer), "--max-shard-size", "100KB"],
+                          "--tokenizer", str(tokenizer), "--max-shard-size", "200KB"],
                          capture_output=True, text=True, env=offline_env(), timeout=300)
     assert cli.returncode == 0, cli.stdout + cli.stderr
     return HFAssets(root, tokenizer, checkpoints, exports, cli.stdout + cli.stderr)

@@ -20,13 +20,13 @@ the other modes shrink them (it runs, but says nothing about GPUs).
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import torch.distributed as dist
 from megatron.core import parallel_state
 
 from megatron_loop.config import ParallelConfig, load_config
+from megatron_loop.config.launch_env import launch_world_size
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.parallel.bootstrap import init_model_parallel, init_world
 from megatron_loop.parallel.grads import partial_grad_parameters
@@ -40,7 +40,7 @@ from .synthetic import random_tokens
 def parallel_configs(tp_sizes: list[int], sequence_parallel: bool, model, seq: int) -> list[ParallelConfig]:
     """One ``ParallelConfig`` per TP size (sequence parallelism only where TP > 1), each checked
     against the launcher's world and the model before any is built."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launch_world_size()  # checked: WORLD_SIZE=abc is one error line
     configs = []
     for tp in tp_sizes:
         parallel = ParallelConfig(tp, sequence_parallel and tp > 1)

@@ -92,7 +92,7 @@ def test_hf_config_refuses_history_window_zero():
 
     with pytest.raises(ValueError) as e:
         LoopLMConfig(history_injection="scalar", history_window=0)
-    assert str(e.value) == ("LoopLMConfig.history_window=0: expected an integer >= 1 "
+    assert str(e.value) == ("LoopLMConfig.history_window=0: expected an integer from 1 to 1024 "
                             "(the number of past states the history injection reads)")
     assert LoopLMConfig(history_injection="scalar", history_window=2).history_window == 2
 

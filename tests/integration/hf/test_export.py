@@ -119,7 +119,7 @@ def test_export_folder_contract(assets):
     source = (folder / "modeling_looplm.py").read_text()
     assert "megatron" not in source.replace("megatron_loop", "") and "import megatron" not in source
     assert "from megatron_loop" not in source
-    index = json.loads((folder / "model.safetensors.index.json").read_text())  # --max-shard-size 100KB
+    index = json.loads((folder / "model.safetensors.index.json").read_text())  # --max-shard-size 200KB
     assert len(set(index["weight_map"].values())) > 1
     names = set(index["weight_map"])
     assert {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",

@@ -116,7 +116,7 @@ def _cases(root: Path) -> dict[str, Case]:
         return Case(args, "", script=str(FAULTS) if fault else "pretrain_loop.py", untouched=[runs[name]])
 
     return {
-        "unknown_key": c(["train.learning_rate=1"], r"train\.learning_rate: unknown key; expected one of"),
+        "unknown_key": c(["train.learning_rate=1"], r"train\.learning_rate: unknown key; did you mean .lr.\?"),
         "wrong_type": c(["train.lr=fast"], r"train\.lr='fast': expected a number"),
         "wrong_bool": c(["train.resume=maybe"], r"train\.resume='maybe': expected a boolean"),
         "bad_override": c(["train.lr"], r"--set 'train\.lr': expected key\.path=value"),

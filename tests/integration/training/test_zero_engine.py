@@ -69,7 +69,7 @@ def test_the_plans_memory_check_counts_the_engines_training_state(measured):
 
     m = measured["zero1"]
     cfg = config_from_dict({"model": {"backbone": "tiny-llama", "core_layers": 1, "train_loops": 2,
-                                      "activation_checkpointing": "none"}})
+                                      "recompute": "none"}})
     need = rank_memory(cfg, 1, 1, False)
     assert muon_parameters(cfg) == m["muon_numel"]
     assert need["weights"] == need["gradients"] == m["param_bytes"]

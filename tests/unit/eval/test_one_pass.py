@@ -114,8 +114,8 @@ def test_sweep_passes_decisions():
 
 
 @pytest.mark.parametrize("loops, num_loops, message", [
-    ([2, 1], None, "expected distinct loop counts >= 1 in increasing order"),
-    ([0, 1], None, "expected distinct loop counts >= 1 in increasing order"),
+    ([2, 1], None, "expected a list of distinct loop counts from 1 to 1024 in increasing order"),
+    ([0, 1], None, "expected a list of distinct loop counts from 1 to 1024 in increasing order"),
     ([1, 3], 2, "the forward runs to the largest readout"),
 ])
 def test_bad_readout_loops_are_refused(loops, num_loops, message):

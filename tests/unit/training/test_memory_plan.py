@@ -46,19 +46,19 @@ def test_adamw_only_keeps_two_moments_of_every_parameter():
 @pytest.mark.parametrize("mode", ["none", "per_loop", "selective"])
 def test_the_activation_term_is_the_recompute_memory_model(mode):
     """The activations are model/recompute.py's memory model of the plan (not a second one)."""
-    cfg = _cfg(model={"activation_checkpointing": mode})
+    cfg = _cfg(model={"recompute": mode})
     memory = loop_memory(cfg.model, 2, 32, 4, DEFAULT_CHUNK_TOKENS)
     kinds = {"none": (NONE,) * 3, "per_loop": (FULL, FULL, NONE), "selective": ("selective", "selective", NONE)}[mode]
     assert rank_memory(cfg, 1, 1, False)["activations"] == predicted_peak(kinds, memory)
 
 
 def test_auto_plans_against_the_memory_the_state_leaves_and_backprop_loops_cut_the_graph():
-    cfg = _cfg(model={"activation_checkpointing": "auto"})
+    cfg = _cfg(model={"recompute": "auto"})
     memory = loop_memory(cfg.model, 2, 32, 4, DEFAULT_CHUNK_TOKENS)
     least = schedule_loops(3, memory, 0, 0.5)
     assert rank_memory(cfg, 1, 1, False)["activations"] == least.peak_bytes  # the dry run: its least memory
     assert rank_memory(cfg, 1, 1, False, activation_budget=None)["activations"] == predicted_peak((NONE,) * 3, memory)
-    truncated = _cfg(model={"activation_checkpointing": "none", "initial_injection": "dense"},
+    truncated = _cfg(model={"recompute": "none", "initial_injection": "dense"},
                      train={"loop_sampling": "uniform", "backprop_loops": 2, "loop_sampling_min": 1})
     assert memory_plan.graphed_loops(truncated) == 2  # draws up to 2K - 1 = 5 loops, 2 with a graph
 
@@ -79,7 +79,7 @@ def test_a_five_billion_parameter_model_is_refused_before_anything_is_built(monk
     assert "(Muon momentum + AdamW moments; ZeRO 1 over 1 data-parallel ranks), activations " in line
     assert line.endswith("more than this host's 24.0 GiB of memory (1 rank on it); expected a smaller model or "
                          "micro-batch, more data-parallel ranks with ZeRO 2/3, more tensor-parallel ranks, or "
-                         "activation recomputation (model.activation_checkpointing)"), line
+                         "activation recomputation (model.recompute)"), line
     # a plan that fits goes through and says what it needs
     assert check_fits_device(_cfg(), 1, 1, False, cuda=False)["total"] < GIB
 
@@ -100,7 +100,7 @@ def test_auto_recompute_on_a_gpu_plans_within_what_the_state_leaves():
     """On a GPU ``auto`` recomputes what it must (model/recompute.py's planner against the device
     minus the state), so a step that fits with recomputation is not refused; on CPU it plans no
     recomputation without a budget, so the same step is refused there, saying how to plan one."""
-    cfg = _cfg(model={"activation_checkpointing": "auto"}, train={"micro_batch_size": 8, "global_batch_size": 8})
+    cfg = _cfg(model={"recompute": "auto"}, train={"micro_batch_size": 8, "global_batch_size": 8})
     state = rank_memory(cfg, 1, 1, False, activation_budget=None)
     least = rank_memory(cfg, 1, 1, False)  # the least memory auto can plan
     device = state["total"] - state["activations"] + (least["activations"] + state["activations"]) // 2
@@ -111,8 +111,8 @@ def test_auto_recompute_on_a_gpu_plans_within_what_the_state_leaves():
     original = mp.host_memory_bytes
     try:
         mp.host_memory_bytes = lambda: device
-        with pytest.raises(LoopConfigError, match=r"; with activation_checkpointing auto off CUDA set "
-                                                  r"model\.activation_checkpointing_budget_gib to plan recomputation$"):
+        with pytest.raises(LoopConfigError, match=r"; with recompute auto off CUDA set "
+                                                  r"model\.recompute_budget_gib to plan recomputation$"):
             check_fits_device(cfg, 1, 1, False, cuda=False)
     finally:
         mp.host_memory_bytes = original
