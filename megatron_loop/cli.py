@@ -10,11 +10,14 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from megatron_loop.console import quiet_progress
 from megatron_loop.errors import LoopConfigError, LoopDataError
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
-    """Call ``main(argv)``; a LoopConfigError/LoopDataError prints ``error: ...`` and returns 2."""
+    """Call ``main(argv)``; a LoopConfigError/LoopDataError prints ``error: ...`` and returns 2. No
+    library progress bar when stderr is not a terminal (console.quiet_progress)."""
+    quiet_progress()
     try:
         return main(argv)
     except (LoopConfigError, LoopDataError) as e:

@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_loop.atomic import clean_leftovers  # noqa: E402
 from megatron_loop.cli import parse_loop_counts, run_cli  # noqa: E402
+from megatron_loop.console import show_progress  # noqa: E402
 from megatron_loop.errors import LoopConfigError  # noqa: E402
 
 
@@ -117,8 +118,9 @@ def _run(argv: Sequence[str] | None) -> int:
                     help="allow r above 16 x the training loop count K (refused by default: a forward at r costs "
                          "L(r)/L(K) forwards at the training depth)")
     args = ap.parse_args(argv)
-    if args.no_progress:  # lm-eval's and datasets' bars too (tqdm reads this when it is first imported)
-        os.environ.setdefault("TQDM_DISABLE", "1")
+    # One bar, the sweep's own over r (on a terminal, console.show_progress); lm-eval's nested bars per task
+    # and per request, and datasets' and transformers', are off: tqdm reads this when it is first imported.
+    os.environ.setdefault("TQDM_DISABLE", "1")
 
     # after parsing (and TQDM_DISABLE): --help and usage errors answer without torch, lm-eval, matplotlib
     from megatron_loop.eval.adaptive import (check_adaptive, format_adaptive_table, parse_thresholds,
@@ -134,7 +136,7 @@ def _run(argv: Sequence[str] | None) -> int:
     settings = SweepSettings(loops=parse_loop_counts(args.loops), tasks=tasks, limit=_limit(args.limit),
                              include_paths=args.include_path, valid_prefix=args.valid_prefix,
                              seq_length=args.seq_length, valid_sequences=args.valid_sequences,
-                             batch_size=args.batch_size, progress=not args.no_progress, device=args.device,
+                             batch_size=args.batch_size, progress=show_progress(not args.no_progress), device=args.device,
                              dtype=args.dtype, one_pass=not args.per_r)
     others = [read_results(p) for p in args.compare]
     # cheap first: tasks and --limit are known before the sweep (items after it, below)

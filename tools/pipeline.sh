@@ -41,7 +41,12 @@ train_model() {
   shift 5
   local -a cmd
   if [ "$launcher" = deepspeed ]; then
-    cmd=(deepspeed --num_gpus 1 --master_port "$(free_port)" pretrain_loop.py)
+    # DeepSpeed's launcher logs its command lines at INFO and, on a machine without a GPU, says so in each
+    # of its processes: warnings only, and the CPU named when torch sees no GPU
+    if [ -z "${DS_ACCELERATOR:-}" ] && ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+      export DS_ACCELERATOR=cpu
+    fi
+    cmd=(deepspeed --log_level warning --num_gpus 1 --master_port "$(free_port)" pretrain_loop.py)
   else
     cmd=(python pretrain_loop.py)
   fi

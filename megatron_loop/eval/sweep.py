@@ -287,12 +287,13 @@ class SweepSession:
 
 
 def open_session(model_dir: str | Path, settings: SweepSettings) -> SweepSession:
-    if not settings.progress:  # no download / weight-loading bars either (one readable log per sweep)
-        import datasets
-        import transformers
+    # One bar per sweep, its own over r (settings.progress): no download, weight-loading or per-request
+    # bars nested under it (one readable log per sweep)
+    import datasets
+    import transformers
 
-        datasets.disable_progress_bars()
-        transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
     manager = tasks = None
     if settings.tasks:  # before the model: a task that cannot be loaded (offline hub) fails fast
         manager = task_manager(settings.include_paths, names={t for s in settings.tasks for t in s.lm_eval_tasks})
@@ -302,7 +303,7 @@ def open_session(model_dir: str | Path, settings: SweepSettings) -> SweepSession
         set_loops(model, r)
     lm = None
     if settings.tasks:
-        lm = make_lm(model, tokenizer, settings.batch_size, settings.progress)
+        lm = make_lm(model, tokenizer, settings.batch_size, progress=False)  # lm-eval's nested bars: off
     return SweepSession(Path(model_dir), model, tokenizer, manager, tasks, lm)
 
 
