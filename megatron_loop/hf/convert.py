@@ -278,9 +278,11 @@ def decoder_tokenizer(tok, max_length: int):
     that every prompt of a batch ends at the last position and the next token follows its own text
     (right padding makes ``generate`` continue the shorter prompts after their pad tokens). A
     tokenizer without a pad token pads with EOS (as Llama-3 exports do; the attention mask hides
-    the pads). ``model_max_length`` becomes the length the model was trained on (``train.seq_length``,
-    else ``max_position_embeddings``) instead of transformers' "no limit" (1e30), so that
-    ``truncation=True`` cuts prompts to what the model saw."""
+    the pads). ``model_max_length`` becomes the model's position range (``max_position_embeddings``)
+    instead of transformers' "no limit" (1e30), so that ``truncation=True`` cuts prompts to what the
+    model can position; not the training length (``train.seq_length``, recorded in config.json as
+    ``train_seq_length``): a longer prompt runs fine, and the tokenizer would warn on each one that it
+    "will result in indexing errors", a false alarm."""
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -311,7 +313,7 @@ def _export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output:
     _prepare_output(output, overwrite)
     tok = _load_tokenizer(tokenizer, tokenizer_source)
     if tok is not None:
-        decoder_tokenizer(tok, train_seq_length or cfg.max_position_embeddings)
+        decoder_tokenizer(tok, cfg.max_position_embeddings)
     token_ids = {}
     if tok is not None:
         token_ids = {k: getattr(tok, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -368,10 +370,10 @@ def _write_readme(folder: Path, cfg: ModelConfig, with_tokenizer: bool = True) -
     kind = "native" if native else "looplm (trust_remote_code=True)"
     model_line = "model = AutoModelForCausalLM.from_pretrained(PATH" + (
         ")" if native else f", trust_remote_code=True, num_loops={cfg.train_loops})")
-    # The tokenizer is a plain fast tokenizer; trust_remote_code=False keeps transformers from asking
-    # whether to run the model code it sees in config.json's auto_map (it is not needed for the tokenizer).
+    # AutoTokenizer reads config.json first: with the model's code trusted (as the model line trusts it) it
+    # neither asks whether to run it nor notes that it read a looplm config as a generic one.
     tok_line = ("tokenizer = AutoTokenizer.from_pretrained(PATH)" if native else
-                "tokenizer = AutoTokenizer.from_pretrained(PATH, trust_remote_code=False)")
+                "tokenizer = AutoTokenizer.from_pretrained(PATH, trust_remote_code=True)")
     imports = "AutoModelForCausalLM, AutoTokenizer" if with_tokenizer else "AutoModelForCausalLM"
     (folder / "README.md").write_text(
         f"# LoopLM {cfg.layout}\n\nExported by megatron_loop ({kind}). Effective depth at r loops: "
