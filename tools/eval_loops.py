@@ -96,7 +96,8 @@ def _run(argv: Sequence[str] | None) -> int:
                                                     "interrupted or run again with the same settings resumes from it")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace the results of another sweep in --output instead of stopping")
-    ap.add_argument("--label", default=None, help="legend label of this model")
+    ap.add_argument("--label", default=None, help="the model's name on the figures (default: the run's name as "
+                                                  "training recorded it in the export, else NAME of runs/NAME/hf)")
     ap.add_argument("--compare", action="append", default=[], help="another run's results.json for the figures "
                                                                     "(refused if it ran other tasks, --limit or items)")
     ap.add_argument("--compare-mismatched", action="store_true",
@@ -123,11 +124,12 @@ def _run(argv: Sequence[str] | None) -> int:
     os.environ.setdefault("TQDM_DISABLE", "1")
 
     # after parsing (and TQDM_DISABLE): --help and usage errors answer without torch, lm-eval, matplotlib
+    from megatron_loop.config.naming import run_folder_name
     from megatron_loop.eval.adaptive import (check_adaptive, format_adaptive_table, parse_thresholds,
                                              run_adaptive_sweep, write_adaptive_outputs)
-    from megatron_loop.eval.plots import write_all_plots
-    from megatron_loop.eval.report import (check_comparable, check_output, format_table, partial_folder, publish,
-                                           read_results, write_results, write_results_json)
+    from megatron_loop.eval.plots import model_label, write_all_plots
+    from megatron_loop.eval.report import (check_comparable, check_output, format_differences, format_table,
+                                           partial_folder, publish, read_results, write_results, write_results_json)
     from megatron_loop.eval.sweep import (SweepSettings, check_loop_limit, export_config, open_session,
                                           resolve_seq_length, run_sweep, sweep_fingerprint)
     from megatron_loop.eval.tasks import resolve_tasks
@@ -178,7 +180,10 @@ def _run(argv: Sequence[str] | None) -> int:
     def save(partial: dict) -> None:
         write_results_json({**partial, "sweep_settings": fingerprint}, staging)
 
-    results = run_sweep(session, settings, label=args.label, previous=previous, on_result=save,
+    # the model's name on the figures: --label, else what training called the run (the export records it),
+    # else its folder (NAME of runs/NAME/hf)
+    label = args.label or config.get("run_name") or run_folder_name(args.model)
+    results = run_sweep(session, settings, label=label, previous=previous, on_result=save,
                         on_passes=lambda passes: print(passes.line(), file=sys.stderr))
     results["sweep_settings"] = fingerprint
     if thresholds is not None:
@@ -193,6 +198,8 @@ def _run(argv: Sequence[str] | None) -> int:
     print(f"\n{results['layout']} (K={results['train_loops']}, L(r) = effective depth), "
           f"scores in % ± standard error, limit {results['limit']}")
     print(format_table(results))
+    for other in others:  # what differs, on the console: the figures draw the runs side by side
+        print("\n" + format_differences(results, other, model_label(results), model_label(other)))
     if thresholds is not None:
         print(format_adaptive_table(results))
     print(f"wrote {', '.join(p.name for p in [*paths.values(), *plots])} to {output}")

@@ -53,7 +53,7 @@ def model_label(results: dict) -> str:
     """What the model is: the sweep's ``--label`` (else its folder) with its layout p+s×K+c (so K is
     on the figure), its conditioning in the paper's notation (``H(channel, w=2)+LG``) and the items
     per task n (so runs of different ``--limit`` are told apart), as far as the results record them."""
-    name = results.get("label") or Path(results["model"]).name
+    name = results.get("label") or plotting.run_name(results["model"])  # NAME of runs/NAME/hf
     facts = [results["layout"]] if results.get("layout") and results["layout"] != name else []
     if results.get("conditioning", "none") != "none":
         facts.append(results["conditioning"])
@@ -200,9 +200,10 @@ def loss_figure(results_list: list[dict], log_y: bool = True):
         _training_marks(ax, drawn, depths_of=lambda res: [res["effective_depth"][r] for r in res["heldout"]])
         ax.set_xlabel(DEPTH_AXIS)
         ax.grid(alpha=0.3)
-    for vocab in sorted({res["vocab_size"] for _, res in drawn if res.get("vocab_size")}):
+    # |V| the tokenizer's (the tokens a prediction is over), not the model's vocab_size, padded above it
+    for vocab in sorted({v for _, res in drawn if (v := res.get("tokenizer_vocab_size") or res.get("vocab_size"))}):
         full.axhline(math.log(vocab), color="0.45", linestyle=":", linewidth=1.2,
-                     label=f"uniform prediction: ln|V| = ln {vocab} = {math.log(vocab):.2f}")
+                     label=f"uniform prediction: ln|V| = ln {vocab:,} = {math.log(vocab):.2f}")
     full.set_title("(a) every r" + (", log scale" if log_y else ""), fontsize=10)
     with_errors = any(cell.get("stderr") is not None for _, res in drawn for cell in res["heldout"].values())
     full.set_ylabel(LOSS_AXIS if with_errors else LOSS_AXIS.split(",")[0])

@@ -413,4 +413,6 @@ def _empty_results(session: SweepSession, settings: SweepSettings, label: str | 
         "tasks_stderr": {t.key: {} for t in settings.tasks}, "groups_stderr": {g: {} for g in (*GROUPS, "overall")},
         "chance": {}, "groups_chance": {}, "per_depth": {}, "depth_axes": {}, "trained_depths": {}, "heldout": {},
         "subtask_averages": {}, "seq_length": settings.seq_length if settings.valid_prefix else None,
+        # |V| of the tokenizer: the tokens the model can meet (vocab_size may be padded above it)
+        "tokenizer_vocab_size": len(session.tokenizer) if session.tokenizer is not None else None,
     }

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from megatron_loop.atomic import clean_leftovers, publish_folder, staging_folder
-from megatron_loop.checkpoint.folders import CONFIG_NAME, MANIFEST, load_run_config
+from megatron_loop.checkpoint.folders import CONFIG_NAME, MANIFEST, load_run_config, recorded_run_name
 from megatron_loop.checkpoint.selection import report_selection, select_checkpoint
 from megatron_loop.checkpoint.weights import read_weights
 from megatron_loop.config import ModelConfig, build_model_config
@@ -101,14 +101,18 @@ def _common_fields(cfg: ModelConfig) -> dict:
                 hidden_act="silu")
 
 
-def hf_config(cfg: ModelConfig, token_ids: dict | None = None, train_seq_length: int | None = None):
+def hf_config(cfg: ModelConfig, token_ids: dict | None = None, train_seq_length: int | None = None,
+              run_name: str | None = None):
     """The transformers config object of the export (LoopLMConfig, LlamaConfig or Qwen3Config).
 
     ``train_seq_length`` (the run's ``train.seq_length``) is recorded as an extra field so that
-    ``tools/eval_loops.py`` measures the held-out loss at the length the model was trained on."""
+    ``tools/eval_loops.py`` measures the held-out loss at the length the model was trained on, and
+    ``run_name`` (what training called the run) so that its figures name the model as training did."""
     token_ids = dict(token_ids or {})
     if train_seq_length is not None:
         token_ids["train_seq_length"] = int(train_seq_length)
+    if run_name:
+        token_ids["run_name"] = str(run_name)
     if is_native(cfg):
         depth = cfg.physical_depth
         if cfg.qk_norm:
@@ -295,19 +299,19 @@ def decoder_tokenizer(tok, max_length: int):
 def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: str | os.PathLike,
                       tokenizer: str | None = None, overwrite: bool = False,
                       max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE, tokenizer_source: str | None = None,
-                      train_seq_length: int | None = None) -> Path:
+                      train_seq_length: int | None = None, run_name: str | None = None) -> Path:
     """Write the HF folder for a training state dict; returns the folder. ``tokenizer_source`` names
     where ``tokenizer`` came from in error messages (default: the ``--tokenizer`` flag);
     ``train_seq_length`` goes to config.json (:func:`hf_config`). One export at a time per output
     folder (:class:`megatron_loop.training.lock.ExportLock`)."""
     with ExportLock(Path(output)):
         return _export_state_dict(state, cfg, Path(output), tokenizer, overwrite, max_shard_size, tokenizer_source,
-                                  train_seq_length)
+                                  train_seq_length, run_name)
 
 
 def _export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: Path, tokenizer: str | None,
                        overwrite: bool, max_shard_size: str | int, tokenizer_source: str | None,
-                       train_seq_length: int | None) -> Path:
+                       train_seq_length: int | None, run_name: str | None = None) -> Path:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     _prepare_output(output, overwrite)
@@ -321,7 +325,7 @@ def _export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output:
         if len(tok) > cfg.vocab_size:
             raise LoopDataError(f"tokenizer '{tokenizer}' has {len(tok)} tokens but the model's vocab_size is "
                                 f"{cfg.vocab_size}; expected the tokenizer the model was trained with")
-    config = hf_config(cfg, token_ids, train_seq_length)
+    config = hf_config(cfg, token_ids, train_seq_length, run_name)
     hf_state = to_hf_state_dict(state, cfg)
     if is_native(cfg):
         with torch.device("meta"):
@@ -417,7 +421,7 @@ def _convert_checkpoint(ckpt_dir: Path, output: Path, tag: str | None, tokenizer
     report_selection(chosen)
     state = read_weights(chosen)
     return _export_state_dict(state, cfg.model, output, tokenizer, overwrite, max_shard_size, source,
-                              cfg.train.seq_length)
+                              cfg.train.seq_length, recorded_run_name(chosen.root))
 
 
 def read_hf_state_dict(hf_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
