@@ -132,20 +132,21 @@ def _chance_lines(ax, values: list[float]) -> str:
 
 
 def groups_figure(results_list: list[dict]):
-    """Fig. 2 style: three panels (Overall, Knowledge, Reasoning) vs effective depth."""
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.9))
+    """Fig. 2 style: a panel per group some model was evaluated on (Overall, Knowledge, Reasoning)
+    vs effective depth; a group no task measured gets no (empty) panel."""
+    panels = [(key, title) for key, title in PANELS
+              if any(v is not None for res in results_list for v in res["groups"].get(key, {}).values())]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.7 * len(panels), 3.9), squeeze=False)
+    axes = list(axes.flat)
     count = len(results_list)
-    for ax, (key, title) in zip(axes, PANELS):
+    for ax, (key, title) in zip(axes, panels):
         drawn = [(i, res) for i, res in enumerate(results_list)
-                 if any(v is not None for v in res["groups"][key].values())]
+                 if any(v is not None for v in res["groups"].get(key, {}).values())]
         for index, res in drawn:
             rs = sorted(r for r, v in res["groups"][key].items() if v is not None)
             errs = res.get("groups_stderr", {}).get(key, {})
             _series(ax, index, count, [res["effective_depth"][r] for r in rs], [res["groups"][key][r] for r in rs],
                     [errs.get(r) for r in rs], model_label(res))
-        if not drawn:
-            ax.text(0.5, 0.5, "no tasks of this group evaluated", ha="center", va="center",
-                    transform=ax.transAxes, color="0.4")
         chance = _chance_lines(ax, [res["groups_chance"][key] for _, res in drawn
                                     if res.get("groups_chance", {}).get(key) is not None])
         _training_marks(ax, list(enumerate(results_list)))

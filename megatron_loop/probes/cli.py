@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from megatron_loop import plotting
-from megatron_loop.checkpoint.folders import CONFIG_NAME
+from megatron_loop.checkpoint.folders import CONFIG_NAME, recorded_run_name
 from megatron_loop.checkpoint.selection import split_checkpoint_path
 from megatron_loop.checkpoint.weights import load_model_from_checkpoint
 from megatron_loop.cli import check_output_folder, parse_loop_counts
@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "run config or the export's config.json; the paper's 2048 where neither records it)")
     p.add_argument("--seed", type=int, default=0, help="document-order seed of the packing")
     p.add_argument("--output", required=True, help="output folder for geometry.json and the figures")
-    p.add_argument("--label", default=None, help="the model's name on the figures (default: the run folder "
-                                                 "of --checkpoint / --model, e.g. NAME of runs/NAME/train/checkpoints)")
+    p.add_argument("--label", default=None, help="the model's name on the figures (default: the run's name as "
+                                                 "training recorded it, else NAME of runs/NAME/train/checkpoints)")
     p.add_argument("--interaction-sources", default="all",
                    help="skipped occurrences: all | beyond_training | none | comma-separated positions")
     p.add_argument("--lag-sets", default=None, help="lag sets for C_D, e.g. '1-6,2-6' (default: common range)")
@@ -134,6 +134,18 @@ def _trained_seq_length(checkpoint: str | None, hf_dir: str | None) -> int:
         print(f"note: --seq-length: {checkpoint or hf_dir} records no training length; using the paper's "
               f"{PAPER_SEQ_LENGTH}", file=sys.stderr)
         return PAPER_SEQ_LENGTH
+
+
+def _run_name(checkpoint: str | None, hf_dir: str | None) -> str:
+    """The model's name on the figures: what training called the run (its run config, or the export's
+    config.json records it), else NAME of runs/NAME/train/checkpoints or runs/NAME/hf."""
+    if checkpoint is not None:
+        return recorded_run_name(checkpoint)
+    try:
+        name = json.loads((Path(hf_dir) / "config.json").read_text()).get("run_name")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    return name if isinstance(name, str) and name else plotting.run_name(hf_dir)
 
 
 def check_source(checkpoint: str | None, hf_dir: str | None) -> None:
@@ -218,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(device=device, dtype=DTYPES[args.dtype])
     report = probe_geometry(model, sample, settings, args.output, lag_sets, reference,
-                            args.label or plotting.run_name(args.checkpoint or args.model),
+                            args.label or _run_name(args.checkpoint, args.model),
                             on_passes=lambda passes: print(passes.line(), file=sys.stderr))
     print(f"wrote {Path(args.output) / JSON_NAME} and {', '.join(report['files'])} "
           f"(N={report['sampling']['num_sequences']}, |T|={report['sampling']['num_positions']}, "

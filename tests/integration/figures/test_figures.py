@@ -81,7 +81,10 @@ def test_loss_figure_puts_every_layout_on_effective_depth_with_log_y_and_uniform
     uniform = [line for line in full.get_lines() if line.get_label().startswith("uniform prediction")]
     assert [line.get_ydata()[0] for line in uniform] == [pytest.approx(math.log(2048))]
     legend = _legend(fig)
-    assert "uniform prediction: ln|V| = ln 2048 = 7.62" in legend
+    assert "uniform prediction: ln|V| = ln 2,048 = 7.62" in legend
+    # the tokenizer's |V| where the sweep recorded it (the model's vocab_size is padded above it)
+    small = plots.loss_figure([{**base, "tokenizer_vocab_size": 1265}])
+    assert "uniform prediction: ln|V| = ln 1,265 = 7.14" in _legend(small)
     # one training depth for both (L(K) = 6): one line, one shaded region starting at it
     assert legend.count("training depth L(K) = 6") == 1 and "extrapolation L(r) > L(K) (r > K)" in legend
     assert not any(text.startswith("training loops") for text in legend)
@@ -122,6 +125,12 @@ def test_groups_figure_names_chance_in_titles_and_standard_errors_on_the_axis():
                                      "training depth L(K) = 6", "extrapolation L(r) > L(K) (r > K)"])
     for ax in fig.axes:  # a model keeps its colour in every panel
         assert [c.lines[0].get_color() for c in ax.containers] == ["C0", "C1"]
+    plt.close(fig)
+    # no knowledge task evaluated: no empty Knowledge panel
+    reasoning_only = {**base, "groups": {**base["groups"], "knowledge": {r: None for r in base["loops"]}}}
+    fig = plots.groups_figure([reasoning_only])
+    assert [ax.get_title().split(" (")[0] for ax in fig.axes] == ["Overall", "Reasoning"]
+    assert all(ax.containers for ax in fig.axes)
     plt.close(fig)
 
 

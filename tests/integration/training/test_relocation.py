@@ -93,5 +93,5 @@ def test_a_copied_run_folder_reads_the_copy_and_an_extension_continues_the_decay
     drawn = lr_schedule(curves)
     assert [t for t, _ in drawn["muon"]] == list(range(1, 14))
     assert [lr for _, lr in drawn["muon"]] == pytest.approx([logged[s] for s in range(1, 14)], rel=1e-12)
-    legend = [t.get_text() for t in plot_runs([curves]).axes[5].get_legend().get_texts()]
+    legend = [t.get_text() for t in plot_runs([curves]).axes[-1].get_legend().get_texts()]
     assert "model (0+2x2+0): learning rate at every step (Muon = AdamW)" in legend
