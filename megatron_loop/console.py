@@ -8,7 +8,10 @@ Filtered, each a known false alarm or a notice about a choice the project made o
   ``You are using ZeRO with an untested optimizer`` (Muon + AdamW is ours, tested by the suite);
 * transformers' ``You are using a model of type `looplm` to instantiate a model of type ``
   (``AutoTokenizer`` reads a LoopLM export's config.json without its remote code, only to find
-  the tokenizer class, which tokenizer_config.json names).
+  the tokenizer class, which tokenizer_config.json names);
+* transformers' ``Token indices sequence length is longer than the specified maximum sequence
+  length`` (exports before issue 43 capped ``model_max_length`` at the training length; the
+  model's positions go further, and lm-eval cuts what it feeds the model to them).
 
 A progress bar written to a file or a pipe is a line of ``\\r``-separated redraws in the log, so
 :func:`show_progress` says no when stderr is not a terminal, whatever the settings ask, and every
@@ -26,6 +29,7 @@ import sys
 FILTERED: dict[str, tuple[str, ...]] = {
     "DeepSpeed": ("Setting accelerator to CPU", "untested optimizer"),
     "transformers.configuration_utils": ("to instantiate a model of type",),
+    "transformers.tokenization_utils_base": ("Token indices sequence length is longer than the specified maximum",),
 }
 
 

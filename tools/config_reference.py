@@ -126,7 +126,7 @@ DESCRIPTIONS: dict[str, str] = {
     "logging.wandb_project": "Weights & Biases project (`null`: no wandb).",
     "logging.wandb_run_name": "Weights & Biases run name.",
     "logging.wandb_mode": "`auto` (online with WANDB_API_KEY, else offline), `online`, `offline`, `disabled`.",
-    "logging.progress_bar": "tqdm progress bar on rank 0 (the step lines are printed either way).",
+    "logging.progress_bar": "tqdm progress bar on rank 0, drawn only when stderr is a terminal (none in a log file; the step lines are printed either way).",
     "logging.tensorboard": "TensorBoard event files in OUTPUT_DIR/tensorboard (the scalars of metrics.jsonl).",
     "logging.dynamics_interval": "Every N steps, the loop dynamics on the first held-out batch (per-loop state norms and relative updates, loss at r = K - 1, K, K + 1, timestep gates: `training/dynamics.py`); 0 = off; needs a validation set.",
     "logging.peak_tflops": "Per-device peak TFLOP/s for MFU (`null`: 989 on GPU; on CPU no MFU is logged, since a measured matmul rate moves with the machine's load).",

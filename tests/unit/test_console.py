@@ -44,7 +44,16 @@ def test_deepspeed_and_transformers_false_alarms_are_dropped_and_nothing_else():
         finally:
             logger.removeHandler(sink)
         assert sink.lines == ["a warning the user must see"]
-    assert set(FILTERED) == {"DeepSpeed", "transformers.configuration_utils"}
+    length = logging.getLogger("transformers.tokenization_utils_base")
+    sink = _Collect()
+    length.addHandler(sink)
+    try:
+        length.warning("Token indices sequence length is longer than the specified maximum sequence length for this "
+                       "model (1201 > 128). Running this sequence through the model will result in indexing errors")
+    finally:
+        length.removeHandler(sink)
+    assert sink.lines == []
+    assert set(FILTERED) == {"DeepSpeed", "transformers.configuration_utils", "transformers.tokenization_utils_base"}
 
 
 def test_progress_only_on_a_terminal():

@@ -181,7 +181,7 @@ def test_probe_spread_is_the_standard_error_over_the_sequences(probed):
 def test_trajectory_figure_one_legend_sample_size_bands_and_short_runs_on_top(probed):
     _, report = probed
     fig = probe_plots.trajectory_figure(report)
-    assert fig._suptitle.get_text() == "a (1+2x3+1): geometry probes (App. C.4) on N = 3 sequences of 13 tokens, " \
+    assert fig._suptitle.get_text() == "a (1+2x3+1, I(scalar)+LG): geometry probes (App. C.4) on N = 3 sequences of 13 tokens, " \
                                        "|T| = 36 positions"
     legend = _legend(fig)  # one legend for the four panels
     assert legend[:3] == ["r=1, L(r)=4", "r=3, L(r)=8", "r=6, L(r)=14"]
@@ -196,7 +196,7 @@ def test_trajectory_figure_one_legend_sample_size_bands_and_short_runs_on_top(pr
     assert fig.axes[2].get_yscale() == "log" and fig.axes[3].get_yscale() == "log"
     plt.close(fig)
     fig = probe_plots.interaction_figure(report)
-    assert fig._suptitle.get_text() == "a (1+2x3+1): computational interaction by loop lag, N = 3 sequences of " \
+    assert fig._suptitle.get_text() == "a (1+2x3+1, I(scalar)+LG): computational interaction by loop lag, N = 3 sequences of " \
                                        "13 tokens, |T| = 36 positions"
     assert _legend(fig) == ["r=6, L(r)=14"] and fig.axes[0].get_xlabel() == "loop lag $d$"
     plt.close(fig)
@@ -205,7 +205,7 @@ def test_trajectory_figure_one_legend_sample_size_bands_and_short_runs_on_top(pr
 def test_comparison_figure_names_both_models_and_draws_categories_as_points(probed):
     _, report = probed
     fig = probe_plots.comparison_figure(report)
-    assert fig._suptitle.get_text().startswith("A = a (1+2x3+1) over B = b (1+2x3+1) (--reference-json)")
+    assert fig._suptitle.get_text().startswith("A = a (1+2x3+1, I(scalar)+LG) over B = b (1+2x3+1, I(scalar)+LG) (--reference-json)")
     quantities, pairs = fig.axes[1], fig.axes[2]
     assert [t.get_text().split(":")[0] for t in quantities.get_xticklabels()] == ["C", "N", "B"]
     for ax in (quantities, pairs):
