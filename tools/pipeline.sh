@@ -67,5 +67,5 @@ export_and_eval() {
   step "loop sweep of $name at r = $loops: bundled knowledge and reasoning tasks (by depth) + held-out loss"
   python tools/eval_loops.py --model "$run/$name/hf" --loops "$loops" --include-path "$run/corpus/eval" \
       --tasks "$LOCAL_TASKS" --limit "$limit" --valid-prefix "$run/data/corpus_valid" --seq-length 128 \
-      --label "$name" --output "$run/$name/eval" --no-progress "$@"
+      --output "$run/$name/eval" --no-progress "$@"  # labelled with the run's name, as training recorded it
 }
