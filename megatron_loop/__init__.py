@@ -13,6 +13,10 @@ import warnings
 # machine the warning only hides the lines that matter. Scoped to that message.
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*", category=UserWarning)
 
+from megatron_loop.console import quiet_third_party  # noqa: E402
+
+quiet_third_party()  # DeepSpeed's and transformers' false alarms, before either logs (console.py)
+
 from megatron_loop.config import Config, ModelConfig, load_config  # noqa: E402
 from megatron_loop.errors import LoopConfigError, LoopDataError  # noqa: E402
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from megatron_loop.console import quiet_progress
 from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_line
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
@@ -24,7 +25,8 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     the file the user knows and the condition, :func:`megatron_loop.errors.os_error_line`, not a
     traceback); Ctrl-C (KeyboardInterrupt) prints one line and returns 130. Every writer publishes
     through a temporary name and removes it on the way out, which is why one line is all there is
-    to say."""
+    to say. No library progress bar when stderr is not a terminal (console.quiet_progress)."""
+    quiet_progress()
     # argparse reads "--workers=--" as an empty list of values (it drops the "--"), for every option of every tool:
     # a list where a number or a path was expected fails later as a traceback
     empty = next((a for a in (sys.argv[1:] if argv is None else argv)

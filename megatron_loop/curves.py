@@ -10,7 +10,8 @@ drawn at every step from the schedule the start events recorded (:func:`lr_sched
 Its ``train`` records give the curves and its ``eval``
 records the held-out loss per loop count r (markers on the loss panel, one marker shape per r,
 the run's colour). The loss panel has a log y axis: the first steps sit near ln|V| and would
-otherwise flatten the rest of the run. The legend has a panel of its own, so it covers no curve.
+otherwise flatten the rest of the run. The legend has a panel of its own, so it covers no curve; a
+quantity no run logged (MFU on CPU) gets no panel.
 """
 
 from __future__ import annotations
@@ -199,17 +200,29 @@ def _plot_lr(ax, run: RunCurves, xs: list[float], color, x_of) -> None:
                 label=f"{run.label}: learning rate as logged (every train.log_interval steps)")
 
 
+def _has_values(runs: list[RunCurves], key: str) -> bool:
+    return any(isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) for run in runs for r in run.train)
+
+
 def plot_runs(runs: list[RunCurves], x: str = "step"):
-    """A figure with five panels over ``x`` (loss with validation markers, learning rate, gradient
-    norm, throughput, MFU) and a sixth holding the legend."""
+    """A figure with a panel per quantity over ``x`` (loss with validation markers, learning rate,
+    gradient norm, throughput, and MFU where any run logged one: none on CPU without
+    ``logging.peak_tflops``) and a panel holding the legend, always the last axes."""
     if x not in X_AXES:
         raise LoopConfigError(f"--x {x!r}: expected one of {sorted(X_AXES)}")
     import matplotlib.pyplot as plt
 
     from megatron_loop import plotting  # matplotlib, as above
 
-    fig, grid = plt.subplots(2, 3, figsize=(15, 7.5))
-    loss_ax, lr_ax, grad_ax, speed_ax, mfu_ax, legend_ax = grid.flat
+    with_mfu = _has_values(runs, "mfu")  # an empty MFU panel with +-0.04 ticks says nothing
+    fig = plt.figure(figsize=(15, 7.5))
+    grid = fig.add_gridspec(2, 3)
+    cells = [grid[0, 0], grid[0, 1], grid[0, 2], grid[1, 0], grid[1, 1]] if with_mfu else \
+        [grid[0, 0], grid[0, 1], grid[1, 0], grid[1, 1]]
+    axes = [fig.add_subplot(cell) for cell in cells]
+    loss_ax, lr_ax, grad_ax, speed_ax = axes[:4]
+    mfu_ax = axes[4] if with_mfu else None
+    legend_ax = fig.add_subplot(grid[1, 2] if with_mfu else grid[:, 2])
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, run in enumerate(runs):
         color = colors[i % len(colors)]
@@ -225,13 +238,16 @@ def plot_runs(runs: list[RunCurves], x: str = "step"):
                          label=f"{run.label}: validation loss at r = {r}")
         _plot_lr(lr_ax, run, xs, color, lambda step: _x({"step": step}, x, per_token))
         for ax, key, scale in ((grad_ax, "grad_norm", 1), (speed_ax, "tokens_per_s", 1), (mfu_ax, "mfu", 100)):
-            ax.plot(xs, [scale * _nan(r.get(key)) for r in run.train], color=color, linewidth=1)
+            if ax is not None:
+                ax.plot(xs, [scale * _nan(r.get(key)) for r in run.train], color=color, linewidth=1)
     panels = ((loss_ax, "Loss (log scale)", "cross-entropy (nats / token)"),
               (lr_ax, "Learning rate", "learning rate"),
               (grad_ax, "Gradient norm (log scale)", "global L2 norm, before clipping"),
               (speed_ax, "Throughput", "tokens / s (all ranks)"),
               (mfu_ax, "Model FLOPs utilisation", "MFU (%)"))
     for ax, title, ylabel in panels:
+        if ax is None:
+            continue
         ax.set_title(title)
         ax.set_xlabel(X_AXES[x])
         ax.set_ylabel(ylabel)
@@ -276,7 +292,10 @@ def _dynamics_label(key: str) -> str:
 
 def plot_dynamics(runs: list[RunCurves]):
     """The loop dynamics of ``training/dynamics.py`` over steps: one colour per loop l (or r), one
-    line style per run; ``None`` when no run recorded any (``logging.dynamics_interval``)."""
+    line style per run, each panel's legend to its right; a panel only for what some run recorded
+    (no gate panel without timestep conditioning); the step axis spans the runs' training, so a run
+    with one record shows it where it fell. ``None`` when no run recorded any
+    (``logging.dynamics_interval``)."""
     runs = [run for run in runs if run.dynamics]
     if not runs:
         return None
@@ -284,27 +303,32 @@ def plot_dynamics(runs: list[RunCurves]):
 
     from megatron_loop import plotting  # matplotlib, as above
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8))
+    panels = [(panel, {i: _series(run.dynamics, panel[0]) for i, run in enumerate(runs)})
+              for panel in DYNAMICS_PANELS]
+    panels = [(panel, series) for panel, series in panels if any(series.values())]
+    rows = 1 if len(panels) <= 2 else 2
+    cols = math.ceil(len(panels) / rows)
+    fig, axes = plt.subplots(rows, cols, figsize=(7.5 * cols, 4.2 * rows), squeeze=False)
     styles = ("-", "--", ":", "-.")
     cmap = plt.get_cmap("viridis")
-    for ax, (prefix, title, ylabel, log) in zip(axes.flat, DYNAMICS_PANELS):
+    horizon = max(run.last_step for run in runs)
+    for ax in axes.flat[len(panels):]:  # an odd count: no empty frame left in the grid
+        ax.remove()
+    for ax, ((prefix, title, ylabel, log), by_run) in zip(axes.flat, panels):
         for i, run in enumerate(runs):
-            series = _series(run.dynamics, prefix)
+            series = by_run[i]
             for j, (key, pts) in enumerate(series.items()):
                 name = _dynamics_label(key)
                 ax.plot(*zip(*pts), color=cmap(j / max(len(series) - 1, 1)), linestyle=styles[i % len(styles)],
                         marker=".", label=f"{run.label}: {name}" if len(runs) > 1 else name)
-        ax.set_title(title)
+        ax.set_title(title if len(runs) > 1 else f"{title}\n{runs[0].label}", fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
+        ax.set_xlim(0, horizon * 1.02 or 1)  # the whole training, not a 20-step window around one record
         ax.grid(alpha=0.3)
-        if ax.get_lines():
-            ax.legend(fontsize=7, ncol=2)
-            if log and all(min(line.get_ydata()) > 0 for line in ax.get_lines()):
-                plotting.log_y(ax)
-        else:
-            ax.text(0.5, 0.5, "not recorded (no timestep conditioning)" if prefix == "gate" else "not recorded",
-                    ha="center", va="center", transform=ax.transAxes)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+        if log and all(min(line.get_ydata()) > 0 for line in ax.get_lines()):
+            plotting.log_y(ax)
     fig.tight_layout()
     return fig
 
@@ -319,6 +343,6 @@ def save_figure(fig, output: str | os.PathLike) -> Path:
     out = Path(output)
     if out.suffix.lower() not in FIGURE_FORMATS:
         raise LoopConfigError(f"--output {str(out)!r}: expected a .png, .pdf or .svg file")
-    with atomic_path(out) as tmp:  # created by savefig, with the user's umask
-        fig.savefig(tmp, dpi=120)
+    with atomic_path(out) as tmp:  # created by savefig, with the user's umask; legends outside the axes kept
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
     return out

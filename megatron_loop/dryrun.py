@@ -4,7 +4,8 @@ The numbers come from :func:`megatron_loop.training.banner.run_summary` (token b
 split, accumulation, parameter count, data epochs, from :mod:`megatron_loop.plan`), the dict whose
 start-up statement training prints, so a dry run imports neither
 torch nor megatron-core: it reads the YAML, checks the files the run would open (DeepSpeed JSON,
-data prefixes, tokenizer) with the same preflight checks as training, and prints one JSON line.
+data prefixes, tokenizer) with the same preflight checks as training, and prints the start-up
+statement training would print (:func:`dry_run_text`), or with ``--json`` the numbers as one JSON line.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from megatron_loop.config.launch_env import launch_world_size
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.plan import accumulation_steps, check_train_steps, training_plan
 from megatron_loop.training import preflight
-from megatron_loop.training.banner import run_summary
+from megatron_loop.training.banner import run_summary, startup_statement
 from megatron_loop.training.memory_plan import dry_run_memory
 
 # Repeating data up to about four epochs costs almost nothing against fresh data; beyond that the
@@ -82,3 +83,24 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None, check_dat
     for line in data_reuse_warnings(report["data_epochs"], cfg.data.max_epochs) + memory_warnings:
         print(line, file=sys.stderr)
     return report
+
+
+def dry_run_text(cfg: Config, report: dict) -> str:
+    """What ``--dry-run`` prints for a person (``--json``: the report itself, one line): the start-up
+    statement training prints (model, plan, layout), the data each train prefix gives the plan, the
+    validation, and what was checked."""
+    lines = [startup_statement(cfg, report)]
+    lines += [f"data: {prefix}: the plan reads {epochs:,.2f} epochs of it" for prefix, epochs in report["data_epochs"].items()]
+    if report["eval_loops"]:
+        lines.append(f"validation: every {report['eval_interval']} steps at r = {', '.join(map(str, report['eval_loops']))}"
+                     f" on {', '.join(report['valid_prefixes']) or 'no prefix'}")
+    else:
+        lines.append("validation: off")
+    files = [report["deepspeed_config"]]
+    if report["data_checked"]:
+        files += [f"{p}.bin/.idx" for p in [*report["train_prefixes"], *report["valid_prefixes"]]]
+        files += [report["tokenizer"]] if report.get("tokenizer") else []
+    lines.append(f"checked: {', '.join(files)}" + ("" if report["data_checked"] else
+                                                     " (data and tokenizer not checked: --skip-data-check)"))
+    lines.append("nothing written; --json prints these numbers as one JSON line")
+    return "\n".join(lines)

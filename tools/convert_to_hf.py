@@ -33,6 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="replace an earlier export in --output (only a folder this tool exported, with nothing "
                          "added since; never a run folder, a checkpoint or a folder with other files)")
     args = ap.parse_args(argv)
+    from megatron_loop.console import quiet_progress
+
+    quiet_progress()  # no shard-loading / writing bars in a log (stderr not a terminal)
 
     # Cheap checks first: the conversion imports DeepSpeed and megatron-core (seconds).
     from megatron_loop.checkpoint.selection import checkpoint_folder_problem

@@ -15,9 +15,10 @@
 #
 # Sized so that a 0.35M-parameter model learns one reasoning task within minutes on CPU: the
 # reasoning documents have depths 1-2 (held-out items 1-3, so depth 3 is beyond the training
-# depths), less prose, no follow-up questions, and a peak lr of 1e-2 for 600 steps. Measured
-# (docs/REPRODUCE.md, demo section): the CLUTRR-style task well above chance at r = K, not at
-# r = 1; with the bundled defaults (depths 1-4, 300 steps, lr 3e-3) every task stayed at chance.
+# depths), less prose, no follow-up questions, and a peak lr of 1e-2 for 600 steps. What it
+# printed is recorded in docs/demo_reference.json, and the README's and docs/REPRODUCE.md's demo
+# numbers are generated from it (python tools/demo_docs.py --record RUN SHORT_RUN rewrites both;
+# tests/integration/tools/test_demo.py fails when the shortened demo prints other numbers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/pipeline.sh
@@ -35,20 +36,31 @@ rm -rf "$RUN"
 mkdir -p "$RUN"
 # shellcheck disable=SC2086  # CORPUS is a list of flags
 prepare_data "$RUN" $CORPUS
-train_model "$RUN" model "$STEPS" deepspeed "$CONFIG" --set "train.lr=$LR"
+# the run is named "demo" (logging.wandb_run_name: training's label, the export's and the figures' name)
+train_model "$RUN" model "$STEPS" deepspeed "$CONFIG" --set "train.lr=$LR" --set "logging.wandb_run_name=demo"
 export_and_eval "$RUN" model "$LOOPS" "$LIMIT"
 
 step "geometry probes (App. C.4)"
+# windows of the run's train.seq_length (the probe's default), every position of 8 of them
 python tools/probe_geometry.py --checkpoint "$RUN/model/train/checkpoints" --valid-prefix "$RUN/data/corpus_valid" \
-    --loops "1,$K,$(( 2 * K ))" --num-sequences 8 --num-positions all --seq-length 128 \
-    --interaction-sources beyond_training --label "demo $(basename "$CONFIG" .yaml)" --output "$RUN/model/probe" --no-progress
+    --loops "1,$K,$(( 2 * K ))" --num-sequences 8 --num-positions all \
+    --interaction-sources beyond_training --output "$RUN/model/probe" --no-progress
 
-python - "$RUN" <<'PY'
-import json, sys
+# CPU time of every process the demo ran (bash's `times`: the shell's, then its children's user and system
+# time): unlike the wall time, it does not grow with the other jobs of a shared machine
+times > "$RUN/.times"
+python - "$RUN" "$SECONDS" "$CONFIG" "$STEPS" "$LIMIT" "$LR" "$CORPUS" <<'PY'
+import json, re, sys
 from pathlib import Path
 from megatron_loop.atomic import write_atomic
+from megatron_loop.checkpoint.folders import load_run_config
 from megatron_loop.eval.report import format_table, read_results
-run = Path(sys.argv[1])
+from megatron_loop.plan import count_parameters
+run, wall = Path(sys.argv[1]), int(sys.argv[2])
+config, steps, limit, lr, corpus = sys.argv[3:8]
+times = run / ".times"
+cpu = sum(int(m) * 60 + float(s) for m, s in re.findall(r"(\d+)m([\d.]+)s", times.read_text().splitlines()[-1]))
+times.unlink()
 results = read_results(run / "model" / "eval" / "results.json")
 metrics = [json.loads(line) for line in (run / "model" / "train" / "metrics.jsonl").open()]
 # Validation loss during training (held-out split, nats/token) at each eval step, per loop count r.
@@ -67,6 +79,12 @@ summary = {
     "validation_loss_curve": curve,
     "probe": "model/probe/geometry.json",
     "plots": sorted(str(p.relative_to(run)) for p in run.rglob("*.png")),
+    # what ran, and how long (docs/demo_reference.json records these for the docs: tools/demo_docs.py)
+    "settings": {"config": config, "steps": int(steps), "limit": int(limit), "lr": lr, "corpus": corpus},
+    "params": count_parameters(load_run_config(run / "model" / "train" / "checkpoints").model).total,
+    "wall_time_s": wall,
+    "cpu_time_s": round(cpu, 1),
+    "training_wall_time_s": next((m["wall_time_s"] for m in metrics if m.get("event") == "summary"), None),
 }
 write_atomic(run / "demo_results.json", json.dumps(summary, indent=2))
 
@@ -80,6 +98,9 @@ print(f"\nKnowledge (facts), Reasoning (clutrr, proofwriter, bbh = tracking) and
       f"± standard error on {results['limit']} items per task (tasks: the sweep's table above); chance = mean "
       "1/#choices of those items")
 print(format_table({**results, "tasks": {}, "heldout": {}}))  # the group rows
+print(f"One training seed and {results['limit']} items per task: which tasks the model learned at r = K, not a direction "
+      "over r (docs/REPRODUCE.md, demo section).")
+print(f"  wall time: {wall // 60} min {wall % 60} s; CPU time of all its processes: {cpu / 60:.1f} min")
 print("  results JSON:", run / "demo_results.json")
 for p in summary["plots"]:
     print("  plot:", run / p)

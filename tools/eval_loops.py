@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megatron_loop.atomic import clean_leftovers  # noqa: E402
 from megatron_loop.cli import parse_loop_counts, run_cli  # noqa: E402
 from megatron_loop.config.validation import MAX_LOOPS  # noqa: E402
+from megatron_loop.console import show_progress  # noqa: E402
 from megatron_loop.errors import LoopConfigError  # noqa: E402
 
 
@@ -96,7 +97,8 @@ def _run(argv: Sequence[str] | None) -> int:
                                                     "interrupted or run again with the same settings resumes from it")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace the results of another sweep in --output instead of stopping")
-    ap.add_argument("--label", default=None, help="legend label of this model")
+    ap.add_argument("--label", default=None, help="the model's name on the figures (default: the run's name as "
+                                                  "training recorded it in the export, else NAME of runs/NAME/hf)")
     ap.add_argument("--compare", action="append", default=[], help="another run's results.json for the figures "
                                                                     "(refused if it ran other tasks, --limit or items)")
     ap.add_argument("--compare-mismatched", action="store_true",
@@ -118,15 +120,17 @@ def _run(argv: Sequence[str] | None) -> int:
                     help="allow r above 16 x the training loop count K (refused by default: a forward at r costs "
                          "L(r)/L(K) forwards at the training depth)")
     args = ap.parse_args(argv)
-    if args.no_progress:  # lm-eval's and datasets' bars too (tqdm reads this when it is first imported)
-        os.environ.setdefault("TQDM_DISABLE", "1")
+    # One bar, the sweep's own over r (on a terminal, console.show_progress); lm-eval's nested bars per task
+    # and per request, and datasets' and transformers', are off: tqdm reads this when it is first imported.
+    os.environ.setdefault("TQDM_DISABLE", "1")
 
     # after parsing (and TQDM_DISABLE): --help and usage errors answer without torch, lm-eval, matplotlib
+    from megatron_loop.config.naming import run_folder_name
     from megatron_loop.eval.adaptive import (check_adaptive, format_adaptive_table, parse_thresholds,
                                              run_adaptive_sweep, write_adaptive_outputs)
-    from megatron_loop.eval.plots import write_all_plots
-    from megatron_loop.eval.report import (check_comparable, check_output, format_table, partial_folder, publish,
-                                           read_results, write_results, write_results_json)
+    from megatron_loop.eval.plots import model_label, write_all_plots
+    from megatron_loop.eval.report import (check_comparable, check_output, format_differences, format_table,
+                                           partial_folder, publish, read_results, write_results, write_results_json)
     from megatron_loop.eval.sweep import (SweepSettings, check_loop_limit, limit_warnings, open_session,
                                           resolve_seq_length, run_sweep, sweep_fingerprint)
     from megatron_loop.export.load import export_config
@@ -140,7 +144,7 @@ def _run(argv: Sequence[str] | None) -> int:
     settings = SweepSettings(loops=parse_loop_counts(args.loops), tasks=tasks, limit=_limit(args.limit),
                              include_paths=args.include_path, valid_prefix=args.valid_prefix,
                              seq_length=args.seq_length, valid_sequences=args.valid_sequences,
-                             batch_size=args.batch_size, progress=not args.no_progress, device=args.device,
+                             batch_size=args.batch_size, progress=show_progress(not args.no_progress), device=args.device,
                              dtype=args.dtype, one_pass=not args.per_r)
     others = [read_results(p) for p in args.compare]
     # cheap first: tasks and --limit are known before the sweep (items after it, below)
@@ -188,7 +192,10 @@ def _run(argv: Sequence[str] | None) -> int:
     def save(partial: dict) -> None:
         write_results_json({**partial, "sweep_settings": fingerprint}, staging)
 
-    results = run_sweep(session, settings, label=args.label, previous=previous, on_result=save,
+    # the model's name on the figures: --label, else what training called the run (the export records it),
+    # else its folder (NAME of runs/NAME/hf)
+    label = args.label or config.get("run_name") or run_folder_name(args.model)
+    results = run_sweep(session, settings, label=label, previous=previous, on_result=save,
                         on_passes=lambda passes: print(passes.line(), file=sys.stderr))
     results["sweep_settings"] = fingerprint
     if thresholds is not None:
@@ -203,6 +210,8 @@ def _run(argv: Sequence[str] | None) -> int:
     print(f"\n{results['layout']} (K={results['train_loops']}, L(r) = effective depth), "
           f"scores in % ± standard error, limit {results['limit']}")
     print(format_table(results))
+    for other in others:  # what differs, on the console: the figures draw the runs side by side
+        print("\n" + format_differences(results, other, model_label(results), model_label(other)))
     if thresholds is not None:
         print(format_adaptive_table(results))
     print(f"wrote {', '.join(p.name for p in [*paths.values(), *plots])} to {output}")

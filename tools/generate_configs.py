@@ -185,6 +185,18 @@ def toy_env(study: R.Study) -> list[str]:
     return [f"{key}={shlex.quote(value)}" for key, value in values.items()]
 
 
+def study_size(study) -> str:
+    """``--list-studies``' count: the paper's runs, and what tools/small_study.sh trains on CPU (its twins,
+    each once per seed), which is not the same number (finding1: 2 paper runs, 3 models x 3 seeds)."""
+    paper = f"{len(study.runs)} paper run{'s' * (len(study.runs) != 1)}"
+    if study.params_only:
+        return f"{paper} (a parameter table: nothing to train)"
+    copies = R.toy_copies(study)
+    models = len({twin.name for twin, _, _ in copies})
+    seeds = f" x {len(study.seeds)} seeds" if study.seeds else ""
+    return f"{paper}; on CPU {models} model{'s' * (models != 1)}{seeds} = {len(copies)} runs"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true",
@@ -207,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if found else 0
     if args.list_studies:
         for s in R.STUDY_LIST:
-            print(f"{s.name}\t{s.paper or '-'}\t{s.title}\t{len(s.runs)} runs\t{' '.join(s.runs)}")
+            print(f"{s.name}\t{s.paper or '-'}\t{s.title}\t{study_size(s)}\t{' '.join(s.runs)}")
         return 0
     if args.study is not None:
         if args.study not in R.STUDIES:

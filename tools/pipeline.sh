@@ -41,7 +41,12 @@ train_model() {
   shift 5
   local -a cmd
   if [ "$launcher" = deepspeed ]; then
-    cmd=(deepspeed --num_gpus 1 --master_port "$(free_port)" pretrain_loop.py)
+    # DeepSpeed's launcher logs its command lines at INFO and, on a machine without a GPU, says so in each
+    # of its processes: warnings only, and the CPU named when torch sees no GPU
+    if [ -z "${DS_ACCELERATOR:-}" ] && ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+      export DS_ACCELERATOR=cpu
+    fi
+    cmd=(deepspeed --log_level warning --num_gpus 1 --master_port "$(free_port)" pretrain_loop.py)
   else
     cmd=(python pretrain_loop.py)
   fi
@@ -62,5 +67,5 @@ export_and_eval() {
   step "loop sweep of $name at r = $loops: bundled knowledge and reasoning tasks (by depth) + held-out loss"
   python tools/eval_loops.py --model "$run/$name/hf" --loops "$loops" --include-path "$run/corpus/eval" \
       --tasks "$LOCAL_TASKS" --limit "$limit" --valid-prefix "$run/data/corpus_valid" --seq-length 128 \
-      --label "$name" --output "$run/$name/eval" --no-progress "$@"
+      --output "$run/$name/eval" --no-progress "$@"  # labelled with the run's name, as training recorded it
 }

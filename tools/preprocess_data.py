@@ -13,7 +13,10 @@ from __future__ import annotations
 import sys
 
 from megatron_loop.cli import run_cli
-from megatron_loop.data.preprocess import main
+from megatron_loop.console import quiet_progress
 
 if __name__ == "__main__":
+    quiet_progress()  # no library bars in a log: before tqdm is first imported (it reads TQDM_DISABLE then)
+    from megatron_loop.data.preprocess import main
+
     sys.exit(run_cli(main))

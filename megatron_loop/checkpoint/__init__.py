@@ -6,7 +6,8 @@ Checkpoint folder contract::
 
     CKPT_DIR/latest                 tag of the newest published checkpoint (DeepSpeed's convention)
     CKPT_DIR/looplm_config.json     the resolved run config (``Config.to_dict()``; a ``relocation`` block
-                                    spells its paths inside the run's folder relative to it: folders.py)
+                                    spells its paths inside the run's folder relative to it, a ``run``
+                                    block names the run as training did: folders.py)
     CKPT_DIR/global_step{N}/        DeepSpeed shards + rng_state_rank{r}.pt + manifest.json
     CKPT_DIR/global_step{N}.partial a save in progress (never read)
     CKPT_DIR/set_aside/...          checkpoints of an abandoned branch or that failed verification

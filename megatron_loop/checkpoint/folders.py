@@ -67,6 +67,7 @@ def read_latest(root: Path) -> str | None:
 # recorded absolute, and also relative to the config's folder when it lies in the run's folder.
 RELOCATABLE = ("data.tokenizer", "data.train_prefixes", "data.valid_prefixes", "train.output_dir")
 RELOCATION = "relocation"  # the JSON block: where the file was written, the relative spellings
+RUN_NAMING = "run"  # the JSON block: the run's name and label as training states them (config/naming.py)
 
 
 def run_folder(output_dir: str | os.PathLike) -> Path:
@@ -118,7 +119,26 @@ def save_run_config(directory: str | os.PathLike, cfg: Config) -> Path:
         if _present(target) and target.is_relative_to(inside) and inside.parent != inside:  # not under "/"
             relative[key] = {"absolute": value, "relative": os.path.relpath(target, here)}
     d[RELOCATION] = {"written_in": str(here), "relative": relative}
+    from megatron_loop.config.naming import run_label, run_name
+
+    # what the run is called is decided from the YAML it came from, which this file no longer names: recorded
+    d[RUN_NAMING] = {"name": run_name(cfg), "label": run_label(cfg)}
     return write_atomic(path, json.dumps(d, indent=2))
+
+
+def recorded_run_name(ckpt_dir: str | os.PathLike) -> str:
+    """The name the run that wrote ``ckpt_dir`` (a checkpoints/ folder or one tag in it) went by: as its run
+    config records it, else (older checkpoints) its folder, NAME of runs/NAME/train/checkpoints."""
+    from megatron_loop.config.naming import run_folder_name
+
+    root = Path(ckpt_dir)
+    if not (root / CONFIG_NAME).is_file() and (root.parent / CONFIG_NAME).is_file():  # a tag folder
+        root = root.parent
+    try:
+        name = json.loads((root / CONFIG_NAME).read_text())[RUN_NAMING]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        name = None
+    return name if isinstance(name, str) and name else run_folder_name(root)
 
 
 def _relocate(raw: dict, here: Path, path: Path) -> None:
@@ -154,5 +174,6 @@ def load_run_config(ckpt_dir: str | os.PathLike) -> Config:
     except json.JSONDecodeError as e:
         raise LoopDataError(f"{path}: not valid JSON ({e})") from None
     if isinstance(raw, dict):
+        raw.pop(RUN_NAMING, None)
         _relocate(raw, Path(ckpt_dir).resolve(), path)
     return config_from_dict(raw, source=str(path))

@@ -5,6 +5,8 @@ ZeRO 1/2 flat partitions and ZeRO 3 parameter shards alike."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 
 import torch
@@ -93,8 +95,9 @@ def read_zero_weights(chosen: SelectedCheckpoint) -> dict[str, torch.Tensor]:
 
     reader = _WeightsOnlyTorch()
     real_torch, zero_to_fp32.torch = zero_to_fp32.torch, reader
-    try:
-        state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(chosen.root), tag=chosen.tag)
+    try:  # zero_to_fp32 prints its progress on stdout, where the tools print their results: kept out
+        with contextlib.redirect_stdout(io.StringIO()):
+            state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(chosen.root), tag=chosen.tag)
     except (FileNotFoundError, ValueError, RuntimeError, KeyError, EOFError,
             torch.serialization.pickle.UnpicklingError) as e:
         raise LoopDataError(f"{chosen.path}: cannot read DeepSpeed checkpoint "

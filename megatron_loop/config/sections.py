@@ -168,10 +168,13 @@ class TrainConfig(OptimizerSettings):
     eval_loops: list[int] | None = None
     eval_batches: int = 4
     resume: bool = True
-    # The lr after a resume that changed the schedule (train.max_steps raised, ...): ``rederive`` the
-    # WSD split for the new total; ``continue_decay``: from a checkpoint in its decay, decay on from
-    # its lr to min_lr_ratio at the new end instead of going back to the peak (optim/schedule.py).
-    schedule_on_resume: str = "rederive"
+    # The lr after a resume that changed the schedule (train.max_steps raised, ...): the WSD split is
+    # re-derived for the new total either way (from a stable-phase checkpoint the stable phase goes on).
+    # From a checkpoint already in its decay, ``continue_decay`` decays on from its lr to min_lr_ratio
+    # at the new end; ``rewarm`` goes back up to the new schedule's rate (the peak): an lr jump the
+    # user asks for by name, never by default (optim/schedule.py); ``rederive``, its older name, is read
+    # as ``rewarm`` (the run configs of older checkpoints record it).
+    schedule_on_resume: str = "continue_decay"
     # A weights-only start (training/init_from.py): another run's checkpoint folder or one global_step* folder
     # in it; a fresh start takes that model's weights (optimizer, schedule, step and data position start
     # fresh), a resume of this run's own checkpoint ignores it. init_from_missing: parameters of this model

@@ -49,7 +49,7 @@ CHOICES = {
     "model.initial_state": INITIAL_STATES, "train.optimizer": OPTIMIZERS,
     "model.exit_gate": EXIT_GATES, "train.exit_gate_objective": EXIT_GATE_OBJECTIVES,
     "train.loop_sampling": LOOP_SAMPLINGS, "train.precision": ("auto", "bf16", "fp32"),
-    "train.nan_policy": ("skip", "stop"), "train.schedule_on_resume": ("rederive", "continue_decay"),
+    "train.nan_policy": ("skip", "stop"), "train.schedule_on_resume": ("continue_decay", "rewarm", "rederive"),
     "train.init_from_missing": INIT_FROM_MISSING,
     "train.muon_scale": ("match_rms_adamw", "original"),
     "data.order": DATA_ORDERS, "logging.wandb_mode": ("auto", "online", "offline", "disabled"),
@@ -219,7 +219,7 @@ def validate_train(train: TrainConfig, prefix: str = "train") -> None:
          "train.eval_interval: 0")
     need(train.nan_policy in ("skip", "stop"), "nan_policy", "'skip' or 'stop'")
     need(train.schedule_on_resume in CHOICES["train.schedule_on_resume"], "schedule_on_resume",
-         "'rederive' or 'continue_decay'")
+         "'continue_decay' or 'rewarm'")  # rederive: rewarm's name before issue 43 (older run configs)
     need(train.init_from is None or bool(str(train.init_from).strip()), "init_from",
          "null or the path of another run's checkpoint folder (.../train/checkpoints) or of one global_step* "
          "folder in it")

@@ -35,6 +35,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from megatron_loop.atomic import write_atomic
+from megatron_loop.console import show_progress
 from megatron_loop.config import VALID_SUFFIX
 from megatron_loop.cli import check_output_folder
 from megatron_loop.data.sources import ENCODING_ERRORS, HFSource, iter_documents
@@ -358,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = PreprocessOptions(
         json_key=a.json_key, workers=a.workers, batch_size=a.batch_size,
         validation_documents=a.validation_documents, max_documents=a.max_documents,
-        text_unit=a.text_unit, eos_token=a.eos_token, progress=not a.no_progress,
+        text_unit=a.text_unit, eos_token=a.eos_token, progress=show_progress(not a.no_progress),
         hf=HFSource(a.input, a.hf_config, a.split, a.streaming, a.shuffle_buffer, a.seed),
         encoding_errors=a.encoding_errors)
     check_output_prefix(a.output_prefix, a.validation_documents > 0, a.overwrite)

@@ -53,7 +53,7 @@ def model_label(results: dict) -> str:
     """What the model is: the sweep's ``--label`` (else its folder) with its layout p+s×K+c (so K is
     on the figure), its conditioning in the paper's notation (``H(channel, w=2)+LG``) and the items
     per task n (so runs of different ``--limit`` are told apart), as far as the results record them."""
-    name = results.get("label") or Path(results["model"]).name
+    name = results.get("label") or plotting.run_name(results["model"])  # NAME of runs/NAME/hf
     facts = [results["layout"]] if results.get("layout") and results["layout"] != name else []
     if results.get("conditioning", "none") != "none":
         facts.append(results["conditioning"])
@@ -132,20 +132,21 @@ def _chance_lines(ax, values: list[float]) -> str:
 
 
 def groups_figure(results_list: list[dict]):
-    """Fig. 2 style: three panels (Overall, Knowledge, Reasoning) vs effective depth."""
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.9))
+    """Fig. 2 style: a panel per group some model was evaluated on (Overall, Knowledge, Reasoning)
+    vs effective depth; a group no task measured gets no (empty) panel."""
+    panels = [(key, title) for key, title in PANELS
+              if any(v is not None for res in results_list for v in res["groups"].get(key, {}).values())]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.7 * len(panels), 3.9), squeeze=False)
+    axes = list(axes.flat)
     count = len(results_list)
-    for ax, (key, title) in zip(axes, PANELS):
+    for ax, (key, title) in zip(axes, panels):
         drawn = [(i, res) for i, res in enumerate(results_list)
-                 if any(v is not None for v in res["groups"][key].values())]
+                 if any(v is not None for v in res["groups"].get(key, {}).values())]
         for index, res in drawn:
             rs = sorted(r for r, v in res["groups"][key].items() if v is not None)
             errs = res.get("groups_stderr", {}).get(key, {})
             _series(ax, index, count, [res["effective_depth"][r] for r in rs], [res["groups"][key][r] for r in rs],
                     [errs.get(r) for r in rs], model_label(res))
-        if not drawn:
-            ax.text(0.5, 0.5, "no tasks of this group evaluated", ha="center", va="center",
-                    transform=ax.transAxes, color="0.4")
         chance = _chance_lines(ax, [res["groups_chance"][key] for _, res in drawn
                                     if res.get("groups_chance", {}).get(key) is not None])
         _training_marks(ax, list(enumerate(results_list)))
@@ -200,9 +201,10 @@ def loss_figure(results_list: list[dict], log_y: bool = True):
         _training_marks(ax, drawn, depths_of=lambda res: [res["effective_depth"][r] for r in res["heldout"]])
         ax.set_xlabel(DEPTH_AXIS)
         ax.grid(alpha=0.3)
-    for vocab in sorted({res["vocab_size"] for _, res in drawn if res.get("vocab_size")}):
+    # |V| the tokenizer's (the tokens a prediction is over), not the model's vocab_size, padded above it
+    for vocab in sorted({v for _, res in drawn if (v := res.get("tokenizer_vocab_size") or res.get("vocab_size"))}):
         full.axhline(math.log(vocab), color="0.45", linestyle=":", linewidth=1.2,
-                     label=f"uniform prediction: ln|V| = ln {vocab} = {math.log(vocab):.2f}")
+                     label=f"uniform prediction: ln|V| = ln {vocab:,} = {math.log(vocab):.2f}")
     full.set_title("(a) every r" + (", log scale" if log_y else ""), fontsize=10)
     with_errors = any(cell.get("stderr") is not None for _, res in drawn for cell in res["heldout"].values())
     full.set_ylabel(LOSS_AXIS if with_errors else LOSS_AXIS.split(",")[0])

@@ -36,6 +36,7 @@ import csv
 import fnmatch
 import io
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -202,6 +203,42 @@ def format_table(results: dict) -> str:
         if any(v is not None for v in by_r.values())]  # not e.g. a group none of the tasks is in
     writer.margin = 1
     return writer.dumps()
+
+
+def format_differences(results: dict, other: dict, this: str, that: str) -> str:
+    """What ``--compare`` prints for another sweep: this sweep's score minus the other's for every
+    task, group and held-out loss both measured, at every r both ran, with the standard error of the
+    difference taken as sqrt(se1^2 + se2^2) (independent estimates; on the same items the outcomes
+    are correlated, so it overstates the paired error) and ``*`` where the difference exceeds two of
+    them. ``this`` / ``that``: the two models' names (their figure labels)."""
+    from pytablewriter import MarkdownTableWriter
+
+    loops = [r for r in results["loops"] if r in other.get("loops", [])]
+    theirs = {(name, kind): (by_r, stderr) for name, kind, _, by_r, stderr, _ in _rows(other)}
+    matrix = []
+    for name, kind, metric, by_r, stderr, _ in _rows(results):
+        if (name, kind) not in theirs or metric == "perplexity":
+            continue
+        other_r, other_se = theirs[(name, kind)]
+        cells = []
+        for r in loops:
+            a, b = by_r.get(r), other_r.get(r)
+            if a is None or b is None:
+                cells.append("")
+                continue
+            se = (math.hypot(stderr[r], other_se[r]) if stderr.get(r) is not None and other_se.get(r) is not None
+                  else None)
+            cells.append(f"{a - b:+.2f}" + ("" if not se else f" ± {se:.2f}" + (" *" if abs(a - b) > 2 * se else "")))
+        if any(cells):
+            matrix.append([name, kind, metric] + cells)
+    if not matrix:
+        return f"differences: {this} and {that} share no task and loop count r"
+    writer = MarkdownTableWriter()
+    writer.headers = ["Task", "Group", "Metric"] + [f"r={r}" for r in loops]
+    writer.value_matrix = matrix
+    writer.margin = 1
+    return (f"differences: {this} minus {that} (points; loss in nats), ± the standard error of the difference; "
+            f"* beyond two standard errors\n{writer.dumps()}")
 
 
 def read_results(path: str | Path) -> dict:

@@ -206,12 +206,13 @@ class SweepSession:
 
 
 def open_session(model_dir: str | Path, settings: SweepSettings) -> SweepSession:
-    if not settings.progress:  # no download / weight-loading bars either (one readable log per sweep)
-        import datasets
-        import transformers
+    # One bar per sweep, its own over r (settings.progress): no download, weight-loading or per-request
+    # bars nested under it (one readable log per sweep)
+    import datasets
+    import transformers
 
-        datasets.disable_progress_bars()
-        transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
     manager = tasks = None
     if settings.tasks:  # before the model: a task that cannot be loaded (offline hub) fails fast
         manager = task_manager(settings.include_paths, names={t for s in settings.tasks for t in s.lm_eval_tasks})
@@ -221,7 +222,7 @@ def open_session(model_dir: str | Path, settings: SweepSettings) -> SweepSession
         set_loops(model, r)
     lm = None
     if settings.tasks:
-        lm = make_lm(model, tokenizer, settings.batch_size, settings.progress)
+        lm = make_lm(model, tokenizer, settings.batch_size, progress=False)  # lm-eval's nested bars: off
     return SweepSession(Path(model_dir), model, tokenizer, manager, tasks, lm)
 
 
@@ -331,4 +332,6 @@ def _empty_results(session: SweepSession, settings: SweepSettings, label: str | 
         "tasks_stderr": {t.key: {} for t in settings.tasks}, "groups_stderr": {g: {} for g in (*GROUPS, "overall")},
         "chance": {}, "groups_chance": {}, "per_depth": {}, "depth_axes": {}, "trained_depths": {}, "heldout": {},
         "subtask_averages": {}, "seq_length": settings.seq_length if settings.valid_prefix else None,
+        # |V| of the tokenizer: the tokens the model can meet (vocab_size may be padded above it)
+        "tokenizer_vocab_size": len(session.tokenizer) if session.tokenizer is not None else None,
     }

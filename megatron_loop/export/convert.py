@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from megatron_loop.atomic import clean_leftovers, publish_folder, staging_folder
-from megatron_loop.checkpoint.folders import CONFIG_NAME, MANIFEST, load_run_config
+from megatron_loop.checkpoint.folders import CONFIG_NAME, MANIFEST, load_run_config, recorded_run_name
 from megatron_loop.checkpoint.selection import report_selection, select_checkpoint
 from megatron_loop.checkpoint.weights import read_weights_or_newest
 from megatron_loop.config import ModelConfig, build_model_config
@@ -100,14 +100,18 @@ def _common_fields(cfg: ModelConfig) -> dict:
                 hidden_act="silu")
 
 
-def hf_config(cfg: ModelConfig, token_ids: dict | None = None, train_seq_length: int | None = None):
+def hf_config(cfg: ModelConfig, token_ids: dict | None = None, train_seq_length: int | None = None,
+              run_name: str | None = None):
     """The transformers config object of the export (LoopLMConfig, LlamaConfig or Qwen3Config).
 
     ``train_seq_length`` (the run's ``train.seq_length``) is recorded as an extra field so that
-    ``tools/eval_loops.py`` measures the held-out loss at the length the model was trained on."""
+    ``tools/eval_loops.py`` measures the held-out loss at the length the model was trained on, and
+    ``run_name`` (what training called the run) so that its figures name the model as training did."""
     token_ids = dict(token_ids or {})
     if train_seq_length is not None:
         token_ids["train_seq_length"] = int(train_seq_length)
+    if run_name:
+        token_ids["run_name"] = str(run_name)
     if is_native(cfg):
         depth = cfg.physical_depth
         if cfg.qk_norm:
@@ -278,9 +282,11 @@ def decoder_tokenizer(tok, max_length: int):
     that every prompt of a batch ends at the last position and the next token follows its own text
     (right padding makes ``generate`` continue the shorter prompts after their pad tokens). A
     tokenizer without a pad token pads with EOS (as Llama-3 exports do; the attention mask hides
-    the pads). ``model_max_length`` becomes the length the model was trained on (``train.seq_length``,
-    else ``max_position_embeddings``) instead of transformers' "no limit" (1e30), so that
-    ``truncation=True`` cuts prompts to what the model saw."""
+    the pads). ``model_max_length`` becomes the model's position range (``max_position_embeddings``)
+    instead of transformers' "no limit" (1e30), so that ``truncation=True`` cuts prompts to what the
+    model can position; not the training length (``train.seq_length``, recorded in config.json as
+    ``train_seq_length``): a longer prompt runs fine, and the tokenizer would warn on each one that it
+    "will result in indexing errors", a false alarm."""
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -293,25 +299,25 @@ def decoder_tokenizer(tok, max_length: int):
 def export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: str | os.PathLike,
                       tokenizer: str | None = None, overwrite: bool = False,
                       max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE, tokenizer_source: str | None = None,
-                      train_seq_length: int | None = None) -> Path:
+                      train_seq_length: int | None = None, run_name: str | None = None) -> Path:
     """Write the HF folder for a training state dict; returns the folder. ``tokenizer_source`` names
     where ``tokenizer`` came from in error messages (default: the ``--tokenizer`` flag);
     ``train_seq_length`` goes to config.json (:func:`hf_config`). One export at a time per output
     folder (:class:`megatron_loop.export.output_folder.ExportLock`)."""
     with ExportLock(Path(output)):
         return _export_state_dict(state, cfg, Path(output), tokenizer, overwrite, max_shard_size, tokenizer_source,
-                                  train_seq_length)
+                                  train_seq_length, run_name)
 
 
 def _export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output: Path, tokenizer: str | None,
                        overwrite: bool, max_shard_size: str | int, tokenizer_source: str | None,
-                       train_seq_length: int | None) -> Path:
+                       train_seq_length: int | None, run_name: str | None = None) -> Path:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     _prepare_output(output, overwrite)
     tok = _load_tokenizer(tokenizer, tokenizer_source)
     if tok is not None:
-        decoder_tokenizer(tok, train_seq_length or cfg.max_position_embeddings)
+        decoder_tokenizer(tok, cfg.max_position_embeddings)
     token_ids = {}
     if tok is not None:
         token_ids = {k: getattr(tok, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -319,7 +325,7 @@ def _export_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, output:
         if len(tok) > cfg.vocab_size:
             raise LoopDataError(f"tokenizer '{tokenizer}' has {len(tok)} tokens but the model's vocab_size is "
                                 f"{cfg.vocab_size}; expected the tokenizer the model was trained with")
-    config = hf_config(cfg, token_ids, train_seq_length)
+    config = hf_config(cfg, token_ids, train_seq_length, run_name)
     hf_state = to_hf_state_dict(state, cfg)
     if is_native(cfg):
         with torch.device("meta"):
@@ -368,10 +374,10 @@ def _write_readme(folder: Path, cfg: ModelConfig, with_tokenizer: bool = True) -
     kind = "native" if native else "looplm (trust_remote_code=True)"
     model_line = "model = AutoModelForCausalLM.from_pretrained(PATH" + (
         ")" if native else f", trust_remote_code=True, num_loops={cfg.train_loops})")
-    # The tokenizer is a plain fast tokenizer; trust_remote_code=False keeps transformers from asking
-    # whether to run the model code it sees in config.json's auto_map (it is not needed for the tokenizer).
+    # AutoTokenizer reads config.json first: with the model's code trusted (as the model line trusts it) it
+    # neither asks whether to run it nor notes that it read a looplm config as a generic one.
     tok_line = ("tokenizer = AutoTokenizer.from_pretrained(PATH)" if native else
-                "tokenizer = AutoTokenizer.from_pretrained(PATH, trust_remote_code=False)")
+                "tokenizer = AutoTokenizer.from_pretrained(PATH, trust_remote_code=True)")
     imports = "AutoModelForCausalLM, AutoTokenizer" if with_tokenizer else "AutoModelForCausalLM"
     (folder / "README.md").write_text(
         f"# LoopLM {cfg.layout}\n\nExported by megatron_loop ({kind}). Effective depth at r loops: "
@@ -416,7 +422,7 @@ def _convert_checkpoint(ckpt_dir: Path, output: Path, tag: str | None, tokenizer
     report_selection(chosen)
     chosen, state = read_weights_or_newest(chosen, ckpt_dir, tag)  # a live run's retention may remove it mid-read
     return _export_state_dict(state, cfg.model, output, tokenizer, overwrite, max_shard_size, source,
-                              cfg.train.seq_length)
+                              cfg.train.seq_length, recorded_run_name(chosen.root))
 
 
 def check_shard_size(max_shard_size: str | int, cfg: ModelConfig) -> None:

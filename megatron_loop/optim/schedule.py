@@ -14,9 +14,10 @@ Extending a run (``train.max_steps`` raised on resume, ``training/resume.py``) r
 for the new total. From a checkpoint of the stable phase that is the WSD way (the point of a
 warmup-stable-decay schedule: the stable phase can be prolonged and the decay run later, over the
 new end; App. C.2 only states the schedule). From a checkpoint
-already in its decay it would jump back to the peak; ``train.schedule_on_resume: continue_decay``
-instead continues the decay linearly from the multiplier the checkpoint's last update ran at
-down to ``final`` at the new end (:class:`WSDMultiplier`'s ``decay_from_*`` fields).
+already in its decay the re-derived split would jump back to the peak, so by default
+(``train.schedule_on_resume: continue_decay``) the decay goes on linearly from the multiplier the
+checkpoint's last update ran at down to ``final`` at the new end (:class:`WSDMultiplier`'s
+``decay_from_*`` fields); ``rewarm`` asks for the jump back to the peak by name.
 
 The schedule is applied by a ``torch.optim.lr_scheduler.LambdaLR`` passed to
 ``deepspeed.initialize`` as ``lr_scheduler`` (not DeepSpeed's WarmupLR, which overwrites

@@ -7,8 +7,10 @@
 
 Writes ``geometry.json`` (every metric, per loop count) and the PNG figures; ``--replot`` redraws
 them (and recomputes the summaries and the comparison) from an existing ``geometry.json``.
-The sample defaults to the paper's: 49 sequences of 2,048 tokens, exactly 100,000 selected
-positions (every position, with a note, when a smaller sample holds fewer). With
+The sample defaults to the paper's, sized to the run: 49 sequences (fewer, with a note, when the
+validation data packs into fewer) of the run's own ``train.seq_length`` (the paper's 2,048; read from
+the checkpoint's run config or the export's config.json), exactly 100,000 selected positions (every
+position, with a note, when a smaller sample holds fewer). With
 ``--reference-json`` the sample is checked against the reference's before the model runs: a
 comparison needs identical examples (App. C.4), and a mismatch names the setting that differs. Project errors print one ``error: ...`` line and exit 2
 (``megatron_loop.cli.run_cli``).
@@ -17,6 +19,7 @@ comparison needs identical examples (App. C.4), and a mismatch names the setting
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,18 +27,23 @@ from pathlib import Path
 import torch
 
 from megatron_loop import plotting
+from megatron_loop.checkpoint.folders import CONFIG_NAME, recorded_run_name
+from megatron_loop.checkpoint.selection import split_checkpoint_path
 from megatron_loop.cli import check_output_folder, parse_loop_counts
 from megatron_loop.config.validation import MAX_LOOPS
+from megatron_loop.console import show_progress
 from megatron_loop.data.indexed import check_token_ids
 from megatron_loop.errors import LoopConfigError, LoopDataError
 from megatron_loop.export.load import load_looplm_from_hf, load_model_from_checkpoint
 from megatron_loop.probes.report import JSON_NAME, probe_geometry, read_report, replot
 from megatron_loop.probes.runner import ProbeSettings
-from megatron_loop.probes.sampling import load_probe_sample
+from megatron_loop.probes.sampling import load_probe_sample, packed_windows
 from megatron_loop.probes.summaries import parse_lag_sets
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PAPER_NUM_POSITIONS = 100_000  # App. C.4: "exactly 100,000 selected next-token prediction positions"
+PAPER_NUM_SEQUENCES = 49  # App. C.4: 49 sequences of 2,048 tokens hold the 100,000 positions
+PAPER_SEQ_LENGTH = 2048
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -83,15 +91,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="redraw the figures (and recompute summaries) of an existing geometry.json; no model")
     p.add_argument("--valid-prefix", help="indexed validation prefix (P.bin / P.idx); required unless --replot")
     p.add_argument("--loops", default="1,2,4,8", help="inference loop counts r, comma-separated, increasing")
-    p.add_argument("--num-sequences", type=int, default=49, help="packed sequences read (N)")
+    p.add_argument("--num-sequences", type=int, default=None,
+                   help="packed sequences read (N; default: the paper's 49, or every window the validation data "
+                        "holds when fewer)")
     p.add_argument("--num-positions", default="paper",
                    help="selected next-token positions |T|: an integer, 'all' (every position of the N "
                         "sequences) or 'paper' (default: the paper's 100000, or all when the sample holds fewer)")
-    p.add_argument("--seq-length", type=int, default=2048, help="packed window length in tokens")
+    p.add_argument("--seq-length", type=int, default=None,
+                   help="packed window length in tokens (default: the run's train.seq_length, from the checkpoint's "
+                        "run config or the export's config.json; the paper's 2048 where neither records it)")
     p.add_argument("--seed", type=int, default=0, help="document-order seed of the packing")
     p.add_argument("--output", required=True, help="output folder for geometry.json and the figures")
-    p.add_argument("--label", default=None, help="the model's name on the figures (default: the run folder "
-                                                 "of --checkpoint / --model, e.g. NAME of runs/NAME/train/checkpoints)")
+    p.add_argument("--label", default=None, help="the model's name on the figures (default: the run's name as "
+                                                 "training recorded it, else NAME of runs/NAME/train/checkpoints)")
     p.add_argument("--interaction-sources", default="all",
                    help="skipped occurrences: all | beyond_training | none | comma-separated positions")
     p.add_argument("--lag-sets", default=None, help="lag sets for C_D, e.g. '1-6,2-6' (default: common range)")
@@ -120,6 +132,32 @@ def check_sizes(args: argparse.Namespace, loops: list[int]) -> None:
             raise LoopConfigError(f"{flag} {value}: expected an integer >= {low}")
     if max(loops) > MAX_LOOPS:  # a probe at r runs L(r) block applications per token: --loops 100000 ran for hours
         raise LoopConfigError(f"--loops {max(loops)}: expected loop counts of at most {MAX_LOOPS}")
+
+
+def _trained_seq_length(checkpoint: str | None, hf_dir: str | None) -> int:
+    """The ``train.seq_length`` the model was trained at: the checkpoint's run config or the export's
+    ``train_seq_length``; the paper's 2,048, with a note, where neither records it."""
+    try:
+        if checkpoint is not None:
+            root, _ = split_checkpoint_path(Path(checkpoint))
+            return int(json.loads((root / CONFIG_NAME).read_text())["train"]["seq_length"])
+        return int(json.loads((Path(hf_dir) / "config.json").read_text())["train_seq_length"])
+    except (OSError, ValueError, KeyError, TypeError):
+        print(f"note: --seq-length: {checkpoint or hf_dir} records no training length; using the paper's "
+              f"{PAPER_SEQ_LENGTH}", file=sys.stderr)
+        return PAPER_SEQ_LENGTH
+
+
+def _run_name(checkpoint: str | None, hf_dir: str | None) -> str:
+    """The model's name on the figures: what training called the run (its run config, or the export's
+    config.json records it), else NAME of runs/NAME/train/checkpoints or runs/NAME/hf."""
+    if checkpoint is not None:
+        return recorded_run_name(checkpoint)
+    try:
+        name = json.loads((Path(hf_dir) / "config.json").read_text()).get("run_name")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    return name if isinstance(name, str) and name else plotting.run_name(hf_dir)
 
 
 def check_source(checkpoint: str | None, hf_dir: str | None) -> None:
@@ -187,21 +225,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     loops = parse_loop_counts(args.loops)
     check_sizes(args, loops)
     settings = ProbeSettings(loops=loops, sources=_sources(args.interaction_sources), batch_size=args.batch_size,
-                             skip_batch=args.skip_batch, progress=not args.no_progress,
+                             skip_batch=args.skip_batch, progress=show_progress(not args.no_progress),
                              one_pass=not args.per_r)
     check_source(args.checkpoint, args.model)
     if args.model is not None:
         check_probe_export(args.model)
-    num_positions = _num_positions(args.num_positions, args.num_sequences * (args.seq_length - 1))
-    sample = load_probe_sample(args.valid_prefix, args.seq_length, args.num_sequences, num_positions, args.seed)
+    seq_length = args.seq_length if args.seq_length is not None else _trained_seq_length(args.checkpoint, args.model)
+    num_sequences = args.num_sequences
+    if num_sequences is None:  # the paper's 49, or what the validation data holds
+        num_sequences = min(PAPER_NUM_SEQUENCES, packed_windows(args.valid_prefix, seq_length, args.seed)) or 1
+        if num_sequences < PAPER_NUM_SEQUENCES:
+            print(f"note: --num-sequences: {args.valid_prefix} packs into {num_sequences} windows of {seq_length} "
+                  f"tokens, fewer than the paper's {PAPER_NUM_SEQUENCES} (App. C.4); using all of them", file=sys.stderr)
+    num_positions = _num_positions(args.num_positions, num_sequences * (seq_length - 1))
+    sample = load_probe_sample(args.valid_prefix, seq_length, num_sequences, num_positions, args.seed)
     if reference is not None:  # before the model runs: a mismatch found after would waste the whole probe
-        check_reference_sample(reference, sample, args.seq_length, args.reference_json)
+        check_reference_sample(reference, sample, seq_length, args.reference_json)
     model = load_model(args.checkpoint, args.model)
     check_token_ids(args.valid_prefix, model.config.vocab_size)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(device=device, dtype=DTYPES[args.dtype])
     report = probe_geometry(model, sample, settings, args.output, lag_sets, reference,
-                            args.label or plotting.run_name(args.checkpoint or args.model),
+                            args.label or _run_name(args.checkpoint, args.model),
                             on_passes=lambda passes: print(passes.line(), file=sys.stderr))
     print(f"wrote {Path(args.output) / JSON_NAME} and {', '.join(report['files'])} "
           f"(N={report['sampling']['num_sequences']}, |T|={report['sampling']['num_positions']}, "

@@ -61,11 +61,13 @@ def depth_label(result: dict) -> str:
 
 
 def model_name(report: dict) -> str:
-    """The probed model: its ``label`` (the run's name) and layout p+s×K+c, the layout alone in
-    reports written without a label."""
+    """The probed model as every figure names a run, ``NAME (p+sxK+c, conditioning)``: its ``label``
+    (the run's name), layout and conditioning (left out when none, or not recorded by older reports);
+    the layout alone in reports written without a label."""
     layout = report["layout"]
     name = f"{layout['prelude']}+{layout['shared']}x{report['train_loops']}+{layout['coda']}"
-    return f"{report['label']} ({name})" if report.get("label") else name
+    facts = ", ".join([name] + ([report["conditioning"]] if report.get("conditioning", "none") != "none" else []))
+    return f"{report['label']} ({facts})" if report.get("label") else name
 
 
 def sample_text(report: dict) -> str:

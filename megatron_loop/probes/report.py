@@ -43,6 +43,16 @@ def write_report(report: dict, output_dir: str | Path) -> dict:
     return report
 
 
+def _conditioning(config) -> str:
+    """The model's conditioning in the paper's notation (``H(channel, w=2)+LG``), for the figures' label;
+    the training config and the export's config name the fields alike."""
+    from megatron_loop.config.naming import conditioning_notation
+
+    return conditioning_notation(getattr(config, "initial_injection", "none"), getattr(config, "history_injection", "none"),
+                                 getattr(config, "history_window", 1), getattr(config, "timestep", "none"),
+                                 getattr(config, "injection_init_noise", 0.0) or 0.0)
+
+
 def probe_geometry(model: torch.nn.Module, sample: ProbeSample, settings: ProbeSettings,
                    output_dir: str | Path | None = None, lag_sets: Sequence[LagSet] | None = None,
                    reference: dict | None = None, label: str | None = None,
@@ -55,7 +65,8 @@ def probe_geometry(model: torch.nn.Module, sample: ProbeSample, settings: ProbeS
     on the figures (with its layout). ``on_passes`` is told, before the model runs, whether one pass
     serves every loop count (``runner.probe_passes``; also in the report's ``sweep_passes``).
     """
-    report = {"label": label, **GeometryProbe(model, sample, settings).run(on_passes)}
+    report = {"label": label, "conditioning": _conditioning(model.config),
+              **GeometryProbe(model, sample, settings).run(on_passes)}
     report = summarise(report, lag_sets, reference)
     return write_report(report, output_dir) if output_dir is not None else report
 

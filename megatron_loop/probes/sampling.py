@@ -93,6 +93,11 @@ def select_positions(num_sequences: int, predictions_per_sequence: int, num_posi
     return flat.reshape(num_sequences, predictions_per_sequence)
 
 
+def packed_windows(prefix: str | os.PathLike, seq_length: int, seed: int = 0) -> int:
+    """How many ``seq_length``-token windows the validation stream of ``prefix`` packs into."""
+    return len(PackedDataset(prefix, seq_length=seq_length, seed=seed))
+
+
 def load_probe_sample(prefix: str | os.PathLike, seq_length: int, num_sequences: int,
                       num_positions: int | None, seed: int = 0) -> ProbeSample:
     """The first ``num_sequences`` packed windows of ``prefix`` with exactly ``num_positions``

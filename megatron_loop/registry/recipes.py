@@ -52,5 +52,7 @@ EXECUTION: dict[str, dict[str, Any]] = {
                 deepspeed_config="deepspeed_configs/zero1.json"),
 }
 # The toy recipe of the CPU twins (examples/tiny_*.yaml): App. C.2's schedule shape at toy size.
+# log_interval: a console line and a metrics.jsonl record every 10 steps (every step would flood the log).
 TOY_TRAIN: dict[str, Any] = dict(seq_length=128, global_batch_size=16, lr=3.0e-3, max_steps=300, seed=42,
-                                 precision="fp32", save_interval=100, eval_interval=100, eval_batches=4)
+                                 precision="fp32", save_interval=100, eval_interval=100, eval_batches=4,
+                                 log_interval=10)

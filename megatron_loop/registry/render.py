@@ -26,7 +26,7 @@ def run_config(run: Run) -> dict[str, dict[str, Any]]:
         micro_batch_size=execution["micro_batch_size"], lr=recipe.lr, train_tokens=recipe.train_tokens,
         warmup_fraction=0.05, stable_fraction=0.85, min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0, seed=42,
         precision="auto", deepspeed_config=execution["deepspeed_config"], output_dir=f"runs/{run.name}",
-        save_interval=250, eval_interval=250)
+        save_interval=250, eval_interval=250, log_interval=10)
     train.update(dict(run.train))
     if train.get("train_tokens", 0) is None:
         train.pop("train_tokens")

@@ -12,6 +12,9 @@ Imports no torch (``--dry-run`` uses it).
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from megatron_loop.atomic import write_atomic
 from megatron_loop.config import Config
 from megatron_loop.parallel.per_rank import tensor_parallel_figures
 from megatron_loop.plan import count_parameters, data_epochs, training_plan
@@ -89,6 +92,17 @@ def training_statement(cfg: Config, data_parallel_size: int, accumulation: int) 
 
         files["precision"] = "bf16" if torch.cuda.is_available() else "fp32"
     return startup_statement(cfg, run_summary(cfg, data_parallel_size, accumulation, files))
+
+
+RESOLVED_CONFIG = "resolved_config.json"  # in train.output_dir, rewritten at every start and resume
+
+
+def write_resolved_config(cfg: Config, output_dir: str | Path) -> str:
+    """Write the resolved config (YAML + ``--set`` overrides + backbone preset + defaults, as
+    ``--print-config`` prints it) into the run folder, whole; returns the one console line that
+    says where (the JSON itself is some 150 lines: a file, not the log)."""
+    path = write_atomic(Path(output_dir) / RESOLVED_CONFIG, cfg.dumps() + "\n")
+    return f"resolved config: {path} ({cfg.source} + --set overrides + backbone preset + defaults)"
 
 
 def start_record(cfg: Config, scheduler, optimizer, start_step: int, total_steps: int,

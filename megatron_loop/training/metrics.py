@@ -33,6 +33,7 @@ from typing import Any
 
 from megatron_loop.atomic import write_atomic
 from megatron_loop.config import Config
+from megatron_loop.console import show_progress
 
 METRICS_NAME = "metrics.jsonl"
 WANDB_ID_NAME = "wandb_run_id"
@@ -186,7 +187,7 @@ class MetricsLogger:
             # purge_step: a resumed run drops the events past its checkpoint, as truncate_after does
             self._tensorboard = SummaryWriter(log_dir=str(self.path.parent / TENSORBOARD_DIR),
                                               purge_step=start_step + 1 if start_step else None)
-        if cfg.logging.progress_bar:
+        if show_progress(cfg.logging.progress_bar):  # a bar in a log file is \r-separated junk
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",

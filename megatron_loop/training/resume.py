@@ -7,9 +7,9 @@ ranks). A resume compares them with the new config before DeepSpeed reads a byte
 
 * applied exactly, and logged: the schedule (``train.lr``, ``max_steps``, ``train_tokens``,
   ``tokens_per_parameter``, the WSD fractions and ``min_lr_ratio``: the WSD split is re-derived
-  for the new total and the next update runs at the new schedule's rate; from a checkpoint in its
-  decay, ``train.schedule_on_resume: continue_decay`` decays on from its rate instead of going back
-  to the peak, and the logged line says which, :func:`apply_decision`) and the optimizer
+  for the new total; from a checkpoint in its decay the decay goes on from its rate by default
+  (``train.schedule_on_resume: continue_decay``; ``rewarm`` goes back up to the peak), and one short
+  line states the lr of the next update, :func:`apply_decision`) and the optimizer
   hyperparameters (weight decay, betas, eps, Muon momentum / Nesterov / Newton-Schulz steps /
   scale, ``grad_clip``), which DeepSpeed would otherwise restore from the checkpoint;
 * applied through DeepSpeed's universal checkpoint: another number of data-parallel ranks under
@@ -60,6 +60,7 @@ REFUSED = {
 }
 # Keys of a fresh start only (training/init_from.py): a resume reads its own checkpoint, whatever they say.
 START_ONLY_KEYS = ("train.init_from", "train.init_from_missing")
+REWARM = "train.schedule_on_resume=rewarm"  # the lr jump back to the peak, by name only
 
 
 def data_fingerprint(cfg: Config) -> list[dict[str, Any]]:
@@ -222,13 +223,13 @@ class Hyperparameters:
                    list(sched.base_lrs), [dict(vars(fn)) for fn in sched.lr_lambdas])
 
 
-def apply_decision(engine, optimizer, fresh: Hyperparameters, decision: ResumeDecision, mode: str = "rederive",
-               kept: list[tuple[int, str]] = ()) -> str | None:
+def apply_decision(engine, optimizer, fresh: Hyperparameters, decision: ResumeDecision, mode: str = "continue_decay",
+                   kept: list[tuple[int, str]] = ()) -> str | None:
     """After DeepSpeed restored the checkpoint's optimizer and schedule: put the new config's
     settings back where they changed. ``mode`` is ``train.schedule_on_resume``; ``kept``: the
-    ``(step, tag)`` of the run's checkpoints (a line that advises a stable-phase one names it).
-    Returns the line saying what the schedule does from the next update on (or None: the schedule
-    is unchanged)."""
+    ``(step, tag)`` of the run's checkpoints (the re-warm line names a stable-phase one).
+    Returns one short line with the lr of the next update and what the schedule does from there
+    (or None: the schedule is unchanged)."""
     if decision.optimizer:
         for group, values in zip(optimizer.param_groups, fresh.groups):
             group.update(values)
@@ -236,7 +237,6 @@ def apply_decision(engine, optimizer, fresh: Hyperparameters, decision: ResumeDe
         return None
     sched = engine.lr_scheduler
     done = sched.last_epoch  # updates done: the checkpoint's last update ran at lambda(done - 1)
-    before = [g["lr"] for g in optimizer.param_groups]
     old = sched.lr_lambdas[0]
     old_split, old_value = dict(vars(old)), old(done - 1) if done > 0 else 0.0
     was_decaying = done > 0 and old.in_decay(done)
@@ -249,23 +249,26 @@ def apply_decision(engine, optimizer, fresh: Hyperparameters, decision: ResumeDe
         group["initial_lr"] = base
         group["lr"] = base * fn(done)
     sched._last_lr = [g["lr"] for g in optimizer.param_groups]
-    new = sched.lr_lambdas[0]
-    split = (f"WSD warmup/stable/decay {old_split['warmup']}/{old_split['stable']}/{old_split['decay']} -> "
-             f"{new.warmup}/{new.stable}/{new.decay} updates")
-    lr = f"lr of update {done + 1}: {before[0]:.6g} -> {optimizer.param_groups[0]['lr']:.6g}"
+    return schedule_line(sched.lr_lambdas[0], done, optimizer.param_groups[0]["lr"], old_value, was_decaying,
+                         old_split["warmup"] + old_split["stable"], kept)
+
+
+def schedule_line(new, done: int, lr: float, old_value: float, was_decaying: bool, last_stable: int,
+                  kept: list[tuple[int, str]] = ()) -> str:
+    """``resume: lr of update N: X, ...``: the rate of the next update and where the re-derived
+    schedule ``new`` (a :class:`~megatron_loop.optim.schedule.WSDMultiplier`) goes from there.
+    ``old_value``: the multiplier the checkpoint's last update ran at; ``last_stable``: the last
+    update of the checkpoint's stable phase."""
+    head = f"resume: lr of update {done + 1}: {lr:.3g}"
     if new.decay_from_step is not None:
-        what = (f"continuing the decay (train.schedule_on_resume=continue_decay): linear from "
-                f"{old_value:.3g} x peak after update {done} to {new.final:g} x peak at update {new.total}")
-    elif was_decaying and new(done) > old_value:
-        last_stable = old_split["warmup"] + old_split["stable"]
+        if old_value <= new.final:  # the decay had already ended: the rate stays at its floor
+            return f"{head}, the decay's final {new.final:g} x peak, held to update {new.total} ({REWARM} re-warms)"
+        return f"{head}, continuing the decay to {new.final:g} x peak at update {new.total} ({REWARM} re-warms)"
+    if was_decaying and new(done) > old_value:  # asked for by name: a stable-phase checkpoint decays over the new end
         stable = [tag for step, tag in sorted(kept, reverse=True) if 0 < step <= last_stable]
-        which = f"kept: {stable[0]}" if stable else "none is kept"
-        what = (f"the checkpoint is in its decay ({old_value:.3g} x peak at update {done}) and the new schedule "
-                f"goes back up to {new(done):.3g} x peak (re-warmed); to decay on instead set "
-                "train.schedule_on_resume=continue_decay, or resume from a checkpoint of the stable phase "
-                f"(update <= {last_stable}; {which}) to decay over the new end")
-    elif new.in_decay(done + 1):
-        what = f"decaying to {new.final:g} x peak at update {new.total}"
-    else:  # the WSD way: the stable phase is prolonged, the decay runs over the new end
-        what = f"the decay runs over updates {new.warmup + new.stable + 1}-{new.total}"
-    return f"resume: schedule re-derived: {split}; {lr}; {what}"
+        return (f"{head}, re-warmed from {old_value:.3g} to {new(done):.3g} x peak ({REWARM}; stable-phase "
+                f"checkpoint: {stable[0] if stable else 'none kept'})")
+    if new.in_decay(done + 1):
+        return f"{head}, decaying to {new.final:g} x peak at update {new.total}"
+    # the WSD way: the stable phase is prolonged, the decay runs over the new end
+    return f"{head}, stable phase; the decay runs over updates {new.warmup + new.stable + 1}-{new.total}"

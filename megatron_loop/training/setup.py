@@ -41,7 +41,7 @@ from megatron_loop.parallel.parallelize import count_pending_memory, parallelize
 from megatron_loop.plan import accumulation_steps, total_train_steps
 from megatron_loop.training import (agreement, checkpoint, distributed, divergence, init_from, memory_plan,
                                     preflight, signals)
-from megatron_loop.training.banner import start_record, training_statement
+from megatron_loop.training.banner import start_record, training_statement, write_resolved_config
 from megatron_loop.training.distributed import DistInfo
 from megatron_loop.training.lock import RunLock
 from megatron_loop.training.metrics import MetricsLogger
@@ -145,9 +145,9 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
                   lock: RunLock | None, out: Path, ds_config: Path, accumulation: int, total_steps: int,
                   source: init_from.InitSource | None = None, placement=None):
     t = cfg.train
-    if info.is_main:  # the resolved config (YAML + --set overrides + backbone preset + defaults)
+    if info.is_main:  # the resolved config to a file, one line saying where (training/banner.py)
         # on stderr with the rest of the run's log (step lines, summary); stdout carries data only
-        print(f"resolved config ({cfg.source}):\n{cfg.dumps()}", file=sys.stderr, flush=True)
+        print(write_resolved_config(cfg, out), file=sys.stderr, flush=True)
         # the model and the plan, stated as --dry-run computes them (training/banner.py)
         print(training_statement(cfg, current_placement().dp_size, accumulation), file=sys.stderr, flush=True)
     seed_everything(t.seed)

@@ -53,10 +53,28 @@ def test_dynamics_figure_has_a_line_per_loop_with_the_recorded_values(tmp_path, 
     assert not (tmp_path / "d_dynamics.png").exists()
 
 
-def test_a_run_without_gates_says_so_on_the_gate_panel(tmp_path):
+def test_a_run_without_gates_has_no_gate_panel_and_the_step_axis_spans_its_training(tmp_path):
     _write(tmp_path / "a", dynamics=True, gates=False)
-    gate_ax = plot_dynamics([read_run(tmp_path / "a")]).axes[3]
-    assert not gate_ax.get_lines() and "no timestep conditioning" in gate_ax.texts[0].get_text()
+    fig = plot_dynamics([read_run(tmp_path / "a")])
+    assert [ax.get_title().split("\n")[0] for ax in fig.axes] == [
+        "Relative update per loop l", "State norm per loop l (l = 0: Prelude output)",
+        "Held-out batch loss at r = K - 1, K, K + 1"]  # no empty panel
+    assert all(ax.get_xlim()[0] == 0 and ax.get_xlim()[1] >= 4 for ax in fig.axes)  # steps 0-4, not 1.9-4.1
+    for ax in fig.axes:  # each legend to the right of its panel, clear of the lines
+        assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1
+
+
+def test_curves_without_mfu_have_no_mfu_panel(tmp_path):
+    run = tmp_path / "cpu"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"event": "train", "step": i, "loss": 5.0 - i / 10,
+                                                           "lr_muon": 1e-3, "lr_adamw": 1e-3, "grad_norm": 1.0,
+                                                           "tokens_per_s": 1e3, "mfu": None}) + "\n"
+                                               for i in range(1, 5)))
+    fig = plot_runs([read_run(run)])
+    assert [ax.get_title() for ax in fig.axes] == ["Loss (log scale)", "Learning rate", "Gradient norm (log scale)",
+                                                   "Throughput", ""]  # the last: the legend's panel
+    assert fig.axes[-1].get_legend() is not None and not fig.axes[-1].axison
 
 
 def test_curves_go_to_png_pdf_or_svg_and_the_shared_learning_rate_is_labelled(tmp_path):

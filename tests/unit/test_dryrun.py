@@ -60,7 +60,8 @@ def test_dry_run_imports_nothing_heavy_and_prints_the_batch_arithmetic(tmp_path)
     config = tiny_config(tmp_path, train={"global_batch_size": 24, "micro_batch_size": 4})
     probe = (
         "import runpy, sys, json\n"
-        f"sys.argv = ['pretrain_loop.py', '--config', {str(config)!r}, '--dry-run', '--data-parallel-size', '3']\n"
+        f"sys.argv = ['pretrain_loop.py', '--config', {str(config)!r}, '--dry-run', '--json', '--data-parallel-size', "
+        "'3']\n"
         f"try:\n    runpy.run_path({str(ROOT / 'pretrain_loop.py')!r}, run_name='__main__')\n"
         "except SystemExit as e:\n    assert not e.code, e.code\n"
         "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'deepspeed', 'megatron', 'transformers'})\n"
@@ -179,7 +180,7 @@ def test_relative_paths_are_resolved_from_the_working_directory(tmp_path, monkey
 ])
 def test_dry_run_cli(config, expected):
     prefix = data_assets().prefix  # the dry run checks that the data exists; the paper's is not here
-    out = subprocess.run([sys.executable, "pretrain_loop.py", "--config", config, "--dry-run",
+    out = subprocess.run([sys.executable, "pretrain_loop.py", "--config", config, "--dry-run", "--json",
                           "--set", f"data.train_prefixes=[{prefix}]", "--set", f"data.valid_prefixes=[{prefix}_valid]",
                           "--data-parallel-size", "8"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -199,7 +200,8 @@ def test_skip_data_check_plans_a_paper_config_without_its_data(capsys):
     refused without --dry-run."""
     pretrain_loop = load_script("pretrain_loop.py")
     config = str(ROOT / "examples" / "qwen_4x7.yaml")
-    assert pretrain_loop.main(["--config", config, "--dry-run", "--skip-data-check", "--data-parallel-size", "8"]) == 0
+    assert pretrain_loop.main(["--config", config, "--dry-run", "--skip-data-check", "--data-parallel-size", "8",
+                               "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["data_checked"], report["train_steps"], report["accumulation"]) == (False, 2860, 8)
     assert report["train_prefixes"] == ["data/fineweb_edu_qwen"] and report["data_epochs"] == {}
@@ -208,3 +210,28 @@ def test_skip_data_check_plans_a_paper_config_without_its_data(capsys):
     with pytest.raises(SystemExit):
         pretrain_loop.main(["--config", config, "--skip-data-check"])
     assert "--skip-data-check: only with --dry-run" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        pretrain_loop.main(["--config", config, "--json"])
+    assert "--json: only with --dry-run" in capsys.readouterr().err
+
+
+def test_plain_dry_run_prints_the_start_up_statement_training_prints(capsys):
+    """Without --json the dry run speaks to a person: the three lines training states at start (the same
+    function, training/banner.py), then the data epochs, the validation and the files checked."""
+    from megatron_loop.config import load_config
+    from megatron_loop.dryrun import dry_run_report
+    from megatron_loop.training.banner import startup_statement
+
+    pretrain_loop = load_script("pretrain_loop.py")
+    prefix = data_assets().prefix
+    sets = ["--set", f"data.train_prefixes=[{prefix}]", "--set", f"data.valid_prefixes=[{prefix}_valid]"]
+    config = str(ROOT / "examples" / "tiny_2x3_hist_lg.yaml")
+    assert pretrain_loop.main(["--config", config, *sets, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cfg = load_config(config, [s for s in sets if s != "--set"])
+    report = dry_run_report(cfg)
+    assert lines[:3] == startup_statement(cfg, report).splitlines()
+    assert lines[3] == f"data: {prefix}: the plan reads {report['data_epochs'][prefix]:,.2f} epochs of it"
+    assert lines[4] == f"validation: every 100 steps at r = 1, 3, 6 on {prefix}_valid"
+    assert lines[5].startswith("checked: ") and f"{prefix}.bin/.idx" in lines[5]
+    assert lines[6] == "nothing written; --json prints these numbers as one JSON line" and len(lines) == 7

@@ -22,6 +22,7 @@ LONG_MODULES_ALLOWED = {"megatron_loop/hf/modeling_looplm.py"}  # self-contained
 FLOORS: dict[str, tuple[int, str]] = {
     "megatron_loop.errors": (0, "error types and OS-error wording, used everywhere"),
     "megatron_loop.atomic": (0, "temp-file + rename writes, used by every writer"),
+    "megatron_loop.console": (0, "third-party console lines filtered, progress bars only on a terminal"),
     "megatron_loop.cli": (1, "the command-line convention (one error line, exit 2) and the tools' shared argument checks"),
     "megatron_loop.config": (1, "YAML -> validated dataclasses (and the DeepSpeed JSON); reads nothing but the base"),
     "megatron_loop.hf": (2, "the self-contained HF modeling file (torch + transformers only), copied into every "

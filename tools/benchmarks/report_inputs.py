@@ -160,8 +160,16 @@ class Inputs:
         return summary
 
     def resolved_config(self, sid: str) -> dict:
-        """The config the run resolved (YAML + overrides + defaults), as ``pretrain_loop.py`` prints it."""
+        """The config the run resolved (YAML + overrides + defaults): the file its log names
+        (``resolved config: PATH (...)``, training/banner.py), or, in logs of older runs, the JSON
+        printed after ``resolved config (``."""
         text = self.log(sid)
+        named = re.search(r"^resolved config: (.+?) \(", text, re.MULTILINE)
+        if named:
+            try:
+                return json.loads(Path(named.group(1)).read_text())
+            except (OSError, ValueError):
+                return {}
         at = text.find("resolved config (")
         start = text.find("{", at) if at >= 0 else -1
         if start < 0:

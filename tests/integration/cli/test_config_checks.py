@@ -124,12 +124,21 @@ def test_alias_bomb_is_one_line_at_the_cli_and_training_refuses_a_plan_beyond_me
 
 
 def test_list_configs_names_each_run_yaml(capsys):
-    """``--list-configs``' last column is the run's YAML file, and the file is there."""
+    """``--list-configs`` is readable: each run's name and YAML file, the file there, lines a terminal holds; the
+    rest of each run (``--details``) keeps the name and the file first."""
     from megatron_loop.registry import RUNS
     from testpaths import load_script
 
     assert load_script("pretrain_loop.py").main(["--list-configs"]) == 0
-    rows = {line.split()[0]: line.split()[-1] for line in capsys.readouterr().out.splitlines()[1:len(RUNS) + 1]}
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["name", "config"] and max(len(line) for line in out[:len(RUNS) + 1]) <= 140
+    assert out[len(RUNS) + 1] == ("each run's family, layout, depths, conditioning, parameters, loop sweep and paper "
+                                  "figures: python pretrain_loop.py --list-configs --details")
+    rows = {line.split()[0]: line.split()[1] for line in out[1:len(RUNS) + 1]}
+    assert load_script("pretrain_loop.py").main(["--list-configs", "--details"]) == 0
+    detailed = capsys.readouterr().out.splitlines()
+    assert detailed[0].split()[:3] == ["name", "config", "family"]
+    assert {line.split()[0]: line.split()[1] for line in detailed[1:len(RUNS) + 1]} == rows
     assert set(rows) == set(RUNS)
     assert rows["llama_4x5"] == "examples/llama_4x5.yaml"
     assert rows["qwen_4x7_hist_scalar_w1"] == "examples/paper/qwen/history_injection/qwen_4x7_hist_scalar_w1.yaml"

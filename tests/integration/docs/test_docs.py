@@ -8,6 +8,7 @@ in this process and stop right after parsing (nothing trains); the scripts answe
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import runpy
 import shlex
@@ -250,3 +251,24 @@ def test_config_reference_documents_every_key():
     out = subprocess.run([sys.executable, "tools/config_reference.py", "--check"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_demo_numbers_in_the_docs_are_rendered_from_what_the_demo_printed(tmp_path):
+    """The README's and docs/REPRODUCE.md's demo paragraphs are tools/demo_docs.py's rendering of
+    docs/demo_reference.json (the numbers the demo printed; tests/integration/tools/test_demo.py ties that
+    file to the demo's output): a number typed over them, or a block left stale, fails here."""
+    from testpaths import load_script
+
+    docs = load_script("tools/demo_docs.py")
+    assert docs.main(["--check"]) == 0
+    reference = json.loads((ROOT / "docs" / "demo_reference.json").read_text())
+    assert docs.stale(reference) == []
+    # a typed number is caught: change one score in the README's block
+    full = reference["full"]
+    k = str(full["train_loops"])
+    task = docs._learned(full, k)[0]  # a task the demo learned: the README quotes its score at r = K
+    edited = {**full, "tasks": {**full["tasks"], task: {**full["tasks"][task], k: full["tasks"][task][k] + 1}}}
+    assert docs.readme_block(edited) != docs.readme_block(full)
+    assert docs.stale({**reference, "full": edited}) != []
+    for name in ("demo_geometry_trajectory.png", "demo_geometry_interaction.png"):
+        assert (ROOT / "docs" / "figures" / name).read_bytes()[:4] == b"\x89PNG"

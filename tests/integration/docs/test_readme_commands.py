@@ -98,8 +98,10 @@ def readme_runs(tmp_path_factory):
     runnable += [f"python pretrain_loop.py --config examples/{p.name} --dry-run"
                  for p in sorted((ROOT / "examples").glob("tiny_*.yaml"))
                  if f"python pretrain_loop.py --config examples/{p.name} --dry-run" not in runnable]
-    # pretrain_loop.py commands are independent; the tools read what they wrote.
-    stages = [[c for c in runnable if "pretrain_loop.py" in c], [c for c in runnable if "pretrain_loop.py" not in c]]
+    # pretrain_loop.py commands are independent; the tools read what they wrote (the sweep: the export).
+    stages = [[c for c in runnable if "pretrain_loop.py" in c],
+              [c for c in runnable if "pretrain_loop.py" not in c and "eval_loops.py" not in c],
+              [c for c in runnable if "eval_loops.py" in c]]
     results = {}
     with ThreadPoolExecutor(max_workers=2) as pool:
         for stage in stages:
@@ -111,11 +113,16 @@ def test_readme_commands_run_on_cpu_after_the_demo_data(readme_runs):
     root, results = readme_runs
     for command, result in results.items():
         assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
-    dry = json.loads(results["python pretrain_loop.py --config examples/tiny_2x3.yaml --dry-run"].stdout)
+    dry = json.loads(results["python pretrain_loop.py --config examples/tiny_2x3.yaml --dry-run --json"].stdout)
     assert dry["train_prefixes"] == [str(root / "runs/demo/data/corpus")] and dry["train_steps"] == 300
     assert dry["tokenizer"] == str(root / "runs/demo/tokenizer")
-    paper = next(json.loads(r.stdout) for c, r in results.items() if "llama_4x5.yaml --dry-run" in c)
-    assert paper["accumulation"] == 6 and paper["data_parallel_size"] == 8 and paper["params"] == 516_699_648
+    # the plain dry run: the start-up statement training prints, for a person
+    human = results["python pretrain_loop.py --config examples/tiny_2x3.yaml --dry-run"].stdout.splitlines()
+    assert human[0].startswith("model: LoopLM tiny-llama 0+2x3+0 (L(K) = 6") and human[1].startswith(
+        "plan: 614,400 tokens = 300 steps x 16 sequences x 128 tokens") and human[2].startswith("parallel: TP 1 x DP 1")
+    assert human[-1] == "nothing written; --json prints these numbers as one JSON line"
+    paper = next(r.stdout for c, r in results.items() if "llama_4x5.yaml --dry-run" in c)
+    assert "516,699,648 parameters" in paper and "global batch 1824 = micro 38 x accumulation 6 x DP 8" in paper
 
     train = results["python pretrain_loop.py --config examples/tiny_2x3.yaml"]
     step_line = re.search(r"^step 4/4 \| loss \d+\.\d{4} \| lr .* \| grad norm .* tok/s \| mem .*$", train.stderr, re.M)
@@ -129,3 +136,9 @@ def test_readme_commands_run_on_cpu_after_the_demo_data(readme_runs):
     assert (root / "runs/tiny_2x3/hf/config.json").is_file()
     assert (root / "runs/tiny_2x3/hf/tokenizer.json").is_file()
     assert (root / "runs/tiny_2x3/curves.png").read_bytes()[:4] == b"\x89PNG"
+    # step 4 offline (this suite runs with HF_HUB_OFFLINE=1): the bundled tasks on the demo's data
+    sweep = json.loads((root / "runs/tiny_2x3/eval/results.json").read_text())
+    assert set(sweep["tasks"]) == {"facts", "clutrr", "proofwriter", "bbh"} and sweep["loops"] == [1, 2, 3, 4, 5, 6]
+    # the probe's sample sized to the run: its train.seq_length, the 8 windows asked for
+    probe = json.loads((root / "runs/tiny_2x3/probe/geometry.json").read_text())["sampling"]
+    assert (probe["seq_length"], probe["num_sequences"]) == (128, 8)

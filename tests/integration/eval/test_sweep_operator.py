@@ -235,3 +235,25 @@ def test_outputs_are_published_as_one_set_and_a_killed_overwrite_keeps_the_old_s
         f"error: --output {out}: holds notes.txt, which a loop sweep does not write (it replaces the folder whole "
         "when it finishes); expected a sweep's folder or a new one: choose another --output"]
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_compare_prints_a_table_of_differences_and_runs_are_named_as_training_named_them(export, tmp_path):
+    """The export records the run's name as training stated it; the sweep's default label is that name (not the
+    export folder's, ``hf``), and ``--compare`` prints this sweep minus the other on the console."""
+    from megatron_loop.eval.plots import model_label
+
+    name = json.loads((export / "config.json").read_text())["run_name"]
+    assert name and name != "hf"
+    first = ["--model", str(export), "--loops", "1,3", "--valid-prefix", data_assets().prefix + "_valid", *VALID]
+    code, _, err = _run([*first, "--output", str(tmp_path / "a")])
+    assert code == 0, err
+    results = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert results["label"] == name and model_label(results).startswith(f"{name} (0+2x3+0")
+    code, out, err = _run([*first, "--output", str(tmp_path / "b"), "--label", "again", "--compare",
+                           str(tmp_path / "a" / "results.json")])
+    assert code == 0, err
+    table = out[out.index("differences: again (0+2x3+0"):]
+    assert f" minus {model_label(results)} (points; loss in nats)" in table.splitlines()[0]
+    row = next(line for line in table.splitlines() if line.startswith("| heldout_loss"))
+    cells = [c.strip() for c in row.split("|")[4:-1]]
+    assert len(cells) == 2 and all(c.startswith("+0.00 ± ") for c in cells), cells  # the same model: no difference

@@ -81,7 +81,10 @@ def test_loss_figure_puts_every_layout_on_effective_depth_with_log_y_and_uniform
     uniform = [line for line in full.get_lines() if line.get_label().startswith("uniform prediction")]
     assert [line.get_ydata()[0] for line in uniform] == [pytest.approx(math.log(2048))]
     legend = _legend(fig)
-    assert "uniform prediction: ln|V| = ln 2048 = 7.62" in legend
+    assert "uniform prediction: ln|V| = ln 2,048 = 7.62" in legend
+    # the tokenizer's |V| where the sweep recorded it (the model's vocab_size is padded above it)
+    small = plots.loss_figure([{**base, "tokenizer_vocab_size": 1265}])
+    assert "uniform prediction: ln|V| = ln 1,265 = 7.14" in _legend(small)
     # one training depth for both (L(K) = 6): one line, one shaded region starting at it
     assert legend.count("training depth L(K) = 6") == 1 and "extrapolation L(r) > L(K) (r > K)" in legend
     assert not any(text.startswith("training loops") for text in legend)
@@ -122,6 +125,12 @@ def test_groups_figure_names_chance_in_titles_and_standard_errors_on_the_axis():
                                      "training depth L(K) = 6", "extrapolation L(r) > L(K) (r > K)"])
     for ax in fig.axes:  # a model keeps its colour in every panel
         assert [c.lines[0].get_color() for c in ax.containers] == ["C0", "C1"]
+    plt.close(fig)
+    # no knowledge task evaluated: no empty Knowledge panel
+    reasoning_only = {**base, "groups": {**base["groups"], "knowledge": {r: None for r in base["loops"]}}}
+    fig = plots.groups_figure([reasoning_only])
+    assert [ax.get_title().split(" (")[0] for ax in fig.axes] == ["Overall", "Reasoning"]
+    assert all(ax.containers for ax in fig.axes)
     plt.close(fig)
 
 
@@ -172,7 +181,7 @@ def test_probe_spread_is_the_standard_error_over_the_sequences(probed):
 def test_trajectory_figure_one_legend_sample_size_bands_and_short_runs_on_top(probed):
     _, report = probed
     fig = probe_plots.trajectory_figure(report)
-    assert fig._suptitle.get_text() == "a (1+2x3+1): geometry probes (App. C.4) on N = 3 sequences of 13 tokens, " \
+    assert fig._suptitle.get_text() == "a (1+2x3+1, I(scalar)+LG): geometry probes (App. C.4) on N = 3 sequences of 13 tokens, " \
                                        "|T| = 36 positions"
     legend = _legend(fig)  # one legend for the four panels
     assert legend[:3] == ["r=1, L(r)=4", "r=3, L(r)=8", "r=6, L(r)=14"]
@@ -187,7 +196,7 @@ def test_trajectory_figure_one_legend_sample_size_bands_and_short_runs_on_top(pr
     assert fig.axes[2].get_yscale() == "log" and fig.axes[3].get_yscale() == "log"
     plt.close(fig)
     fig = probe_plots.interaction_figure(report)
-    assert fig._suptitle.get_text() == "a (1+2x3+1): computational interaction by loop lag, N = 3 sequences of " \
+    assert fig._suptitle.get_text() == "a (1+2x3+1, I(scalar)+LG): computational interaction by loop lag, N = 3 sequences of " \
                                        "13 tokens, |T| = 36 positions"
     assert _legend(fig) == ["r=6, L(r)=14"] and fig.axes[0].get_xlabel() == "loop lag $d$"
     plt.close(fig)
@@ -196,7 +205,7 @@ def test_trajectory_figure_one_legend_sample_size_bands_and_short_runs_on_top(pr
 def test_comparison_figure_names_both_models_and_draws_categories_as_points(probed):
     _, report = probed
     fig = probe_plots.comparison_figure(report)
-    assert fig._suptitle.get_text().startswith("A = a (1+2x3+1) over B = b (1+2x3+1) (--reference-json)")
+    assert fig._suptitle.get_text().startswith("A = a (1+2x3+1, I(scalar)+LG) over B = b (1+2x3+1, I(scalar)+LG) (--reference-json)")
     quantities, pairs = fig.axes[1], fig.axes[2]
     assert [t.get_text().split(":")[0] for t in quantities.get_xticklabels()] == ["C", "N", "B"]
     for ax in (quantities, pairs):

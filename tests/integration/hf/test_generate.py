@@ -166,7 +166,8 @@ metric_list:
 @pytest.mark.parametrize("name", ["core_qwen_scalar_lg", "nonloop_llama"])  # LoopLM code and native Llama
 def test_batched_generate_with_the_exported_tokenizer_equals_one_by_one(name):
     """The export's tokenizer pads on the left (a decoder continues each prompt from its own last
-    token), pads with EOS, and caps ``model_max_length`` at the length the run trained on: greedy
+    token), pads with EOS, and caps ``model_max_length`` at the model's positions, not the training length
+    (a longer prompt runs, without the tokenizer's false "indexing errors" warning): greedy
     ``generate`` over a batch of prompts of different lengths, padded by that tokenizer, gives each
     prompt exactly the tokens it gets alone (with right padding the shorter prompts would be
     continued after their pad tokens)."""
@@ -175,9 +176,10 @@ def test_batched_generate_with_the_exported_tokenizer_equals_one_by_one(name):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     export = hf_assets().exports[name]
-    tokenizer = AutoTokenizer.from_pretrained(export)
-    trained = json.loads((export / "config.json").read_text())["train_seq_length"]
-    assert (tokenizer.padding_side, tokenizer.model_max_length) == ("left", trained)
+    tokenizer = AutoTokenizer.from_pretrained(export, trust_remote_code=True)
+    config = json.loads((export / "config.json").read_text())
+    assert (tokenizer.padding_side, tokenizer.model_max_length) == ("left", config["max_position_embeddings"])
+    assert config["train_seq_length"] < config["max_position_embeddings"]
     assert tokenizer.pad_token_id == tokenizer.eos_token_id is not None
     model = AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True).eval()
     prompts = ["The cat is", "Alice was born in the city of", "Q: Who is Carol? A: Carol is the"]

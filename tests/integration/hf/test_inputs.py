@@ -81,6 +81,17 @@ def test_exported_tokenizer_loads_without_the_model_code():
         assert tok(text)["input_ids"] == reference(text)["input_ids"] and tok.eos_token_id == reference.eos_token_id
         readme = (folder / "README.md").read_text()
         assert "AutoTokenizer.from_pretrained(PATH" in readme and "AutoModelForCausalLM.from_pretrained(PATH" in readme
+    # the README's line, in a process that never imported megatron_loop (whose filters hide the notice): with the
+    # model's code trusted, AutoTokenizer reads config.json without a question and without the model-type notice,
+    # and a prompt longer than the training length draws no false "indexing errors" warning
+    folder = assets.exports[LG_MODEL]
+    assert "AutoTokenizer.from_pretrained(PATH, trust_remote_code=True)" in (folder / "README.md").read_text()
+    code = (f"from transformers import AutoTokenizer; t = AutoTokenizer.from_pretrained({str(folder)!r}, "
+            "trust_remote_code=True); print(len(t('word ' * 600)['input_ids']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=offline_env(), timeout=300,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0 and int(out.stdout) > json.loads((folder / "config.json").read_text())["train_seq_length"]
+    assert out.stderr == "", out.stderr
 
 
 def _convert(*args: str) -> subprocess.CompletedProcess:

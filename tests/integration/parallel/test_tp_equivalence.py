@@ -170,7 +170,7 @@ def test_dry_run_plans_tp_x_dp_from_the_world(tmp_path):
     config = tiny_config(tmp_path, train={"global_batch_size": 8, "micro_batch_size": 2})
     reports = {}
     for sp in (False, True):
-        out = subprocess.run([sys.executable, "pretrain_loop.py", "--config", str(config), "--dry-run", "--set",
+        out = subprocess.run([sys.executable, "pretrain_loop.py", "--config", str(config), "--dry-run", "--json", "--set",
                               "parallel.tensor_model_parallel_size=2", "--set", f"parallel.sequence_parallel={sp}"],
                              cwd=REPO, env={**env(), "WORLD_SIZE": "4"}, capture_output=True,
                              text=True, timeout=120)

@@ -23,6 +23,27 @@ def args(prefix: str, out: Path, *extra: str, source: tuple[str, str] = ("--chec
             "--num-positions", "30", "--seq-length", "13", "--output", str(out), "--no-progress", *extra]
 
 
+def test_sample_defaults_come_from_the_run_and_the_data(tmp_path, capsys):
+    """Without --seq-length / --num-sequences: the export's training length and the paper's 49 sequences, or
+    every window the validation data holds when fewer (a tiny run's first probe works as it is)."""
+    from megatron_loop.hf.convert import export_state_dict
+    from megatron_loop.probes.sampling import packed_windows
+
+    prefix = write_prefix(tmp_path)
+    model = tiny_model()
+    export_state_dict(model.state_dict(), model.config, tmp_path / "hf", train_seq_length=13)
+    windows = packed_windows(prefix, 13)
+    assert 1 < windows < 49
+    assert run_cli(cli.main, ["--model", str(tmp_path / "hf"), "--valid-prefix", prefix, "--loops", "2",
+                              "--output", str(tmp_path / "p"), "--no-progress"]) == 0
+    sampling = json.loads((tmp_path / "p" / "geometry.json").read_text())["sampling"]
+    assert (sampling["seq_length"], sampling["num_sequences"]) == (13, windows)
+    assert sampling["num_positions"] == windows * 12  # every position ('paper' when the sample holds fewer)
+    err = capsys.readouterr().err
+    assert (f"note: --num-sequences: {prefix} packs into {windows} windows of 13 tokens, fewer than the paper's 49 "
+            "(App. C.4); using all of them") in err
+
+
 def test_cli_on_hf_export_writes_json_and_plots(tmp_path, capsys):
     from megatron_loop.export.convert import export_state_dict
 

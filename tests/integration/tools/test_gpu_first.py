@@ -79,7 +79,7 @@ def test_smoke_runs_every_step_and_delivers_what_the_device_can_return(smoke):
     # first.log holds everything printed, the steps' own output included (streamed while they ran)
     log = (out / "first.log").read_text()
     assert log == stdout
-    for line in ("import megatron.core: ok, version", "loss check: PASS", "step 3/3 | loss", "resolved config ("):
+    for line in ("import megatron.core: ok, version", "loss check: PASS", "step 3/3 | loss", "resolved config: "):
         assert line in log, line
     # the last thing printed is the summary, then where the results are
     assert stdout.rstrip().endswith(f"results in {out} ({' '.join(files)} )")

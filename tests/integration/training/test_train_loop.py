@@ -48,12 +48,16 @@ def test_loop_dynamics_are_logged_on_the_held_out_batch():
     assert len(lines) == 2 and lines[0].startswith("loop dynamics at step 5 | loss r=1 "), lines
 
 
-def test_resolved_config_is_printed_at_start():
-    out = reference_run().result.stderr  # with the step lines: one stream for the run's log
-    assert "resolved config (" in out and "resolved config (" not in reference_run().result.stdout
-    printed = json.loads(out.split("resolved config (", 1)[1].split(":\n", 1)[1].split("\n}\n", 1)[0] + "\n}")
-    assert printed["model"]["backbone"] == "tiny-llama" and printed["model"]["hidden_size"] == 64  # preset filled in
-    assert printed["train"]["eval_loops"]  # defaults resolved
+def test_resolved_config_is_written_to_the_run_folder_with_one_line_saying_where():
+    run = reference_run()
+    out = run.result.stderr  # with the step lines: one stream for the run's log
+    lines = [line for line in out.splitlines() if line.startswith("resolved config")]
+    path = run.run_dir / "resolved_config.json"
+    assert lines == [f"resolved config: {path} ({run.config} + --set overrides + backbone preset + defaults)"]
+    assert '"model": {' not in out and "resolved config" not in run.result.stdout  # the JSON is not in the log
+    written = json.loads(path.read_text())
+    assert written["model"]["backbone"] == "tiny-llama" and written["model"]["hidden_size"] == 64  # preset filled in
+    assert written["train"]["eval_loops"]  # defaults resolved
 
 
 def test_metrics_file_has_every_field():

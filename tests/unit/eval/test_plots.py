@@ -9,7 +9,7 @@ from megatron_loop.eval.plots import model_label
 def test_label_states_layout_conditioning_and_items_per_task():
     res = {"model": "runs/demo/hf", "label": None, "layout": "0+2x3+0", "conditioning": "H(channel, w=2)+LG",
            "items": {"piqa": 120, "clutrr": 120}}
-    assert model_label(res) == "hf (0+2x3+0, H(channel, w=2)+LG, n = 120 per task)"
+    assert model_label(res) == "demo (0+2x3+0, H(channel, w=2)+LG, n = 120 per task)"  # NAME of runs/NAME/hf
     assert model_label({**res, "label": "demo", "items": {"piqa": 20, "facts": 36}}) == (
         "demo (0+2x3+0, H(channel, w=2)+LG, n = 20-36 per task)")
     plain = {"model": "m", "label": "base", "layout": "0+2x3+0", "conditioning": "none"}

@@ -197,7 +197,7 @@ def test_list_configs_cli_prints_every_run(monkeypatch, capsys):
     pretrain_loop = load_script("pretrain_loop.py")
     seen = []
     monkeypatch.setattr(registry.listing, "parameter_counts", lambda fields: seen.append(fields) or (1234567, 1))
-    assert pretrain_loop.main(["--list-configs"]) == 0
+    assert pretrain_loop.main(["--list-configs", "--details"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(seen) == len(registry.RUNS) and len(out) == len(registry.RUNS) + 5
     assert "examples/qwen_4x7.yaml" in out[-2] and "examples/paper/README.md" in out[-2]
@@ -213,6 +213,8 @@ def test_list_configs_cli_prints_every_run(monkeypatch, capsys):
     for key in ("model.backbone", "train.lr", "train.global_batch_size", "train.seq_length", "budget"):
         assert key in footnote, key
     assert pretrain_loop.main([]) == 2
+    seen.clear()
+    assert pretrain_loop.main(["--list-configs"]) == 0 and not seen  # names and files only: nothing counted
 
 
 @pytest.mark.parametrize("name", ["llama_4x5", "qwen_4x7", "qwen_4x7_init_channel+hist_channel_w2+lg"])
@@ -335,3 +337,14 @@ def test_every_study_lists_a_run_once_and_the_pilot_evaluates_its_own_suite():
     specs = resolve_tasks(suite.split(","))
     assert [s.key for s in specs] == suite.split(",") and len(specs[3].lm_eval_tasks) == 57
     assert {s.key for s in specs if s.group == "extra"} == set()  # Overall = the mean of all ten (Table 7's Avg.)
+
+
+def test_list_studies_counts_what_the_small_study_trains(capsys):
+    """``--list-studies`` gives the paper's runs and the CPU runs a study trains: its twins once per seed
+    (finding1: 2 paper runs but 3 models x 3 seeds), and says a parameter table trains nothing."""
+    tool = load_script("tools/generate_configs.py")
+    assert tool.main(["--list-studies"]) == 0
+    rows = {line.split("\t")[0]: line.split("\t")[3] for line in capsys.readouterr().out.splitlines()}
+    assert rows["finding1"] == "2 paper runs; on CPU 3 models x 3 seeds = 9 runs"
+    assert rows["table7_designs"] == "4 paper runs; on CPU 4 models = 4 runs"
+    assert rows["table1"] == "2 paper runs (a parameter table: nothing to train)"

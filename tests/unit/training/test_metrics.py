@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -46,8 +47,15 @@ def test_one_tolerant_reader_serves_truncation_and_the_curves(tmp_path):
     assert path.read_text().splitlines() == [lines[0], lines[3], lines[4]]
 
 
-def test_jsonl_and_progress_bar_on_rank_zero_only(tmp_path, capsys):
+def test_jsonl_and_progress_bar_on_rank_zero_only(tmp_path, capsys, monkeypatch):
     cfg = _cfg(tmp_path, progress_bar=True)
+    logger = MetricsLogger(cfg, enabled=True, start_step=0, total_steps=4)  # stderr is not a terminal: no bar
+    logger.log(_record(1, 2.5))
+    logger.close()
+    err = capsys.readouterr().err
+    assert "step 1/4 | loss 2.5000" in err and "loss=2.5000" not in err and "\r" not in err
+    (tmp_path / "run" / "metrics.jsonl").unlink()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar, drawn through tqdm
     logger = MetricsLogger(cfg, enabled=True, start_step=0, total_steps=4)
     logger.log(_record(1, 2.5))
     logger.message("hello")

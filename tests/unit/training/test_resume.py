@@ -1,6 +1,7 @@
-"""training/resume.py's ``apply_decision`` on an extended schedule (issue 33 item 9): the line it prints
-says what the lr does after the extension, and ``train.schedule_on_resume: continue_decay`` decays
-on from where the checkpoint stopped instead of going back to the peak (optim/schedule.py)."""
+"""training/resume.py's ``apply_decision`` on an extended schedule (issues 33 and 43): one short line states the
+lr of the next update and what the schedule does from there; by default (``train.schedule_on_resume:
+continue_decay``) a run extended from its decay decays on from where the checkpoint stopped, and only
+``rewarm``, asked for by name, goes back to the peak (optim/schedule.py)."""
 
 from __future__ import annotations
 
@@ -41,29 +42,34 @@ def _lrs(opt, sched, steps: int) -> list[float]:
     return out
 
 
-def test_extending_a_run_in_its_decay_says_it_rewarms_or_continues_the_decay():
-    # 60 -> 80 steps from the end of the run (split(60) = 3/51/6: update 60 ran at 0.1 x peak)
-    line, opt, sched = _resumed(60, 60, 80, "rederive", [(60, "global_step60"), (50, "global_step50"),
-                                                         (40, "global_step40")])
-    assert line == ("resume: schedule re-derived: WSD warmup/stable/decay 3/51/6 -> 4/68/8 updates; lr of update 61: "
-                    "0.001 -> 0.01; the checkpoint is in its decay (0.1 x peak at update 60) and the new schedule "
-                    "goes back up to 1 x peak (re-warmed); to decay on instead set "
-                    "train.schedule_on_resume=continue_decay, or resume from a checkpoint of the stable phase "
-                    "(update <= 54; kept: global_step50) to decay over the new end")
-    assert _lrs(opt, sched, 20) == pytest.approx([PEAK * wsd_lambda(t, *wsd_split(80)) for t in range(61, 81)])
-    assert "(update <= 54; none is kept) to decay" in _resumed(60, 60, 80, "rederive", [(60, "global_step60")])[0]
+def test_extending_a_run_in_its_decay_continues_the_decay_by_default_and_rewarms_only_by_name():
+    # 60 -> 80 steps from the end of the run (split(60) = 3/51/6: update 60 ran at 0.1 x peak): the decay had
+    # ended, so by default the rate stays at the floor; the new split 4/68/8 would jump back to the peak
+    line, opt, sched = _resumed(60, 60, 80, "continue_decay")
+    assert line == ("resume: lr of update 61: 0.001, the decay's final 0.1 x peak, held to update 80 "
+                    "(train.schedule_on_resume=rewarm re-warms)")
+    assert _lrs(opt, sched, 20) == pytest.approx([PEAK * 0.1] * 20)
 
-    # continue_decay from update 57 (0.55 x peak, half way down): linear to 0.1 x peak at update 80
+    # rewarm, asked for by name: back to the re-derived schedule (the peak), naming a stable-phase checkpoint
+    line, opt, sched = _resumed(60, 60, 80, "rewarm", [(60, "global_step60"), (50, "global_step50"),
+                                                       (40, "global_step40")])
+    assert line == ("resume: lr of update 61: 0.01, re-warmed from 0.1 to 1 x peak (train.schedule_on_resume=rewarm; "
+                    "stable-phase checkpoint: global_step50)")
+    assert _lrs(opt, sched, 20) == pytest.approx([PEAK * wsd_lambda(t, *wsd_split(80)) for t in range(61, 81)])
+    assert _resumed(60, 60, 80, "rewarm", [(60, "global_step60")])[0].endswith("checkpoint: none kept)")
+
+    # from update 57 (0.55 x peak, half way down): linear to 0.1 x peak at update 80
     line, opt, sched = _resumed(57, 60, 80, "continue_decay")
-    assert line.endswith("lr of update 58: 0.004 -> 0.00530435; continuing the decay "
-                         "(train.schedule_on_resume=continue_decay): linear from 0.55 x peak after update 57 to "
-                         "0.1 x peak at update 80")
+    assert line == ("resume: lr of update 58: 0.0053, continuing the decay to 0.1 x peak at update 80 "
+                    "(train.schedule_on_resume=rewarm re-warms)")
+    assert all(len(_resumed(*case)[0]) < 140 for case in ((60, 60, 80, "continue_decay"), (60, 60, 80, "rewarm"),
+                                                           (57, 60, 80, "continue_decay"), (40, 60, 80, "rewarm")))
     assert _lrs(opt, sched, 23) == pytest.approx([PEAK * (0.55 - 0.45 * (t - 57) / 23) for t in range(58, 81)])
     assert sched.state_dict()["lr_lambdas"][0]["decay_from_step"] == 57  # checkpointed: a later resume keeps it
 
 
 def test_extending_from_the_stable_phase_decays_over_the_new_end_whatever_the_mode():
-    for mode in ("rederive", "continue_decay"):  # the WSD way: the stable phase goes on
+    for mode in ("continue_decay", "rewarm"):  # the WSD way: the stable phase goes on
         line, opt, sched = _resumed(40, 60, 80, mode)
-        assert line.endswith("lr of update 41: 0.01 -> 0.01; the decay runs over updates 73-80")
+        assert line == "resume: lr of update 41: 0.01, stable phase; the decay runs over updates 73-80"
         assert _lrs(opt, sched, 40) == pytest.approx([PEAK * wsd_lambda(t, *wsd_split(80)) for t in range(41, 81)])
