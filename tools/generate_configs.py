@@ -177,12 +177,36 @@ def write_toys(study: R.Study, run_dir: str) -> list[str]:
 
 
 def toy_env(study: R.Study) -> list[str]:
-    """Shell assignments of a study's CPU settings: corpus flags, eval tasks, default steps, seeds, and
-    whether it is a paired study (every item at every r, tools/paired_study.py)."""
+    """Shell assignments of a study's CPU settings: corpus flags, eval tasks, default steps, seeds, whether
+    it is a paired study (every item at every r, tools/paired_study.py) and whether a registered one
+    (megatron_loop/studies/: gated by tools/study.py gate, archived by tools/study.py finish)."""
+    registered = study.name in registered_studies()
     values = {"STUDY_CORPUS_ARGS": study.corpus_args, "STUDY_TASKS": study.eval_tasks,
               "STUDY_DEFAULT_STEPS": str(dict(study.toy_train).get("max_steps", 400)),
-              "STUDY_SEEDS": " ".join(map(str, study.seeds)), "STUDY_PAIRED": "1" if study.paired else ""}
+              "STUDY_SEEDS": " ".join(map(str, study.seeds)),
+              "STUDY_PAIRED": "1" if study.paired or registered else "", "STUDY_REGISTERED": "1" if registered else ""}
     return [f"{key}={shlex.quote(value)}" for key, value in values.items()]
+
+
+def registered_studies() -> dict[str, R.Study]:
+    """The registered studies of megatron_loop/studies/ as registry studies (their CPU twins' configs)."""
+    from megatron_loop import studies
+
+    return {name: studies.registry_study(plan) for name, plan in studies.PLANS.items()}
+
+
+def all_studies() -> dict[str, R.Study]:
+    return {**R.STUDIES, **registered_studies()}
+
+
+def study_runs(study: R.Study) -> str:
+    """What --list-studies counts: the paper runs, or a CPU study's twins x seeds (the runs it trains)."""
+    if study.toy_runs is not None and study.seeds:
+        models = f"{len(study.toy_runs)} model{'s' if len(study.toy_runs) > 1 else ''}"
+        return f"{models} x {len(study.seeds)} seeds = {len(study.toy_runs) * len(study.seeds)} runs"
+    if study.toy_runs is not None:
+        return f"{len(study.toy_runs)} runs"
+    return f"{len(study.runs)} runs"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,16 +229,17 @@ def main(argv: list[str] | None = None) -> int:
         for line in found:
             print(f"error: {line}; run python tools/generate_configs.py", file=sys.stderr)
         return 1 if found else 0
+    studies = all_studies()
     if args.list_studies:
-        for s in R.STUDY_LIST:
-            print(f"{s.name}\t{s.paper or '-'}\t{s.title}\t{len(s.runs)} runs\t{' '.join(s.runs)}")
+        for s in studies.values():
+            print(f"{s.name}\t{s.paper or '-'}\t{s.title}\t{study_runs(s)}\t{' '.join(s.runs)}")
         return 0
     if args.study is not None:
-        if args.study not in R.STUDIES:
-            print(f"error: --study {args.study!r}: unknown study; expected one of {', '.join(R.STUDIES)}",
+        if args.study not in studies:
+            print(f"error: --study {args.study!r}: unknown study; expected one of {', '.join(studies)}",
                   file=sys.stderr)
             return 2
-        study = R.STUDIES[args.study]
+        study = studies[args.study]
         if args.toy_dir:
             if study.params_only:
                 print(f"error: --study {args.study}: {study.paper} is a parameter table, reproduced by "

@@ -49,6 +49,8 @@ FLOORS: dict[str, tuple[int, str]] = {
     "megatron_loop.registry": (9, "the paper's run table, rendered as configs (counts parameters via the plan)"),
     "megatron_loop.eval": (9, "loop-sweep evaluation of HF exports"),
     "megatron_loop.probes": (9, "representation probes of checkpoints or HF exports"),
+    "megatron_loop.studies": (10, "registered studies: plans, the gate, per-item analysis, archives and the docs "
+                                  "generated from them; above registry (the CPU twins) and eval (per-item scoring)"),
     "megatron_loop": (10, "the package root (this row matches it alone): re-exports load_config, build_model"),
     "tools": (10, "command-line tools: import anything, imported by nothing in the package"),
     "pretrain_loop": (10, "the training entry point"),

@@ -1,0 +1,7 @@
+"""The registered plans: the sha256 of each study's plan text (:meth:`StudyPlan.text`), committed in the
+registration commit before any confirmatory run of the study, and never edited afterwards (a changed plan
+is a new study under a new name). ``tools/study.py gate`` refuses a run whose plan hashes otherwise; the
+registration commit is the commit that added the hash to this file (``git log -S HASH -- this file``).
+"""
+
+REGISTERED: dict[str, str] = {}
