@@ -69,7 +69,7 @@ begin=$(date +%s)
 start=$(date +%s)
 if [ -n "$STUDY_PAIRED" ]; then
   # the pre-registered plan as it stood when the first runs started (tools/paired_study.py plan), kept with them
-  if [ ! -f "$RUN/plan.txt" ]; then
+  if [ -z "$STUDY_REGISTERED" ] && [ ! -f "$RUN/plan.txt" ]; then  # a registered study's plan is in git (gate)
     { echo "# tools/paired_study.py plan --study $STUDY, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), before the runs below"
       python tools/paired_study.py plan --study "$STUDY"; } > "$RUN/plan.txt.tmp"
     mv "$RUN/plan.txt.tmp" "$RUN/plan.txt"
