@@ -4,4 +4,6 @@ is a new study under a new name). ``tools/study.py gate`` refuses a run whose pl
 registration commit is the commit that added the hash to this file (``git log -S HASH -- this file``).
 """
 
-REGISTERED: dict[str, str] = {}
+REGISTERED: dict[str, str] = {
+    "finding1_r2": "ac3b48d7752c7c41e36653f3abab297aed0e172c521bf9550e3285183621e556",
+}

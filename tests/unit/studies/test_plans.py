@@ -14,16 +14,40 @@ from megatron_loop.studies import PLANS, REGISTERED, registry_study
 from megatron_loop.studies.plan import resolve_budget
 
 PINNED = {
+    "finding1_r2": "ac3b48d7752c7c41e36653f3abab297aed0e172c521bf9550e3285183621e556",
 }
 
 
-@pytest.mark.parametrize("name", sorted(PLANS))
+@pytest.mark.parametrize("name", sorted(PINNED))
 def test_plan_text_is_pinned(name):
     assert PLANS[name].sha256() == PINNED[name] == REGISTERED[name]
 
 
-def test_every_registered_study_has_a_plan():
-    assert set(REGISTERED) == set(PINNED) == set(PLANS)
+def test_every_registered_study_is_pinned_and_every_draft_unrun():
+    """A plan not yet registered is a draft: it has no archive (nothing may run before its registration)."""
+    from megatron_loop.studies import archive
+    from testpaths import REPO
+
+    assert set(REGISTERED) == set(PINNED) <= set(PLANS)
+    for name in set(PLANS) - set(REGISTERED):
+        assert not archive.archive_path(REPO, name).exists()
+
+
+def test_power_analysis_of_finding1():
+    """The seed counts written into finding1_r2's plan are what the power analysis gives on the pilots."""
+    import numpy as np
+
+    from megatron_loop.studies.plans import PILOT_F1
+    from megatron_loop.studies.stats import power, seeds_for_power
+
+    plan = PLANS["finding1_r2"]
+    sesoi = {t.name: t.sesoi for t in plan.primary}
+    sd = {k: round(float(np.std(v, ddof=1)), 2) for k, v in PILOT_F1.items()}
+    assert sd == {"R": 4.93, "K": 0.78}
+    assert seeds_for_power(sd["R"], sesoi["R"]) == 19 and seeds_for_power(sd["K"], sesoi["K"]) == 17
+    assert round(power(20, sd["R"], sesoi["R"]), 2) == 0.84 and round(power(20, sd["K"], sesoi["K"]), 2) == 0.87
+    assert len(plan.arms[0].seeds) == 20
+    assert "19 seeds give 80 % power, 20 give 0.84" in plan.text() and "17 seeds give 80 % power, 20 give 0.87" in plan.text()
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))
