@@ -166,7 +166,7 @@ def write_toys(study: R.Study, run_dir: str) -> list[str]:
     folder = Path(run_dir) / "configs"
     folder.mkdir(parents=True, exist_ok=True)
     plan = []
-    for toy, name, seed in R.toy_copies(study):
+    for toy, name, seed in copies_of(study):
         path = folder / f"{name}.yaml"
         path.write_text(R.render_toy(toy, run_dir, study, name, seed))
         k = toy.layout[2]
@@ -199,8 +199,20 @@ def all_studies() -> dict[str, R.Study]:
     return {**R.STUDIES, **registered_studies()}
 
 
+def copies_of(study: R.Study) -> list[tuple]:
+    """(twin, run name, seed) of every run of a CPU study: a registered study's own (each model at its seeds)."""
+    from megatron_loop import studies
+
+    if study.name in studies.PLANS:
+        return studies.run_copies(studies.PLANS[study.name])
+    return R.toy_copies(study)
+
+
 def study_runs(study: R.Study) -> str:
     """What --list-studies counts: the paper runs, or a CPU study's twins x seeds (the runs it trains)."""
+    copies = len(copies_of(study)) if study.toy_runs is not None and study.seeds else 0
+    if copies and copies != len(study.toy_runs) * len(study.seeds):  # models with seed lists of their own
+        return f"{len(study.toy_runs)} models, {copies} runs"
     if study.toy_runs is not None and study.seeds:
         models = f"{len(study.toy_runs)} model{'s' if len(study.toy_runs) > 1 else ''}"
         return f"{models} x {len(study.seeds)} seeds = {len(study.toy_runs) * len(study.seeds)} runs"

@@ -62,10 +62,8 @@ def _run(argv: Sequence[str] | None) -> int:
 
     if args.command == "list":
         for plan in studies.PLANS.values():
-            arms = len(plan.arms)
-            runs = sum(len(arm.seeds) for arm in plan.arms)
-            print(f"{plan.name}\t{arms} model{'s' if arms > 1 else ''} x {len(plan.arms[0].seeds)} seeds = {runs} runs"
-                  f"\t{plan.title}")
+            seeds = ", ".join(f"{arm.name} {len(arm.seeds)}" for arm in plan.arms)
+            print(f"{plan.name}\t{sum(len(arm.seeds) for arm in plan.arms)} runs (seeds: {seeds})\t{plan.title}")
         return 0
     if args.command == "pilot":
         return _pilot(args)

@@ -37,16 +37,22 @@ def report_of(plan: StudyPlan, document: dict) -> str:
 
 def registry_study(plan: StudyPlan):
     """The plan as a registry :class:`~megatron_loop.registry.Study` (tools/generate_configs.py writes its CPU
-    twins' configs from it, tools/small_study.sh runs them); every arm of a plan has the same seeds."""
+    twins' configs from it, tools/small_study.sh runs them); ``seeds`` is the union of the models' seeds, the
+    runs themselves are :func:`run_copies`."""
     from megatron_loop.registry import Study
 
-    seeds = {arm.seeds for arm in plan.arms}
-    if len(seeds) != 1:
-        raise LoopConfigError(f"study {plan.name}: its models have different seeds; expected one seed list")
+    seeds = tuple(sorted({s for arm in plan.arms for s in arm.seeds}))
     return Study(plan.name, "", plan.title, tuple(arm.name for arm in plan.arms),
-                 toy_runs=tuple(arm.toy for arm in plan.arms), seeds=next(iter(seeds)), toy_train=plan.train,
+                 toy_runs=tuple(arm.toy for arm in plan.arms), seeds=seeds, toy_train=plan.train,
                  corpus_args=plan.corpus_args, eval_tasks=",".join(plan.tasks),
                  note="a registered study (megatron_loop/studies/): tools/study.py gate, the runs, tools/study.py finish")
 
 
-__all__ = ["PLANS", "REGISTERED", "StudyPlan", "plan_of", "registry_study", "report_of"]
+def run_copies(plan: StudyPlan) -> list[tuple]:
+    """(CPU twin, run name NAME-seedS, seed) of every run of the plan, seed by seed (an interrupted study has
+    whole seeds, the contrasts' pairs first), each model only at its own seeds."""
+    return [(arm.toy, f"{arm.name}-seed{seed}", seed)
+            for seed in sorted({s for arm in plan.arms for s in arm.seeds}) for arm in plan.arms if seed in arm.seeds]
+
+
+__all__ = ["PLANS", "REGISTERED", "StudyPlan", "plan_of", "registry_study", "report_of", "run_copies"]

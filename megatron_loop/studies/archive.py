@@ -75,7 +75,7 @@ def write(document: dict, path: Path) -> Path:
 
 def read(path: Path) -> dict:
     if not path.is_file():
-        raise LoopDataError(f"{path}: missing; expected a study archive (tools/study.py archive)")
+        raise LoopDataError(f"{path}: missing; expected a study archive (tools/study.py finish)")
     try:
         document = json.loads(gzip.decompress(path.read_bytes()))
     except (OSError, ValueError) as e:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from megatron_loop.registry import ToyRun
 
 # Loop budgets a plan names, resolved per model (:func:`resolve_budget`): the training loop count K, its
-# double 2K, and the loop counts whose effective depth L(r) = p + r s + c is half / twice L(K).
-BUDGETS = ("K", "2K", "K-1", "half_depth", "double_depth")
+# double 2K, and the loop counts whose effective depth L(r) = p + r s + c is a quarter / half / twice L(K).
+BUDGETS = ("K", "2K", "K-1", "quarter_depth", "half_depth", "double_depth")
 
 
 def resolve_budget(budget: str, layout: tuple[int, int, int, int]) -> int:
@@ -35,8 +35,8 @@ def resolve_budget(budget: str, layout: tuple[int, int, int, int]) -> int:
         return 2 * k
     if budget == "K-1":
         return max(1, k - 1)
-    if budget in ("half_depth", "double_depth"):
-        target = depth // 2 if budget == "half_depth" else 2 * depth
+    if budget in ("quarter_depth", "half_depth", "double_depth"):
+        target = {"quarter_depth": depth // 4, "half_depth": depth // 2, "double_depth": 2 * depth}[budget]
         r, rest = divmod(target - p - c, s)
         if rest or r < 1:
             raise ValueError(f"layout {p}+{s}x{k}+{c}: no loop count with L(r) = {target}")
