@@ -97,7 +97,11 @@ FINDING1 = StudyPlan(
 )
 
 BASE, CODA, PRELUDE = "baseloop_2x4", "coreloop_0+1x7+1", "coreloop_1+1x7+0"
-SEEDS_2 = tuple(range(1, 9))
+# finding 2's pilots: the BaseLoop's knowledge margin change from r = K = 4 to r = 2 (L(r) = 4; seeds 101-103,
+# docs/studies/pilots/D_2x4_s10*.json) and the Coda CoreLoop's from r = K = 7 to r = 3 (seed 101,
+# docs/studies/pilots/D_coreloop_0+1x7+1_s101.json)
+PILOT_F2 = {"base_half": (-0.190, -0.105, -0.573), "coda_half": (1.405,)}
+SEEDS_2 = tuple(range(1, 11))
 FINDING2 = StudyPlan(
     name="finding2",
     title="Finding 2: a Coda and under-unrolling -- BaseLoop 0+2x4+0 vs CoreLoops 0+1x7+1 (Coda) and 1+1x7+0 "
@@ -106,15 +110,26 @@ FINDING2 = StudyPlan(
             "input and output layers varies with inference budget (abstract; Sec. 4: 'Coda alleviates knowledge "
             "decay during under-unrolling', 'Prelude-heavy allocations better support reasoning extrapolation')",
     arms=(Arm(_baseloop(), SEEDS_2), Arm(ToyRun(CODA, "llama", (0, 1, 7, 1), NO_CONDITIONING, "llama_0+2x9+2"), SEEDS_2),
-          Arm(ToyRun(PRELUDE, "llama", (1, 1, 7, 0), NO_CONDITIONING, "llama_2+2x9+0"), SEEDS_2, "secondary")),
+          Arm(ToyRun(PRELUDE, "llama", (1, 1, 7, 0), NO_CONDITIONING, "llama_2+2x9+0"), SEEDS_2[:4], "secondary")),
     corpus_args=CORPUS, train=TRAIN, tasks=TASKS,
     primary=(
-        Test("Coda", Change(KNOWLEDGE, CODA, at="half_depth", minus=Change(KNOWLEDGE, BASE, at="half_depth")), +1, 0.1,
+        Test("Coda", Change(KNOWLEDGE, CODA, at="half_depth", minus=Change(KNOWLEDGE, BASE, at="half_depth")), +1, 0.3,
              "a Coda loses less knowledge than BaseLoop when the loops are cut (L(r) = L(K) / 2: r = 3 of 7 "
              "against r = 2 of 4)"),
     ),
-    power=Power(("TBD",)),
+    power=Power((
+        "Coda: one Coda pilot seed gives no spread of the contrast, so the planning standard deviation is "
+        "sqrt(2) x 0.25 = 0.35 nats: the BaseLoop pilots' spread of its own change (seeds 101-103: -0.190, -0.105, "
+        "-0.573 nats), assuming the Coda's spread is the same and the two models independent at a seed; smallest "
+        "effect of interest 0.3 nats; 10 seeds give 80 % power (0.80), 8 give 0.70.",
+        "What the pilots showed (not used to size): the Coda (seed 101) gains +1.405 nats from r = 7 to r = 3 (its "
+        "margin peaks at r = 3-4, below K), the BaseLoop (seed 101) loses 0.190: a contrast of +1.60 nats.",
+        "Registered: BaseLoop and Coda seeds 1-10 (the pairs of the primary test); the Prelude CoreLoop, secondary "
+        "(no test attached), seeds 1-4. 24 runs of 2,400 steps: about 1.9 h unloaded at two runs at a time.",
+    )),
     secondary=(
+        ("Coda vs BaseLoop, one core pass (L(r) = 2)", Change(KNOWLEDGE, CODA, at="quarter_depth",
+                                                              minus=Change(KNOWLEDGE, BASE, at="quarter_depth"))),
         ("Prelude vs BaseLoop, under-unrolled", Change(KNOWLEDGE, PRELUDE, at="half_depth",
                                                        minus=Change(KNOWLEDGE, BASE, at="half_depth"))),
         ("Coda vs BaseLoop, reasoning under-unrolled", Change(REASONING, CODA, at="half_depth",
@@ -133,8 +148,10 @@ FINDING2 = StudyPlan(
     ),
     notes=COMMON_NOTES + (
         "Budgets: half_depth is the loop count with L(r) = L(K) / 2 = 4 (BaseLoop r = 2, CoreLoops r = 3), "
-        "double_depth the one with L(r) = 2 L(K) = 16 (BaseLoop r = 8, CoreLoops r = 15). Pairs by seed: "
-        "every model of a seed reads the same corpus in the same order.",),
+        "quarter_depth the one with L(r) = 2 (r = 1 for all three: one pass of the core), double_depth the one with "
+        "L(r) = 2 L(K) = 16 (BaseLoop r = 8, CoreLoops r = 15). The CoreLoops are swept at every r with L(r) <= 16 "
+        "(r = 1..15), the BaseLoop at r = 1..8. Pairs by seed: every model of a seed reads the same corpus in the "
+        "same order (train.seed orders the documents).",),
 )
 
 ICH, IDENSE, HLG = "baseloop_2x4_init_channel", "baseloop_2x4_init_dense", "baseloop_2x4_hist_lg"

@@ -15,6 +15,7 @@ from megatron_loop.studies.plan import resolve_budget
 
 PINNED = {
     "finding1_r2": "ac3b48d7752c7c41e36653f3abab297aed0e172c521bf9550e3285183621e556",
+    "finding2": "83ffa23dd5d2b12138627725b570d81ad200dcf799865dc9253bad0f84a88873",
 }
 
 
@@ -73,3 +74,19 @@ def test_models_and_budgets(name, tmp_path):
     if name == "finding2":  # BaseLoop and CoreLoops: two blocks each, the same parameters
         assert len(set(params.values())) == 1, params
     assert study.seeds == plan.arms[0].seeds and len(study.toys()) == len(plan.arms)
+
+
+def test_power_analysis_of_finding2():
+    """finding2's seed count: the contrast's planning spread sqrt(2) x the BaseLoop pilots' spread."""
+    import numpy as np
+
+    from megatron_loop.studies.plans import PILOT_F2
+    from megatron_loop.studies.stats import power, seeds_for_power
+
+    plan = PLANS["finding2"]
+    sd = round(float(np.std(PILOT_F2["base_half"], ddof=1)) * np.sqrt(2), 2)
+    (test,) = plan.primary
+    assert sd == 0.35 and seeds_for_power(sd, test.sesoi) == 10
+    assert round(power(10, sd, test.sesoi), 2) == 0.80 and round(power(8, sd, test.sesoi), 2) == 0.70
+    assert [len(arm.seeds) for arm in plan.arms] == [10, 10, 4]
+    assert "10 seeds give 80 % power (0.80), 8 give 0.70" in plan.text()
