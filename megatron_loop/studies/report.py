@@ -73,6 +73,14 @@ def markdown(plan: StudyPlan, document: dict) -> str:
         sign = "> 0" if part["direction"] > 0 else "< 0"
         lines.append(f"| {part['name']}: {part['label']} {sign} | " + " | ".join(_stat_cells(part["stat"], d))
                      + f" | {part['sesoi']:g} | {part['decision']} |")
+    seeds = sorted({seed for part in s["primary"] if part["stat"] for seed in part["stat"]["per_seed"]}, key=int)
+    if seeds:
+        lines += ["", "Per seed, the primary test's values:", "",
+                  "| seed | " + " | ".join(part["name"] for part in s["primary"]) + " |",
+                  "|---|" + "---|" * len(s["primary"])]
+        for seed in seeds:
+            cells = [_num((part["stat"] or {}).get("per_seed", {}).get(seed), _digits(part["label"])) for part in s["primary"]]
+            lines.append(f"| {seed} | " + " | ".join(cells) + " |")
     if s["missing_runs"]:
         lines += ["", "Runs missing from the archive: " + ", ".join(f"`{m}`" for m in s["missing_runs"]) + "."]
     where = ("**A smoke run (a pipeline check at toy size), not a confirmatory run.** " if prov.get("smoke") else
