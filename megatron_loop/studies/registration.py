@@ -7,4 +7,5 @@ registration commit is the commit that added the hash to this file (``git log -S
 REGISTERED: dict[str, str] = {
     "finding1_r2": "ac3b48d7752c7c41e36653f3abab297aed0e172c521bf9550e3285183621e556",
     "finding2": "83ffa23dd5d2b12138627725b570d81ad200dcf799865dc9253bad0f84a88873",
+    "finding3": "0c8afafdc3907d9df373c520756f243be0fd06dda0d96ed5ffb0c63f67fd3037",
 }

@@ -16,6 +16,7 @@ from megatron_loop.studies.plan import resolve_budget
 PINNED = {
     "finding1_r2": "ac3b48d7752c7c41e36653f3abab297aed0e172c521bf9550e3285183621e556",
     "finding2": "83ffa23dd5d2b12138627725b570d81ad200dcf799865dc9253bad0f84a88873",
+    "finding3": "0c8afafdc3907d9df373c520756f243be0fd06dda0d96ed5ffb0c63f67fd3037",
 }
 
 
@@ -90,3 +91,18 @@ def test_power_analysis_of_finding2():
     assert round(power(10, sd, test.sesoi), 2) == 0.80 and round(power(8, sd, test.sesoi), 2) == 0.70
     assert [len(arm.seeds) for arm in plan.arms] == [10, 10, 4]
     assert "10 seeds give 80 % power (0.80), 8 give 0.70" in plan.text()
+
+
+def test_power_analysis_of_finding3():
+    """finding3's seed count: each contrast's planning spread sqrt(2) x the plain BaseLoop pilots' spread."""
+    import numpy as np
+
+    from megatron_loop.studies.plans import PILOT_F3
+    from megatron_loop.studies.stats import power, seeds_for_power
+
+    plan = PLANS["finding3"]
+    sd = round(float(np.std(PILOT_F3["base_2k"], ddof=1)) * np.sqrt(2), 2)
+    assert sd == 1.10 and {t.sesoi for t in plan.primary} == {1.1}
+    assert seeds_for_power(sd, 1.1) == 8 and round(power(8, sd, 1.1), 2) == 0.81
+    assert seeds_for_power(sd, 1.0) == 10 and seeds_for_power(sd, 0.75) == 15
+    assert [len(arm.seeds) for arm in plan.arms] == [8, 8, 8]
