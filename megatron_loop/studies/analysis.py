@@ -121,6 +121,18 @@ def curves(plan: StudyPlan, runs: dict[str, dict[int, dict]], measures: dict[str
     return out
 
 
+def _reading(plan: StudyPlan, runs: dict[str, dict[int, dict]], reading) -> dict[int, float]:
+    if isinstance(reading, Change):
+        return change_per_seed(plan, runs, reading)
+    return spread_per_seed(plan, runs, reading.measure, reading.arm, reading.minus)  # a Spread
+
+
+def post_hoc(plan: StudyPlan, runs: dict[str, dict[int, dict]], readings) -> list[dict]:
+    """Readings chosen after the data were seen (studies/post_hoc.py): intervals, never a decision."""
+    return [{"label": label, "why": why, "what": reading.label(), "stat": _interval(_reading(plan, runs, reading))}
+            for label, reading, why in readings]
+
+
 def analyse(plan: StudyPlan, runs: dict[str, dict[int, dict]], extra: dict[str, Any] | None = None) -> dict:
     """The study's summary: the primary test (per part: per-seed values, t interval, decision; the verdict),
     the secondary readings (t intervals, no decision), which seeds each arm has and which it lacks."""
@@ -132,11 +144,7 @@ def analyse(plan: StudyPlan, runs: dict[str, dict[int, dict]], extra: dict[str, 
                       "sesoi": test.sesoi, "stat": stat, "decision": decide(test, stat)})
     secondary = []
     for label, reading in plan.secondary:
-        if isinstance(reading, Change):
-            per_seed = change_per_seed(plan, runs, reading)
-        else:  # a Spread
-            per_seed = spread_per_seed(plan, runs, reading.measure, reading.arm, reading.minus)
-        secondary.append({"label": label, "what": reading.label(), "stat": _interval(per_seed)})
+        secondary.append({"label": label, "what": reading.label(), "stat": _interval(_reading(plan, runs, reading))})
     return {"study": plan.name, "plan_sha256": plan.sha256(), "verdict": combine([p["decision"] for p in parts]),
             "primary": parts, "secondary": secondary, "missing_runs": missing,
             "seeds": {arm.name: sorted(runs.get(arm.name, {})) for arm in plan.arms}, **(extra or {})}

@@ -14,6 +14,7 @@ from megatron_loop.studies import analysis as A
 from megatron_loop.studies.archive import compose_docs, runs_of
 from megatron_loop.studies.baselines import baselines
 from megatron_loop.studies.plan import Measure, StudyPlan
+from megatron_loop.studies.post_hoc import POST_HOC
 
 CURVE_MEASURES = {
     "compose in-horizon acc": Measure("compose", "accuracy", split="in_horizon"),
@@ -116,6 +117,14 @@ def markdown(plan: StudyPlan, document: dict) -> str:
                 model.append(f"{np.mean(vals):.1f}")
             lines.append(f"| {depth} | {split} | {b['n']} | {b['most_common']:.1f} | {b['start_digit']:.1f} | "
                          f"{b['last_m_moves']:.1f} | {b['first_m_moves']:.1f} | {b['best']:.1f} | " + " | ".join(model) + " |")
+    post_hoc = A.post_hoc(plan, runs_of(document), POST_HOC.get(plan.name, ()))
+    if post_hoc:
+        lines += ["", "**Post hoc readings: chosen after the data were seen; they decide nothing** "
+                  "(megatron_loop/studies/post_hoc.py says when and why each was added):", "",
+                  "| reading | why | seeds | mean | 95 % t interval |", "|---|---|---|---|---|"]
+        for row in post_hoc:
+            cells = _stat_cells(row["stat"], _digits(row["what"]))[:3]
+            lines.append(f"| {row['label']}: {row['what']} | {row['why']} | " + " | ".join(cells) + " |")
     for arm in plan.arms:
         c = s["curves"].get(arm.name)
         if c is None:

@@ -50,3 +50,17 @@ def synthetic_study(plan, **effects) -> dict[str, dict[int, dict]]:
     """runs[arm][seed] for every arm and seed of ``plan``, with the same planted effects."""
     return {arm.name: {seed: synthetic_run(arm.toy.layout, 1000 * i + seed, **effects) for seed in arm.seeds}
             for i, arm in enumerate(plan.arms)}
+
+
+def synthetic_document(plan, runs: dict[str, dict[int, dict]], smoke: bool = True) -> dict:
+    """An archive document (``studies/archive.py``'s format) of synthetic runs."""
+    first = next(iter(next(iter(runs.values())).values()))
+    keys = ("metric", "group", "n", "chance", "depth", "trained_depths", "split")
+    items = {t: {k: v[k] for k in keys if k in v} for t, v in first["tasks"].items()}
+    return {"format": 1, "study": plan.name, "plan_sha256": plan.sha256(), "items": items,
+            "provenance": {"smoke": smoke, "commit": "0" * 40, "plan_sha256": plan.sha256(), "started_utc": "t0",
+                           "finished_utc": "t1", "wall_s": 5400, "registration_commit": None, "registered_at": None},
+            "runs": [{"arm": arm, "seed": seed, "layout": r["layout"], "train_loops": r["train_loops"],
+                      "loops": r["loops"], "heldout": {k: v["loss"] for k, v in r["heldout"].items()}, "wall_s": 600.0,
+                      "tasks": {t: {"correct": v["correct"], "margin": v["margin"]} for t, v in r["tasks"].items()}}
+                     for arm, by_seed in runs.items() for seed, r in by_seed.items()]}
