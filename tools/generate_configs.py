@@ -166,7 +166,7 @@ def write_toys(study: R.Study, run_dir: str) -> list[str]:
     folder = Path(run_dir) / "configs"
     folder.mkdir(parents=True, exist_ok=True)
     plan = []
-    for toy, name, seed in R.toy_copies(study):
+    for toy, name, seed in copies_of(study):
         path = folder / f"{name}.yaml"
         path.write_text(R.render_toy(toy, run_dir, study, name, seed))
         k = toy.layout[2]
@@ -177,24 +177,51 @@ def write_toys(study: R.Study, run_dir: str) -> list[str]:
 
 
 def toy_env(study: R.Study) -> list[str]:
-    """Shell assignments of a study's CPU settings: corpus flags, eval tasks, default steps, seeds, and
-    whether it is a paired study (every item at every r, tools/paired_study.py)."""
+    """Shell assignments of a study's CPU settings: corpus flags, eval tasks, default steps, seeds, whether
+    it is a paired study (every item at every r, tools/paired_study.py) and whether a registered one
+    (megatron_loop/studies/: gated by tools/study.py gate, archived by tools/study.py finish)."""
+    registered = study.name in registered_studies()
     values = {"STUDY_CORPUS_ARGS": study.corpus_args, "STUDY_TASKS": study.eval_tasks,
               "STUDY_DEFAULT_STEPS": str(dict(study.toy_train).get("max_steps", 400)),
-              "STUDY_SEEDS": " ".join(map(str, study.seeds)), "STUDY_PAIRED": "1" if study.paired else ""}
+              "STUDY_SEEDS": " ".join(map(str, study.seeds)),
+              "STUDY_PAIRED": "1" if study.paired or registered else "", "STUDY_REGISTERED": "1" if registered else ""}
     return [f"{key}={shlex.quote(value)}" for key, value in values.items()]
+
+
+def registered_studies() -> dict[str, R.Study]:
+    """The registered studies of megatron_loop/studies/ as registry studies (their CPU twins' configs)."""
+    from megatron_loop import studies
+
+    return {name: studies.registry_study(plan) for name, plan in studies.PLANS.items()}
+
+
+def all_studies() -> dict[str, R.Study]:
+    return {**R.STUDIES, **registered_studies()}
+
+
+def copies_of(study: R.Study) -> list[tuple]:
+    """(twin, run name, seed) of every run of a CPU study: a registered study's own (each model at its seeds)."""
+    from megatron_loop import studies
+
+    if study.name in studies.PLANS:
+        return studies.run_copies(studies.PLANS[study.name])
+    return R.toy_copies(study)
 
 
 def study_size(study) -> str:
     """``--list-studies``' count: the paper's runs, and what tools/small_study.sh trains on CPU (its twins,
-    each once per seed), which is not the same number (finding1: 2 paper runs, 3 models x 3 seeds)."""
+    each once per seed; a registered study's models each at their own seeds), which is not the same number
+    (finding1: 2 paper runs, 3 models x 3 seeds)."""
     paper = f"{len(study.runs)} paper run{'s' * (len(study.runs) != 1)}"
     if study.params_only:
         return f"{paper} (a parameter table: nothing to train)"
-    copies = R.toy_copies(study)
+    copies = copies_of(study)
     models = len({twin.name for twin, _, _ in copies})
+    plural = "s" * (models != 1)
+    if study.seeds and len(copies) != models * len(study.seeds):  # models with seed lists of their own
+        return f"{paper}; on CPU {models} model{plural} = {len(copies)} runs"
     seeds = f" x {len(study.seeds)} seeds" if study.seeds else ""
-    return f"{paper}; on CPU {models} model{'s' * (models != 1)}{seeds} = {len(copies)} runs"
+    return f"{paper}; on CPU {models} model{plural}{seeds} = {len(copies)} runs"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,16 +244,17 @@ def main(argv: list[str] | None = None) -> int:
         for line in found:
             print(f"error: {line}; run python tools/generate_configs.py", file=sys.stderr)
         return 1 if found else 0
+    studies = all_studies()
     if args.list_studies:
-        for s in R.STUDY_LIST:
+        for s in studies.values():
             print(f"{s.name}\t{s.paper or '-'}\t{s.title}\t{study_size(s)}\t{' '.join(s.runs)}")
         return 0
     if args.study is not None:
-        if args.study not in R.STUDIES:
-            print(f"error: --study {args.study!r}: unknown study; expected one of {', '.join(R.STUDIES)}",
+        if args.study not in studies:
+            print(f"error: --study {args.study!r}: unknown study; expected one of {', '.join(studies)}",
                   file=sys.stderr)
             return 2
-        study = R.STUDIES[args.study]
+        study = studies[args.study]
         if args.toy_dir:
             if study.params_only:
                 print(f"error: --study {args.study}: {study.paper} is a parameter table, reproduced by "

@@ -50,6 +50,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "Q&A (recall of stored facts)")
     ap.add_argument("--knowledge-qa-mentions", type=int, default=d.knowledge_qa_mentions,
                     help="copies of each Q&A person's question-answer document in train")
+    ap.add_argument("--compose-moves", type=int, default=d.compose_moves,
+                    help="move permutations of the compose task (10 x moves^h contexts at depth h)")
+    ap.add_argument("--held-out-contexts", type=int, default=d.held_out_contexts,
+                    help="compose contexts per trained depth 2..train-max-depth kept out of training: that "
+                         "depth's eval items")
+    ap.add_argument("--control-docs", type=int, default=d.control_docs,
+                    help="training documents of the in-context control of the facts (openbook)")
+    ap.add_argument("--control-items", type=int, default=d.control_items,
+                    help="eval items of the in-context control (fresh people, names outside training)")
     a = ap.parse_args(argv)
     a.reasoning_tasks = tuple(t for t in a.reasoning_tasks.split(",") if t)
     check_output_folder(a.output_dir, "--output-dir", "the corpus files")

@@ -13,6 +13,7 @@ Generated text is original and released with the repository (Apache-2.0).
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from dataclasses import dataclass
@@ -20,9 +21,11 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from megatron_loop.atomic import write_atomic
-from megatron_loop.data.corpus_knowledge import Person, make_people
-from megatron_loop.data.corpus_templates import (FINITE_TASKS, GENERATORS, KNOWLEDGE_EVAL, KNOWLEDGE_TASK,
-                                                 TASK_NAMES, TASKS, ReasoningItem, make_prose)
+from megatron_loop.data.corpus_knowledge import (Person, all_names, make_people, open_book, open_book_doc,
+                                                 random_person)
+from megatron_loop.data.corpus_templates import (COMPOSE_MOVE_NAMES, COMPOSE_TASK, CONTROL_TASK, FINITE_TASKS,
+                                                 GENERATORS, KNOWLEDGE_EVAL, KNOWLEDGE_TASK, TASK_NAMES, TASKS,
+                                                 ReasoningItem, make_prose)
 from megatron_loop.errors import LoopConfigError
 
 
@@ -59,6 +62,16 @@ class CorpusSpec:
     # epoch and asked in a form never seen with it (closed-book recall).
     knowledge_eval: str = "heldout"
     knowledge_qa_mentions: int = 1
+    # compose: how many move permutations (10 x compose_moves^h contexts at depth h)
+    compose_moves: int = 3
+    # Held-out contexts of the trained depths (FINITE_TASKS): at every depth 2..train_max_depth this many
+    # contexts are drawn first and never written into train or valid; they are that depth's eval items
+    # (``split`` in_horizon), so an item of a trained depth is a composition never seen answered.
+    held_out_contexts: int = 0
+    # The in-context control (``openbook``, corpus_knowledge.open_book): training documents and eval items,
+    # fresh people outside the knowledge population (the eval's names disjoint from the training ones).
+    control_docs: int = 0
+    control_items: int = 0
 
     def validate(self) -> None:
         if self.train_max_depth < 1 or self.eval_max_depth < 1:
@@ -74,6 +87,16 @@ class CorpusSpec:
         if unknown or len(set(self.reasoning_tasks)) != len(self.reasoning_tasks):
             raise LoopConfigError(f"reasoning_tasks={','.join(self.reasoning_tasks)}: expected distinct "
                                   f"names among {', '.join(GENERATORS)}")
+        if not 1 <= self.compose_moves <= len(COMPOSE_MOVE_NAMES):
+            raise LoopConfigError(f"compose_moves={self.compose_moves}: expected 1..{len(COMPOSE_MOVE_NAMES)}")
+        if min(self.held_out_contexts, self.control_docs, self.control_items) < 0:
+            raise LoopConfigError("held_out_contexts, control_docs and control_items must be >= 0")
+        if self.held_out_contexts and COMPOSE_TASK in self.reasoning_tasks:
+            fewest = 10 * self.compose_moves ** 2  # depth 2, the smallest depth with held-out contexts
+            if 2 * self.held_out_contexts > fewest:
+                raise LoopConfigError(f"held_out_contexts={self.held_out_contexts}: expected at most half of the "
+                                      f"{fewest} depth-2 compose contexts (compose_moves={self.compose_moves}); "
+                                      "the rest must be trained")
         if self.knowledge_eval not in KNOWLEDGE_EVAL:
             raise LoopConfigError(f"knowledge_eval={self.knowledge_eval!r}: expected one of "
                                   f"{', '.join(KNOWLEDGE_EVAL)}")
@@ -89,17 +112,30 @@ class CorpusSpec:
                                   "(no Q&A documents) and knowledge_mentions >= 1 (the facts' only exposures)")
 
 
+def generator(task: str, spec: CorpusSpec):
+    """The item generator of ``task`` in this corpus (compose with ``spec.compose_moves`` moves)."""
+    if task == COMPOSE_TASK:
+        return functools.partial(GENERATORS[task], moves=spec.compose_moves)
+    return GENERATORS[task]
+
+
 def _documents(rng: random.Random, spec: CorpusSpec, n_prose: int, n_reasoning: int,
                bios: list[Person], mentions: int, qa: list[Person],
-               contexts: set[str], held_out: dict[str, dict[str, int]] | None = None) -> list[dict]:
-    """Mixed prose, reasoning (depths uniform in 1..train_max_depth), ``mentions`` biographies
-    of every person in ``bios`` (without the paraphrases ``held_out`` names for them) and the Q&A
-    of every person in ``qa``; adds the reasoning contexts to ``contexts``. Knowledge documents
-    have source "facts", depth 0."""
+               contexts: set[str], held_out: dict[str, dict[str, int]] | None = None,
+               exclude: frozenset[str] = frozenset(), control: tuple[int, list[str], str] = (0, [], "")) -> list[dict]:
+    """Mixed prose, reasoning (depths uniform in 1..train_max_depth; a context in ``exclude`` is drawn
+    again), ``mentions`` biographies of every person in ``bios`` (without the paraphrases ``held_out``
+    names for them), the Q&A of every person in ``qa`` and ``control`` = (count, names, rng key) in-context
+    control documents; adds the reasoning contexts to ``contexts``. Knowledge documents have source
+    "facts", depth 0."""
     docs = [{"text": make_prose(rng), "source": "prose", "depth": 0} for _ in range(n_prose)]
     for task in spec.reasoning_tasks:
+        make = generator(task, spec)
         for _ in range(n_reasoning):
-            item = GENERATORS[task](rng, rng.randint(1, spec.train_max_depth))
+            depth = rng.randint(1, spec.train_max_depth)
+            item = make(rng, depth)
+            while item.context in exclude:
+                item = make(rng, depth)
             contexts.add(item.context)
             docs.append({"text": item.training_text(spec.follow_up_questions), "source": task,
                          "depth": item.depth})
@@ -107,17 +143,45 @@ def _documents(rng: random.Random, spec: CorpusSpec, n_prose: int, n_reasoning: 
              for p in bios for _ in range(mentions)]
     docs += [{"text": p.qa_text(rng), "source": "facts", "depth": 0}
              for p in qa for _ in range(spec.knowledge_qa_mentions)]
+    count, names, key = control
+    if count:  # its own stream: the other documents are the same with or without the control
+        crng = random.Random(key)
+        for _ in range(count):
+            query, value, _ = open_book(random_person(crng, names), crng)
+            docs.append({"text": f"{query} {value}.", "source": CONTROL_TASK, "depth": 0})
     rng.shuffle(docs)
     return docs
 
 
-def _eval_items(task: str, spec: CorpusSpec, seen: set[str]) -> Iterator[tuple[ReasoningItem, bool]]:
+def held_out_items(task: str, spec: CorpusSpec) -> dict[int, list[ReasoningItem]]:
+    """The contexts of the trained depths 2..train_max_depth kept out of training (``held_out_contexts``
+    per depth, distinct), drawn before any training document: {depth: items}. Empty unless the task is
+    one of the FINITE_TASKS and the spec asks for them."""
+    if not spec.held_out_contexts or task not in FINITE_TASKS:
+        return {}
+    rng, make = random.Random(f"{spec.seed}-held-out-{task}"), generator(task, spec)
+    out: dict[int, list[ReasoningItem]] = {}
+    for depth in range(2, spec.train_max_depth + 1):
+        drawn: dict[str, ReasoningItem] = {}
+        while len(drawn) < spec.held_out_contexts:
+            item = make(rng, depth)
+            drawn.setdefault(item.context, item)
+        out[depth] = list(drawn.values())
+    return out
+
+
+def _eval_items(task: str, spec: CorpusSpec, seen: set[str],
+                held: dict[int, list[ReasoningItem]] | None = None) -> Iterator[tuple[ReasoningItem, bool]]:
     """Held-out items, ``eval_items_per_depth`` per depth, with whether their context is in training:
     a context seen in training is skipped, except for the FINITE_TASKS, whose items are distinct
-    contexts whether seen or not (as many as the depth has, up to ``eval_items_per_depth``)."""
-    rng = random.Random(f"{spec.seed}-eval-{task}")
+    contexts whether seen or not (as many as the depth has, up to ``eval_items_per_depth``); at a depth
+    of ``held`` (held_out_items) the items are its held-out contexts."""
+    rng, make = random.Random(f"{spec.seed}-eval-{task}"), generator(task, spec)
     finite = task in FINITE_TASKS
     for depth in range(spec.eval_min_depth, spec.eval_max_depth + 1):
+        if held and depth in held:
+            yield from ((item, False) for item in held[depth])
+            continue
         made, attempts, drawn = 0, 0, set()
         while made < spec.eval_items_per_depth:
             attempts += 1
@@ -127,12 +191,21 @@ def _eval_items(task: str, spec: CorpusSpec, seen: set[str]) -> Iterator[tuple[R
                 raise LoopConfigError(
                     f"cannot draw {spec.eval_items_per_depth} distinct held-out {task} items at "
                     f"depth {depth}; lower eval_items_per_depth")
-            item = GENERATORS[task](rng, depth)
+            item = make(rng, depth)
             if item.context in drawn or (item.context in seen and not finite):
                 continue
             drawn.add(item.context)
             made += 1
             yield item, item.context in seen
+
+
+def _split(depth: int, seen: bool, spec: CorpusSpec) -> str:
+    """What an item of a corpus with held-out contexts measures: ``seen`` (its context is trained: depth 1,
+    the moves' tables), ``in_horizon`` (a trained depth, context held out of training) or ``beyond`` (a depth
+    past train_max_depth, never trained)."""
+    if depth > spec.train_max_depth:
+        return "beyond"
+    return "seen" if seen else "in_horizon"
 
 
 def _interleave(rows: list[dict], key: str = "depth") -> list[dict]:
@@ -202,7 +275,8 @@ def generate_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> 
     n_qa = int(spec.knowledge_people * spec.knowledge_qa_fraction)
     tasks = spec.reasoning_tasks
     train_total = (spec.prose_docs + len(tasks) * spec.reasoning_docs_per_task
-                   + spec.knowledge_people * spec.knowledge_mentions + n_qa * spec.knowledge_qa_mentions)
+                   + spec.knowledge_people * spec.knowledge_mentions + n_qa * spec.knowledge_qa_mentions
+                   + spec.control_docs)
     # Validation keeps the train mix (prose, per-task and biography shares of valid_docs);
     # its biographies are of other people, so no fact of the knowledge items is in it.
     share = spec.valid_docs / max(1, train_total)
@@ -217,20 +291,36 @@ def generate_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> 
     if spec.knowledge_eval == "template":  # one paraphrase per fact never used in that person's biographies
         rng = random.Random(f"{spec.seed}-templates")
         held_out = {p.name: p.draw_held_out(rng) for p in train_people}
+    # the held-out contexts of the trained depths, drawn first, written into neither train nor valid
+    held = {task: held_out_items(task, spec) for task in tasks}
+    exclude = frozenset(item.context for by_depth in held.values() for items in by_depth.values() for item in items)
+    # the in-context control's people: names outside the knowledge population, split into training and eval names
+    pool = sorted(set(all_names()) - {p.name for p in people})
+    random.Random(f"{spec.seed}-control-names").shuffle(pool)
+    control_train_names, control_eval_names = pool[:len(pool) // 2], pool[len(pool) // 2:]
+    n_valid_control = round(share * spec.control_docs)
     contexts: set[str] = set()
     train = _documents(random.Random(f"{spec.seed}-train"), spec, spec.prose_docs,
                        spec.reasoning_docs_per_task, train_people, spec.knowledge_mentions,
-                       qa_people, contexts, held_out)
+                       qa_people, contexts, held_out, exclude,
+                       (spec.control_docs, control_train_names, f"{spec.seed}-control-train"))
     # the rest of valid_docs is prose; none when train has no prose (it would be out of distribution)
-    n_valid_prose = max(0, spec.valid_docs - len(tasks) * n_reason - n_valid_bios) if spec.prose_docs else 0
+    n_valid_prose = (max(0, spec.valid_docs - len(tasks) * n_reason - n_valid_bios - n_valid_control)
+                     if spec.prose_docs else 0)
     valid = _documents(random.Random(f"{spec.seed}-valid"), spec, n_valid_prose, n_reason,
-                       valid_people_list, spec.knowledge_mentions, [], contexts)
+                       valid_people_list, spec.knowledge_mentions, [], contexts, None, exclude,
+                       (n_valid_control, control_train_names, f"{spec.seed}-control-valid"))
     _write_jsonl(out / "train.jsonl", train)
     _write_jsonl(out / "valid.jsonl", valid)
 
-    eval_rows = {task: _interleave([dict(item.eval_doc(), **({"seen": seen} if task in FINITE_TASKS else {}))
-                                    for item, seen in _eval_items(task, spec, contexts)])
+    eval_rows = {task: _interleave([dict(item.eval_doc(), **({"seen": seen} if task in FINITE_TASKS else {}),
+                                         **({"split": _split(item.depth, seen, spec)} if held[task] else {}))
+                                    for item, seen in _eval_items(task, spec, contexts, held[task])])
                  for task in tasks}
+    if spec.control_items:
+        crng = random.Random(f"{spec.seed}-eval-{CONTROL_TASK}")
+        eval_rows[CONTROL_TASK] = _interleave([open_book_doc(random_person(crng, control_eval_names), crng)
+                                               for _ in range(spec.control_items)], key="attribute")
     rng = random.Random(f"{spec.seed}-eval-{KNOWLEDGE_TASK}")
     if held_out is not None:
         docs = [d for p in train_people for d in p.template_docs(rng, held_out[p.name], spec.knowledge_mentions)]

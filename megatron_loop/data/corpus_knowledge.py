@@ -104,9 +104,43 @@ class Person:
         return docs
 
 
-def make_people(rng: random.Random, count: int) -> list[Person]:
-    """``count`` people with distinct full names (first name x surname) and random facts."""
-    names = [f"{first} {last}" for first in FEMALE_NAMES + MALE_NAMES for last in SURNAMES]
+def open_book(person: Person, rng: random.Random) -> tuple[str, str, str]:
+    """The in-context control of the knowledge items (``openbook``): ``(query, value, attribute)`` where
+    the query is a short biography of ``person`` (each fact once, in a random paraphrase, in random order)
+    followed by one of the facts restarted in another paraphrase, up to its value (``Nora Abbott grew up
+    in Lisbon. ... Nora Abbott's home town is`` -> `` Lisbon``). The person is fresh (random values, a name
+    outside the knowledge population), so the answer is read from the context, never recalled from the
+    weights: the same surface form as a ``facts`` item without the stored fact."""
+    used = {a: rng.randrange(len(_STATEMENTS[a])) for a, _ in person.facts}
+    sentences = [_STATEMENTS[a][used[a]].format(name=person.name, value=v) for a, v in person.facts]
+    rng.shuffle(sentences)
+    attribute, value = rng.choice(person.facts)
+    other = rng.choice([i for i in range(len(_STATEMENTS[attribute])) if i != used[attribute]])
+    ask = _STATEMENTS[attribute][other].split("{value}")[0].rstrip().format(name=person.name)
+    return " ".join(sentences) + " " + ask, value, attribute
+
+
+def open_book_doc(person: Person, rng: random.Random) -> dict:
+    """An lm-eval multiple-choice document of the ``openbook`` control: gold + 3 other values."""
+    query, value, attribute = open_book(person, rng)
+    distractors = rng.sample([x for x in KNOWLEDGE_ATTRIBUTES[attribute] if x != value], KNOWLEDGE_CHOICES - 1)
+    choices, gold = shuffled_choices(rng, value, distractors)
+    return {"query": query, "choices": list(choices), "gold": gold, "attribute": attribute, "person": person.name,
+            "task": "openbook"}
+
+
+def random_person(rng: random.Random, names: list[str]) -> Person:
+    """A person named from ``names`` (repeats allowed) with fresh random facts: an ``openbook`` context."""
+    return Person(rng.choice(names), tuple((a, rng.choice(values)) for a, values in KNOWLEDGE_ATTRIBUTES.items()))
+
+
+def all_names() -> list[str]:
+    return [f"{first} {last}" for first in FEMALE_NAMES + MALE_NAMES for last in SURNAMES]
+
+
+def make_people(rng: random.Random, count: int, names: list[str] | None = None) -> list[Person]:
+    """``count`` people with distinct full names (first name x surname, or from ``names``) and random facts."""
+    names = all_names() if names is None else names
     if count > len(names):
         raise LoopConfigError(f"knowledge_people={count}: at most {len(names)} distinct names")
     return [Person(name, tuple((a, rng.choice(values)) for a, values in KNOWLEDGE_ATTRIBUTES.items()))

@@ -64,7 +64,8 @@ REASONING_TASKS = (*TASKS, ARITH_TASK, POINTER_TASK, COMPOSE_TASK)  # every gene
 # marked ``seen``.
 FINITE_TASKS = (COMPOSE_TASK,)
 KNOWLEDGE_TASK = "facts"                        # recall of the population's facts (see Person)
-TASK_NAMES = {task: f"looplm_{task}_local" for task in (*REASONING_TASKS, KNOWLEDGE_TASK)}
+CONTROL_TASK = "openbook"                       # the facts' in-context control (corpus_knowledge.open_book)
+TASK_NAMES = {task: f"looplm_{task}_local" for task in (*REASONING_TASKS, KNOWLEDGE_TASK, CONTROL_TASK)}
 KNOWLEDGE_EVAL = ("heldout", "trained", "template")  # what the knowledge items ask (CorpusSpec.knowledge_eval)
 
 
@@ -297,31 +298,45 @@ def _pointer_question(var: str) -> str:
 
 # The moves of the compose task: fixed permutations of the ten digits, part of the task (the same in
 # every corpus), stored only in the weights of a model that learns them.
+# The first three are finding1_paired's; a corpus with ``compose_moves`` = n uses the first n (more moves,
+# more contexts per depth: 10 x n^h, so that contexts of the trained depths can be held out of training).
+COMPOSE_MOVE_NAMES = ("f", "g", "h", "k", "m", "p")
 COMPOSE_MOVES: dict[str, tuple[int, ...]] = {
-    move: tuple(random.Random(f"compose-move-{move}").sample(range(10), 10)) for move in ("f", "g", "h")}
+    move: tuple(random.Random(f"compose-move-{move}").sample(range(10), 10)) for move in COMPOSE_MOVE_NAMES}
 
 
-def make_compose(rng: random.Random, depth: int) -> ReasoningItem:
+def make_compose(rng: random.Random, depth: int, moves: int = 3) -> ReasoningItem:
     """Composition of digit permutations, ``7 f g g =`` -> the digit reached from 7 by the moves f,
-    then g, then g: ``depth`` moves drawn from three fixed permutations of the digits
-    (:data:`COMPOSE_MOVES`), so the answer composes ``depth`` steps (the state tracking of BBH's
+    then g, then g: ``depth`` moves drawn from ``moves`` fixed permutations of the digits
+    (:data:`COMPOSE_MOVES`; three unless the corpus sets ``compose_moves``), so the answer composes ``depth`` steps (the state tracking of BBH's
     ``tracking_shuffled_objects`` with the shuffles learned rather than stated).
 
     No lexical shortcut: the answer is a digit among all ten (plain accuracy, chance 10 %); every
     move is a bijection, so every answer is equally likely at every depth and no move, count or start
     alone determines it; a depth beyond training is a longer string of the same tokens. What a model
-    needs besides the composition is the three 10-entry tables, which every training document uses.
-    Depth h has 10 x 3^h contexts: a corpus of tens of thousands of items contains every one of
-    depths 1-4 (the eval items there are distinct contexts marked ``seen``), none of depths 5-6.
+    needs besides the composition is the 10-entry tables, which every training document uses.
+    Depth h has 10 x moves^h contexts: with three moves a corpus of tens of thousands of items contains
+    every one of depths 1-4 (the eval items there are distinct contexts marked ``seen``), none of
+    depths 5-6; a corpus with ``held_out_contexts`` (data/corpus.py) keeps some contexts of every
+    trained depth from 2 on out of training, so that the items of the trained depths are compositions
+    the model has never seen answered.
     Compact on purpose (one short line per item): at toy scale the answers must be a large share of
     the tokens for the composition to be learned in minutes (docs/REPRODUCE.md, the pilots).
     """
+    if not 1 <= moves <= len(COMPOSE_MOVE_NAMES):
+        raise ValueError(f"compose moves={moves}: expected 1..{len(COMPOSE_MOVE_NAMES)}")
     start = rng.randrange(10)
-    moves = [rng.choice(tuple(COMPOSE_MOVES)) for _ in range(depth)]
+    drawn = [rng.choice(COMPOSE_MOVE_NAMES[:moves]) for _ in range(depth)]
+    return ReasoningItem(COMPOSE_TASK, depth, f"{start} {' '.join(drawn)}", "", DIGITS, compose(start, drawn),
+                         ask=" =")
+
+
+def compose(start: int, moves: list[str] | tuple[str, ...]) -> int:
+    """The digit reached from ``start`` by applying ``moves`` in order (the compose task's answer)."""
     value = start
     for move in moves:
         value = COMPOSE_MOVES[move][value]
-    return ReasoningItem(COMPOSE_TASK, depth, f"{start} {' '.join(moves)}", "", DIGITS, value, ask=" =")
+    return value
 
 
 GENERATORS: dict[str, Callable[[random.Random, int], ReasoningItem]] = {

@@ -81,15 +81,32 @@ def choose(lls: list[float], choices: list[str], metric: str) -> int:
     raise LoopConfigError(f"metric {metric!r}: expected acc or acc_norm")
 
 
-def score_docs(model, tokenizer, docs: list[dict], metric: str, batch_size: int = 64) -> list[int]:
-    """1 / 0 per lm-eval multiple-choice doc (``query``, ``choices``, ``gold``) at the model's current r."""
+def margin(lls: list[float], gold: int) -> float:
+    """The log-probability margin of an item: the log-odds, in nats, of the gold choice against the others,
+    ``ll_gold - log sum_{j != gold} exp(ll_j)`` from the summed log-likelihoods. It has no ceiling (an item
+    answered right at r = K can still lose confidence at r = 2K), so a paired change of it measures a fall
+    that accuracy near 100 % cannot show."""
+    others = np.delete(np.asarray(lls, dtype=float), gold)
+    top = others.max()
+    return float(lls[gold] - (top + np.log(np.exp(others - top).sum())))
+
+
+def score_items(model, tokenizer, docs: list[dict], metric: str, batch_size: int = 64) -> tuple[list[int], list[float]]:
+    """(1 / 0 correct, log-probability margin) per lm-eval multiple-choice doc (``query``, ``choices``,
+    ``gold``) at the model's current r."""
     requests, spans = [], []
     for doc in docs:
         first = len(requests)
         requests += [encode_pair(tokenizer, doc["query"], " " + choice) for choice in doc["choices"]]
         spans.append((first, len(requests)))
     lls = loglikelihoods(model, requests, batch_size)
-    return [int(choose(lls[a:b], doc["choices"], metric) == doc["gold"]) for doc, (a, b) in zip(docs, spans)]
+    correct = [int(choose(lls[a:b], doc["choices"], metric) == doc["gold"]) for doc, (a, b) in zip(docs, spans)]
+    return correct, [margin(lls[a:b], doc["gold"]) for doc, (a, b) in zip(docs, spans)]
+
+
+def score_docs(model, tokenizer, docs: list[dict], metric: str, batch_size: int = 64) -> list[int]:
+    """1 / 0 per lm-eval multiple-choice doc (``query``, ``choices``, ``gold``) at the model's current r."""
+    return score_items(model, tokenizer, docs, metric, batch_size)[0]
 
 
 def read_docs(path: Path) -> list[dict]:
@@ -144,14 +161,18 @@ def sweep_items(model_dir: str | Path, loops: list[int], task_keys: list[str], i
             "depth": [d.get("depth") for d in items] if any("depth" in d for d in items) else None,
             "trained_depths": trained_depths_of(include / f"{spec.key}.yaml"),
             "correct": {},  # r -> "0110..." (item i's outcome is character i)
+            "margin": {},  # r -> item i's log-probability margin (margin()) in milli-nats, rounded
+            # what each item measures, where the corpus says (held-out contexts: seen / in_horizon / beyond)
+            **({"split": [d.get("split") for d in items]} if any("split" in d for d in items) else {}),
         }
     for r in loops:
         started = time.time()
         set_loops(model, r)
         line = []
         for spec in specs:
-            correct = score_docs(model, tokenizer, docs[spec.key], spec.metric, batch_size)
+            correct, margins = score_items(model, tokenizer, docs[spec.key], spec.metric, batch_size)
             out["tasks"][spec.key]["correct"][str(r)] = "".join(map(str, correct))
+            out["tasks"][spec.key]["margin"][str(r)] = [round(1000.0 * m) for m in margins]
             line.append(f"{spec.key} {100.0 * np.mean(correct):.1f}")
         if valid_prefix:
             out["heldout"][str(r)] = heldout.heldout_loss(model, valid_prefix, seq_length, valid_sequences,
@@ -164,3 +185,8 @@ def sweep_items(model_dir: str | Path, loops: list[int], task_keys: list[str], i
 def outcomes(items: dict, task: str, r: int) -> np.ndarray:
     """0/1 outcomes of ``task``'s items at loop count r (items.json)."""
     return np.frombuffer(items["tasks"][task]["correct"][str(r)].encode(), dtype=np.uint8) - ord("0")
+
+
+def margins(items: dict, task: str, r: int) -> np.ndarray:
+    """Log-probability margins (nats) of ``task``'s items at loop count r (items.json)."""
+    return np.asarray(items["tasks"][task]["margin"][str(r)], dtype=float) / 1000.0

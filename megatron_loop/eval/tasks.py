@@ -92,6 +92,9 @@ BUNDLED_TASKS: dict[str, TaskSpec] = {t.key: t for t in (
     TaskSpec("pointer", ("looplm_pointer_local",), "acc", REASONING, depth_axis="hops"),
     # composition of digit permutations (the paired finding-1 study); the ten digits -> acc
     TaskSpec("compose", ("looplm_compose_local",), "acc", REASONING, depth_axis="moves"),
+    # the facts' in-context control (the studies of megatron_loop/studies/): the same surface form with the
+    # fact stated in the prompt, no stored fact needed; values of different lengths -> acc_norm, in no group
+    TaskSpec("openbook", ("looplm_openbook_local",), "acc_norm", EXTRA),
 )}
 
 

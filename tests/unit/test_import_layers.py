@@ -45,6 +45,8 @@ FLOORS: dict[str, tuple[int, str]] = {
     "megatron_loop.curves": (9, "training curves from metrics.jsonl (tools/plot_metrics.py)"),
     "megatron_loop.dryrun": (9, "--dry-run report: runs training's preflight checks on the plan"),
     "megatron_loop.eval": (10, "loop-sweep evaluation of HF exports"),
+    "megatron_loop.studies": (11, "registered studies: plans, the gate, per-item analysis, archives and the docs "
+                                  "generated from them; above registry (the CPU twins) and eval (per-item scoring)"),
     "megatron_loop.probes": (11, "representation probes of checkpoints or HF exports (the sweep's one-pass rule)"),
     "megatron_loop": (12, "the package root (__init__.py): re-exports load_config, build_model"),
     "tools": (13, "command-line tools: import anything, imported by nothing in the package"),
