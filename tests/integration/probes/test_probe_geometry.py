@@ -26,7 +26,7 @@ def args(prefix: str, out: Path, *extra: str, source: tuple[str, str] = ("--chec
 def test_sample_defaults_come_from_the_run_and_the_data(tmp_path, capsys):
     """Without --seq-length / --num-sequences: the export's training length and the paper's 49 sequences, or
     every window the validation data holds when fewer (a tiny run's first probe works as it is)."""
-    from megatron_loop.hf.convert import export_state_dict
+    from megatron_loop.export.convert import export_state_dict
     from megatron_loop.probes.sampling import packed_windows
 
     prefix = write_prefix(tmp_path)

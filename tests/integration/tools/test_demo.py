@@ -155,7 +155,7 @@ def test_demo_figures_read_back(demo):
     from megatron_loop.eval.report import read_results
     from megatron_loop.probes import plots as probe_plots
     from megatron_loop.probes.report import read_report
-    from megatron_loop.training.curves import plot_dynamics, plot_runs, read_run
+    from megatron_loop.curves import plot_dynamics, plot_runs, read_run
 
     run, _, _ = demo
     results = read_results(run / "model" / "eval" / "results.json")
