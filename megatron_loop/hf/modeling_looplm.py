@@ -72,6 +72,7 @@ loop sweep r = 1..R then costs R loops instead of R(R+1)/2 (``tools/eval_loops.p
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import re
@@ -831,6 +832,11 @@ class TokenExit:
     def done(self) -> bool:
         return not bool(self.active.any())
 
+    def applied(self):
+        """A context around the loops of the forward: nothing here (this file's attention takes the KV policy
+        as an argument, :meth:`merge`); the training model's subclass hooks its attention modules instead."""
+        return contextlib.nullcontext(self)
+
     def kv_mask(self) -> torch.Tensor:
         """``active`` broadcast over keys/values [b, heads, s, d]."""
         return self.active[:, None, :, None]
@@ -1051,6 +1057,127 @@ def shared_kv_slot(config, cache: Cache | None, step: int):
     m = kv_cache_loops(config, step + 1)
     first = config.prelude_layers + (step % m) * config.core_layers
     return first, (OverwritingCache(cache) if cache is not None and step >= m else cache)
+
+
+# ======================================================================================
+# The recurrence: Prelude output -> Core x r -> the state the Coda reads (one implementation)
+# ======================================================================================
+# The loop is written here once: this file's LoopLMModel runs it, and so does the training model
+# (megatron_loop/model/looplm.py), which passes in what it does differently (megatron-core blocks,
+# activation recomputation, truncated backpropagation, its per-step noise seed). A change to the loop --
+# a new exit rule, a readout, a conditioning term -- is made here, for training and export alike.
+
+
+def loop_transition(model, h: torch.Tensor, h0: torch.Tensor, psi, past, core) -> torch.Tensor:
+    """One complete loop h_l -> h_{l+1}: injection, the shared Core, Loop Gating,
+
+        u_l     = I_phi(h_l, h0) + sum_j B_j(h_{l-j} - h_l)       Eqs. (initial_state_injection_variants,
+        y_l     = Core(u_l; psi_l)                                      history_state_injection)
+        h_{l+1} = x_l + g_l (y_l - x_l) with LG,   y_l otherwise    Eq. (loop_level_timestep_gating)
+
+    with x_l = h_l, or u_l under ``loop_gating_reference="injected"``. ``core(u, psi)`` runs the Core's
+    blocks (this file's, with their KV-cache slots; the training model's megatron-core blocks); ``past`` is
+    the history window h_{l-1}, ..., h_{l-m_l} (:func:`history_window`). The conditioning modules are
+    ``model``'s attributes, absent (or None) when not configured."""
+    injection = getattr(model, "initial_injection", None)
+    u = h if injection is None else injection(h, h0)
+    history = getattr(model, "history_injection", None)
+    if history is not None and past:  # differences are taken w.r.t. the recurrent state h_l, not the injected input
+        u = u + history(h, list(past))
+    y = core(u, psi)
+    gating = getattr(model, "loop_gating", None)
+    if gating is not None:
+        y = gating(u if getattr(model.config, "loop_gating_reference", "state") == "injected" else h, y, psi)
+    return y
+
+
+class Recurrence:
+    """The loop of one forward, Sec. 2.1 Eq. (loop-state-evolution): from the Prelude output h0 through
+    ``num_loops`` executions of the Core to the state the Coda reads, with what every loop may add --
+    Huginn's noise start, the history window, the timestep inputs psi_l, per-token adaptive exit
+    (:class:`TokenExit`), Ouro's gate logits, the trajectory, and readouts of the Coda at given loop counts.
+
+    What the two models do differently is passed in:
+
+    * ``step(l, h, h0, psi, past) -> h_{l+1}``: how loop l runs (:func:`loop_transition` over the Core:
+      here with the loop's KV-cache slots and the exit's KV policy; in training through megatron-core
+      blocks, activation recomputation and truncated backpropagation);
+    * ``start(h0)``: the first recurrent state under ``initial_state="noise"`` (Huginn; position-keyed
+      noise here, a per-step draw in training);
+    * ``exit_rule(h)``: the :class:`TokenExit` of an adaptive forward, made from the first recurrent state
+      (its ``applied()`` context wraps the loops: the training model's KV policy hooks);
+    * ``gate(h)``: Ouro's exit-gate logit of a state (``exit_gate="learned"``), kept per loop;
+    * ``readout(h, t)`` with ``readout_loops``: the Coda's output on h^t after loop t (one-pass readouts);
+    * ``on_exit(l)``: called when every token has exited after loop l, before the remaining loops are skipped.
+
+    ``run(h0)`` returns the last state; the token exit, the trajectory (``keep_trajectory``: the first
+    recurrent state, h^1, ..., h^r), the states h^1..h^r (``keep_states``), the gate logits and the
+    readouts stay on the object."""
+
+    def __init__(self, config, step, num_loops: int, *, psi=None, start=None, exit_rule=None, gate=None,
+                 keep_trajectory: bool = False, keep_states: bool = False, readout=None, readout_loops=None,
+                 on_exit=None):
+        self.config, self.step, self.num_loops, self.psi = config, step, num_loops, psi
+        self.start, self.exit_rule, self.gate, self.on_exit = start, exit_rule, gate, on_exit
+        self.keep_trajectory, self.keep_states = keep_trajectory, keep_states
+        self.readout, self.readout_loops = readout, readout_loops
+        self.token_exit: TokenExit | None = None
+        self.trajectory: list[torch.Tensor] | None = None
+        self.states: list[torch.Tensor] = []
+        self.gate_logits: list[torch.Tensor] = []
+        self.read: dict[int, torch.Tensor] = {}  # loop count -> the Coda's output on its state (readout_loops)
+
+    def run(self, h0: torch.Tensor) -> torch.Tensor:
+        h = h0
+        if getattr(self.config, "initial_state", "prelude") == "noise":  # Huginn: s_0 from noise; h0 enters by injection
+            h = self.start(h0)
+        self.trajectory = [h] if self.keep_trajectory else None
+        self.token_exit = None if self.exit_rule is None else self.exit_rule(h)
+        with self.token_exit.applied() if self.token_exit is not None else contextlib.nullcontext():
+            return self._loops(h, h0)
+
+    def _loops(self, h: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+        cfg, token_exit = self.config, self.token_exit
+        completed: list[torch.Tensor] = []  # h_1 .. h_l (h0 excluded), for the history window
+        w = cfg.history_window if getattr(cfg, "history_injection", "none") != "none" else 0
+        for loop in range(self.num_loops):
+            past = history_window(completed, w) if w else []  # h_{l-1}, ..., h_{l-m_l}
+            psi = None if self.psi is None else self.psi[loop]
+            h_next = self.step(loop, h, h0, psi, past)
+            h = h_next if token_exit is None else token_exit.step(h, h_next)
+            del h_next  # no second reference to the state past its loop (it would outlive the Core)
+            if self.gate is not None:
+                self.gate_logits.append(self.gate(h))
+            if self.keep_states:
+                self.states.append(h)
+            if w:
+                completed = completed[-w:] + [h]  # keep only what later windows can reach
+            if self.trajectory is not None:
+                self.trajectory.append(h)
+            done = token_exit is not None and token_exit.done
+            if self.readout_loops is not None and (loop + 1 in self.readout_loops or done):
+                out = self.readout(h, loop + 1)
+                # every token exited: the state stays h, so every later r reads the same
+                self.read.update({t: out for t in self.readout_loops if t == loop + 1 or (done and t > loop + 1)})
+            if done:  # every token exited: the remaining loops would change nothing
+                if self.on_exit is not None:
+                    self.on_exit(loop)
+                break
+        return h
+
+    def exit_logits(self) -> torch.Tensor | None:
+        """Ouro's gate logits of every loop, stacked on a last dimension of ``num_loops`` (None without a
+        gate). Every token exited early: its state, hence lambda, stays that of its last loop."""
+        if not self.gate_logits:
+            return None
+        return torch.stack(self.gate_logits + self.gate_logits[-1:] * (self.num_loops - len(self.gate_logits)),
+                           dim=-1)
+
+
+def coda_input(model, h: torch.Tensor) -> torch.Tensor:
+    """What the Coda reads of h^r: Norm(h^r) under Huginn's ``norm_core_output`` (the final norm used twice),
+    else h^r."""
+    return model.norm(h) if getattr(model.config, "norm_core_output", False) else h
 
 
 # ======================================================================================
@@ -1297,21 +1424,18 @@ class LoopLMModel(LoopLMPreTrainedModel):
     def _first_core_slot(self, step: int) -> int:
         return self.config.prelude_layers + step * self.config.core_layers
 
-    def _loop_iteration(self, h, h0, past_states, psi, step, rope, mask, cache,
+    def _loop_iteration(self, step, h, h0, psi, past_states, rope, mask, cache,
                         token_exit: TokenExit | None = None) -> torch.Tensor:
-        """h_l -> h_{l+1}: injection, the shared Core (cache slots of loop ``step``), Loop Gating."""
-        cfg = self.config
-        u = self.initial_injection(h, h0) if cfg.initial_injection != "none" else h
-        if cfg.history_injection != "none" and past_states:
-            u = u + self.history_injection(h, past_states)  # differences w.r.t. the state h_l
-        y = u
-        first_slot, cache = shared_kv_slot(cfg, cache, step)  # Huginn's KV-cache sharing (kv_cache_loops)
-        for k, block in enumerate(self.core):
-            merge = None if token_exit is None else (lambda kk, vv, layer=k: token_exit.merge(layer, kk, vv))
-            y = block(y, rope, mask, cache, first_slot + k, psi, merge)
-        if cfg.timestep == "loop_gating":
-            y = self.loop_gating(u if cfg.loop_gating_reference == "injected" else h, y, psi)
-        return y
+        """h_l -> h_{l+1} (:func:`loop_transition`): the shared Core with the cache slots of loop ``step``."""
+        first_slot, cache = shared_kv_slot(self.config, cache, step)  # Huginn's KV-cache sharing (kv_cache_loops)
+
+        def core(y, psi):
+            for k, block in enumerate(self.core):
+                merge = None if token_exit is None else (lambda kk, vv, layer=k: token_exit.merge(layer, kk, vv))
+                y = block(y, rope, mask, cache, first_slot + k, psi, merge)
+            return y
+
+        return loop_transition(self, h, h0, psi, past_states, core)
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
@@ -1385,54 +1509,34 @@ class LoopLMModel(LoopLMPreTrainedModel):
         h = inputs_embeds
         for i, block in enumerate(self.prelude):
             h = block(h, rope, mask, cache, i)
-        h0 = h
-        if getattr(cfg, "initial_state", "prelude") == "noise":  # Huginn: s_0 from noise; h0 enters by injection
-            h = noise_initial_state(cfg, h0, position_ids)
-        trajectory = [h] if output_hidden_states else None  # h^0 (the first recurrent state), h^1, ..., h^r
-        completed: list[torch.Tensor] = []  # h_1 .. h_l, for the history window
-        w = cfg.history_window if cfg.history_injection != "none" else 0
         gate = getattr(self, "exit_gate", None)  # Ouro: lambda_t of every loop -> exit_pdf
-        gate_logits: list[torch.Tensor] = []
-        readout = (lambda x: gate(self.norm(x))) if criterion == "q_exit" else (lambda x: exit_readout(self.norm(x)))
-        token_exit = None if criterion == "none" else TokenExit(criterion, threshold, h, readout)
-        read: dict[int, torch.Tensor] = {}  # loop count -> Coda + norm of its state (readout_loops)
-        for step in range(r):
-            past_states = history_window(completed, w) if w else []  # h_{l-1}, ..., h_{l-m_l}
-            psi = psi_all[step] if psi_all is not None else None
-            h_next = self._loop_iteration(h, h0, past_states, psi, step, rope, mask, cache, token_exit)
-            h = h_next if token_exit is None else token_exit.step(h, h_next)
-            if gate is not None:
-                gate_logits.append(gate(self.norm(h)))
-            if w:
-                completed = completed[-w:] + [h]
-            if trajectory is not None:
-                trajectory.append(h)
-            done = token_exit is not None and token_exit.done
-            if readouts is not None and (step + 1 in readouts or done):
-                out = self._coda(h, rope, mask, None, step + 1)
-                # every token exited: the state stays h, so every later r reads the same
-                read.update({t: out for t in readouts if t == step + 1 or (done and t > step + 1)})
-            if done:  # every token exited: skip the remaining loops
-                if cache is not None:
-                    token_exit.fill(cache, self._first_core_slot, range(step + 1, r))
-                break
-        h = read[r] if readouts is not None else self._coda(h, rope, mask, cache, r)
-        # every token exited early: its state, hence lambda, stays that of its last loop
-        exit_pdf = None if gate is None else exit_distribution(torch.stack(
-            gate_logits + gate_logits[-1:] * (r - len(gate_logits)), dim=-1))
+        reading = (lambda x: gate(self.norm(x))) if criterion == "q_exit" else (lambda x: exit_readout(self.norm(x)))
+        loops = Recurrence(
+            cfg, lambda loop, x, x0, psi, hist: self._loop_iteration(loop, x, x0, psi, hist, rope, mask, cache,
+                                                                      loops.token_exit),
+            r, psi=psi_all, start=lambda x0: noise_initial_state(cfg, x0, position_ids),
+            exit_rule=None if criterion == "none" else (lambda x: TokenExit(criterion, threshold, x, reading)),
+            gate=None if gate is None else (lambda x: gate(self.norm(x))), keep_trajectory=bool(output_hidden_states),
+            readout=lambda x, t: self._coda(x, rope, mask, None, t), readout_loops=readouts,
+            on_exit=None if cache is None else (
+                lambda loop: loops.token_exit.fill(cache, self._first_core_slot, range(loop + 1, r))))
+        h = loops.run(h)
+        h = loops.read[r] if readouts is not None else self._coda(h, rope, mask, cache, r)
+        logits = loops.exit_logits()
+        exit_pdf = None if logits is None else exit_distribution(logits)
+        token_exit = loops.token_exit
         # ``hidden_states`` is the recurrent trajectory (h^0, ..., h^r), not per-block outputs (with
         # adaptive exit: up to the last loop any token ran).
         return LoopLMModelOutput(last_hidden_state=h, **{CACHE_FIELD: cache},
-                                 hidden_states=tuple(trajectory) if trajectory is not None else None,
+                                 hidden_states=tuple(loops.trajectory) if loops.trajectory is not None else None,
                                  exit_loops=None if token_exit is None else token_exit.loops, exit_pdf=exit_pdf,
-                                 readout_states=None if readouts is None else tuple(read[t] for t in readouts))
+                                 readout_states=None if readouts is None else tuple(loops.read[t] for t in readouts))
 
     def _coda(self, h: torch.Tensor, rope, mask, cache: Cache | None, r: int) -> torch.Tensor:
         """C(h^r) and the final norm; the Coda's cache slots follow the r loops' (p + r·s + j; p + m·s + j
         with KV-cache sharing). ``norm_core_output``: C reads Norm(h^r), the final norm applied twice (Huginn)."""
         coda_slot = self.config.prelude_layers + kv_cache_loops(self.config, r) * self.config.core_layers
-        if getattr(self.config, "norm_core_output", False):
-            h = self.norm(h)
+        h = coda_input(self, h)
         for j, block in enumerate(self.coda):
             h = block(h, rope, mask, cache, coda_slot + j)
         return self.norm(h)

@@ -73,7 +73,12 @@ def check_exit(criterion: str, threshold: float, exit_gate: str = "none") -> Non
 
 class TokenExit(_TokenExit):
     """The export's ``TokenExit`` on ``LoopLM``'s layouts: tokens ``[s, b]``, megatron-core keys
-    ``[s, b, groups, head_dim]``; the KV policy reaches the core attention through pre-hooks."""
+    ``[s, b, groups, head_dim]``; the KV policy reaches the core attention through pre-hooks, applied for the
+    loops of the forward (:meth:`applied`, which the export's ``Recurrence`` enters)."""
+
+    def __init__(self, criterion: str, threshold: float, h0: torch.Tensor, readout, core: nn.ModuleList | None = None):
+        super().__init__(criterion, threshold, h0, readout)
+        self.core = core  # the blocks whose attention the KV policy reaches (applied)
 
     def kv_mask(self) -> torch.Tensor:
         return self.active[:, :, None, None]
@@ -81,6 +86,10 @@ class TokenExit(_TokenExit):
     def _pre_hook(self, layer: int, module: nn.Module, args: tuple) -> tuple:
         query, key, value = args[:3]
         return (query, *self.merge(layer, key, value), *args[3:])
+
+    def applied(self):
+        """The KV policy on this model's core blocks for the loops of one forward (:meth:`latest_kv`)."""
+        return self.latest_kv(self.core)
 
     @contextmanager
     def latest_kv(self, core: nn.ModuleList):

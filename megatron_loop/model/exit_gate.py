@@ -24,7 +24,7 @@ never with the full-vocabulary logits of the batch. -beta H is KL(p || uniform) 
 uniform prior, up to a constant (the same gradients). Ouro uses beta = 0.1 (``train.exit_entropy_beta``).
 
 Stage II (``train.exit_gate_objective: adaptive_gate``): the LM is frozen (every parameter but the gate's
-is set ``requires_grad=False`` by :func:`configure_exit_training`; the per-step losses and the gate's
+is set ``requires_grad=False`` by :meth:`ExitObjective.prepare`; the per-step losses and the gate's
 input are detached as well, so the LM receives no gradient even unfrozen), and the gate learns from the
 loss improvement of each step, t = 2..T:
 
@@ -35,7 +35,9 @@ loss improvement of each step, t = 2..T:
 w the "continue" label, k = 50 and gamma = 0.005 in Ouro (``train.exit_gate_k``, ``train.exit_gate_gamma``).
 A forward of one loop has no improvement to learn from: its Stage II loss is 0.
 
-Both objectives are training objectives: they replace the loss in training mode only; in eval mode
+Both objectives are training objectives, passed with a training step's options (the ``objective`` of
+:class:`~megatron_loop.model.options.LoopOptions`, :class:`megatron_loop.training.step.TrainStep`): they
+replace the loss in training mode only; in eval mode
 (validation, the loop dynamics) the loss stays the cross-entropy of the prediction at r, comparable
 with every other model. Tensor parallelism is refused (the vocabulary-parallel head returns summed,
 not per-token, losses).
@@ -81,6 +83,15 @@ class ExitObjective:
         if train.exit_gate_objective == "none":
             return None
         return cls(train.exit_gate_objective, train.exit_entropy_beta, train.exit_gate_k, train.exit_gate_gamma)
+
+    def prepare(self, model) -> None:
+        """Before the optimizer sees ``model``: Stage II freezes every parameter but the gate's (the optimizer
+        then holds the gate only: weight decay and momentum leave the LM as it is)."""
+        if self.kind == ADAPTIVE_GATE:
+            gate = {id(p) for p in model.exit_gate.parameters()}
+            for p in model.parameters():
+                if id(p) not in gate:
+                    p.requires_grad_(False)
 
     def loss(self, model, states: list[torch.Tensor], gate_logits: list[torch.Tensor], rope,
              labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,15 +154,3 @@ def adaptive_gate_loss(step_losses: torch.Tensor, gate_logits: torch.Tensor, val
     bce = -(w * F.logsigmoid(-a) + (1 - w) * F.logsigmoid(a)).mean(-1)
     mask = valid.to(bce.dtype)
     return (bce * mask).sum() / mask.sum()
-
-
-def configure_exit_training(model, train: TrainConfig) -> None:
-    """Give ``model`` its training objective (``train.exit_gate_objective``); Stage II also freezes every
-    parameter but the gate's (the optimizer then holds the gate only: weight decay and momentum leave the
-    LM as it is). Called on the built model, before the engine (``training/setup.py``)."""
-    model.exit_objective = ExitObjective.of(train)
-    if model.exit_objective is not None and model.exit_objective.kind == ADAPTIVE_GATE:
-        gate = {id(p) for p in model.exit_gate.parameters()}
-        for p in model.parameters():
-            if id(p) not in gate:
-                p.requires_grad_(False)

@@ -30,7 +30,6 @@ any r reuses the compiled blocks. The step never reads a value back to the host.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -45,12 +44,13 @@ from megatron_loop.model.adaptive_exit import TokenExit, check_exit
 from megatron_loop.model.exit_gate import ExitGate, exit_distribution
 from megatron_loop.model.compat import (RotaryTables, rope_freqs, rope_inv_freq, rope_tables,
                                         transformer_config)
+from megatron_loop.hf.modeling_looplm import Recurrence, coda_input, loop_transition
 from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStateInjection, LoopGating,
-                                              ShortcutEmbedding, branch_modulation, history_window,
-                                              timestep_features)
+                                              ShortcutEmbedding, branch_modulation, timestep_features)
 from megatron_loop.model.initial_state import check_tensor_parallel, huginn_adapter_init_, noise_state
 from megatron_loop.model.layers import loop_block_spec
 from megatron_loop.model.loss import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked_linear_cross_entropy
+from megatron_loop.model.options import LoopOptions
 from megatron_loop.model.shortcut import ShortcutTrajectory, shortcut_objective
 from megatron_loop.model.shortcut import timestep_inputs as shortcut_timestep_inputs
 from megatron_loop.config.validation import EXIT_GATE_TP_REFUSAL
@@ -140,11 +140,10 @@ class LoopLM(nn.Module):
             block.set_timestep_modulation(branch_modulation(config.timestep, d, config.initializer_range),
                                           branch_modulation(config.timestep, d, config.initializer_range),
                                           modulation_kind)
-        # ---- Ouro's learned exit gate (exit_gate.py); its objective is set for training (configure_exit_training)
+        # ---- Ouro's learned exit gate (exit_gate.py); its training objective comes with a step's options
         if config.exit_gate == "learned" and self.tensor_parallel.enabled:
             raise LoopConfigError(EXIT_GATE_TP_REFUSAL)
         self.exit_gate = ExitGate(d, config.initializer_range) if config.exit_gate == "learned" else None
-        self.exit_objective = None
 
         # Rotary frequencies stay fp32 on the host (not a buffer: ``model.bfloat16()``, as DeepSpeed's
         # bf16 engine does, would round them and shift every angle away from the HF export's).
@@ -219,35 +218,30 @@ class LoopLM(nn.Module):
 
     def loop_iteration(self, h: torch.Tensor, h0: torch.Tensor, rope: RotaryTables, psi: torch.Tensor | None,
                        *past: torch.Tensor) -> torch.Tensor:
-        """One complete loop h_l -> h_{l+1}: injection, the shared core, loop-level gating.
+        """One complete loop h_l -> h_{l+1} (injection, the shared core, Loop Gating): the export's
+        :func:`~megatron_loop.hf.modeling_looplm.loop_transition` over this model's megatron-core blocks.
+        ``past`` is the history window h_{l-1}, ..., h_{l-m_l} (possibly empty); tensors are arguments, not
+        closed over, so that a recomputed loop (``recompute.py``) sees them as its inputs."""
 
-        ``past`` is the history window h_{l-1}, ..., h_{l-m_l} (possibly empty).
-        """
-        u = h if self.initial_injection is None else self.initial_injection(h, h0)
-        if self.history_injection is not None and past:
-            # differences are taken w.r.t. the recurrent state h_l, not the injected input
-            u = u + self.history_injection(h, list(past))
-        y = u
-        for block in self.core:
-            y = block(y, rope, psi)
-        if self.loop_gating is not None:  # reference h_l or u_l: conditioning.LoopGating
-            y = self.loop_gating(u if self.config.loop_gating_reference == "injected" else h, y, psi)
-        return y
+        def core(y: torch.Tensor, psi: torch.Tensor | None) -> torch.Tensor:
+            for block in self.core:
+                y = block(y, rope, psi)
+            return y
+
+        return loop_transition(self, h, h0, psi, past, core)
 
     def coda_input(self, h: torch.Tensor) -> torch.Tensor:
-        """What the Coda reads of h^r after the last loop: Norm(h^r) under Huginn's ``norm_core_output``
-        (the final norm used twice), else h^r. The forward and the probes' Coda readouts at each r of a
+        """What the Coda reads of h^r after the last loop (the export's :func:`coda_input`: Norm(h^r) under
+        Huginn's ``norm_core_output``, else h^r). The forward and the probes' Coda readouts at each r of a
         one-pass sweep (``probes/runner.py``) both read it here."""
-        return self.norm(h) if self.config.norm_core_output else h
+        return coda_input(self, h)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, input_ids: torch.Tensor, num_loops: int | None = None, labels: torch.Tensor | None = None,
-                return_trajectory: bool = False, timestep_grid: str | None = None,
-                compute_logits: bool = True, backprop_loops: int | None = None,
-                exit_criterion: str = "none", exit_threshold: float = 0.0, loop_steps: tuple[int, ...] | None = None,
-                return_hidden: bool = False, shortcut: ShortcutTrajectory | None = None,
-                initial_state_seed: int | None = None) -> LoopLMOutput:
-        """Logits ``[b, s, V]`` and, with ``labels``, the mean next-token loss.
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, options: LoopOptions | None = None,
+                **fields) -> LoopLMOutput:
+        """Logits ``[b, s, V]`` and, with ``labels``, the mean next-token loss; what runs is ``options``
+        (:class:`~megatron_loop.model.options.LoopOptions`, one object a training step passes whole), or its
+        fields as keywords (``model(ids, num_loops=3)``).
 
         ``labels`` follows the HF convention: ``labels[:, t]`` is the token at position t and the
         loss averages the s - 1 predictions of tokens 1..s-1 (positions with -100 ignored).
@@ -255,109 +249,95 @@ class LoopLM(nn.Module):
         the config's inference grid (``rescaled`` | ``prefix``).
         ``backprop_loops`` N: only the last N loops build a graph (``None``: all of them).
         ``exit_criterion`` (``none`` | ``kl`` | ``cosine`` | ``q_exit``) with ``exit_threshold``: per-token
-        adaptive exit with r as the cap (inference only, ``adaptive_exit.py``); ``exit_loops``
-        of the output then holds each token's loop count.
+        adaptive exit with r as the cap (inference only, ``adaptive_exit.py``; the forward runs without a
+        graph); ``exit_loops`` of the output then holds each token's loop count.
         With Ouro's exit gate, ``exit_pdf`` holds p(t|x) and, in training mode with ``labels`` and an
-        ``exit_objective``, the loss is Ouro's Stage I or II objective (``exit_gate.py``).
+        :class:`~megatron_loop.model.exit_gate.ExitObjective` as ``objective``, the loss is Ouro's Stage I or
+        II objective (``exit_gate.py``).
         LoopFormer (``shortcut.py``): ``loop_steps`` runs a trajectory of step sizes n_l / K (positive
-        integers summing to K) in place of the grid of r; with ``labels``, ``shortcut`` (the step's
-        :class:`ShortcutTrajectory`) makes the loss LoopFormer's objective; ``return_hidden`` keeps the
-        head input [b, s, d] in ``hidden``.
+        integers summing to K) in place of the grid of r; with ``labels``, a
+        :class:`ShortcutTrajectory` as ``objective`` makes the loss LoopFormer's objective; ``return_hidden``
+        keeps the head input [b, s, d] in ``hidden``.
         Huginn (``initial_state.py``): with ``model.initial_state: noise`` the recurrence starts from
         noise, an iid draw seeded by ``initial_state_seed`` (a training step's ``step_seed``) or, when
         None, the position-keyed noise of ``model.initial_state_seed`` (the HF export's).
+
+        The loop itself is the export's :class:`~megatron_loop.hf.modeling_looplm.Recurrence`; this model
+        passes in how a loop runs here (megatron-core blocks, recomputation, truncated backpropagation) and
+        Huginn's per-step noise.
         """
-        if shortcut is not None:  # LoopFormer's full + short trajectory and their consistency (shortcut.py)
-            loss, logits = shortcut_objective(self, input_ids, labels, shortcut, compute_logits)
+        run = LoopOptions.of(options, fields)
+        if isinstance(run.objective, ShortcutTrajectory):  # LoopFormer's full + short trajectory (shortcut.py)
+            loss, logits = shortcut_objective(self, input_ids, labels, run)
             return LoopLMOutput(logits=logits, loss=loss)
-        if exit_criterion != "none" and torch.is_grad_enabled():
+        if run.exit_criterion != "none":
+            self.tensor_parallel.check_exit(run.exit_criterion)
+            check_exit(run.exit_criterion, run.exit_threshold, self.config.exit_gate)
             with torch.no_grad():  # exit decisions are not differentiable
-                return self.forward(input_ids, num_loops, labels, return_trajectory, timestep_grid, compute_logits,
-                                    backprop_loops, exit_criterion, exit_threshold)
-        if exit_criterion != "none":
-            self.tensor_parallel.check_exit(exit_criterion)
-            check_exit(exit_criterion, exit_threshold, self.config.exit_gate)
+                return self._forward(input_ids, labels, run)
+        return self._forward(input_ids, labels, run)
+
+    def _forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None, run: LoopOptions) -> LoopLMOutput:
         cfg = self.config
-        r = cfg.train_loops if num_loops is None else int(num_loops)
-        if loop_steps is not None:  # a trajectory: its number of steps (shortcut.py)
-            r = len(loop_steps)
+        r = cfg.train_loops if run.num_loops is None else int(run.num_loops)
+        if run.loop_steps is not None:  # a trajectory: its number of steps (shortcut.py)
+            r = len(run.loop_steps)
         if r < 1:
-            raise LoopConfigError(f"num_loops={num_loops}: expected an integer >= 1")
-        if backprop_loops is not None and int(backprop_loops) < 1:
-            raise LoopConfigError(f"backprop_loops={backprop_loops}: expected None (all loops) or an integer >= 1")
+            raise LoopConfigError(f"num_loops={run.num_loops}: expected an integer >= 1")
+        if run.backprop_loops is not None and int(run.backprop_loops) < 1:
+            raise LoopConfigError(f"backprop_loops={run.backprop_loops}: expected None (all loops) or an integer >= 1")
         if input_ids.shape[1] > cfg.max_position_embeddings:
             raise LoopConfigError(f"input length {input_ids.shape[1]} exceeds model.max_position_embeddings="
                                   f"{cfg.max_position_embeddings}")
-        grid = timestep_grid or cfg.timestep_grid
-        psi_all = self.timestep_inputs(r, grid, input_ids.device, loop_steps) if self.uses_timestep else None
+        grid = run.timestep_grid or cfg.timestep_grid
+        psi_all = self.timestep_inputs(r, grid, input_ids.device, run.loop_steps) if self.uses_timestep else None
 
         h = self.tensor_parallel.embed(self.embed_tokens, input_ids)  # [s, b, d] ([s/N, b, d] sequence parallel)
         rope = self._rope(input_ids.shape[1], input_ids.device, h.dtype)
         for block in self.prelude:
             h = block(h, rope)
 
-        h0 = h
-        if cfg.initial_state == "noise":  # Huginn: h0 = e enters through the injection (initial_state.py)
-            h = noise_state(cfg, h0, initial_state_seed)
-        trajectory = [h] if return_trajectory else None  # the first recurrent state, h^1, ..., h^r
-        completed: list[torch.Tensor] = []  # h_1 .. h_l (h0 excluded), for the history window
-        w = cfg.history_window if self.history_injection is not None else 0
         # Truncated backpropagation: loops 0 .. detached-1 run without a graph; h_detached is a constant.
-        detached = 0 if backprop_loops is None else max(r - int(backprop_loops), 0)
+        detached = 0 if run.backprop_loops is None else max(r - int(run.backprop_loops), 0)
         # How each graphed loop runs (activation recomputation, when applied); detached loops keep nothing
         runners = None if self.recompute is None else self.recompute.loop_runners(r - detached, h)
-        token_exit = None
-        if exit_criterion != "none":
-            readout = ((lambda x: self.exit_gate(self.norm(x))) if exit_criterion == "q_exit"
-                       else (lambda x: F.linear(self.norm(x), self.head_weight())))
-            token_exit = TokenExit(exit_criterion, exit_threshold, h, readout)
-        # Ouro: the gate's logit after every loop; Stage I/II read every state h^1..h^r
-        objective = self.exit_objective if labels is not None and self.training else None
-        gate_logits, states = [], []
-        with token_exit.latest_kv(self.core) if token_exit is not None else nullcontext():
-            for step in range(r):
-                psi = None if psi_all is None else psi_all[step]
-                past = history_window(completed, w) if w else []
-                if step < detached:
-                    with torch.no_grad():
-                        h_next = self.loop_iteration(h, h0, rope, psi, *past)
-                elif runners is None:
-                    h_next = self.loop_iteration(h, h0, rope, psi, *past)
-                else:
-                    h_next = runners[step - detached](self.loop_iteration, h, h0, rope, psi, *past)
-                h = h_next if token_exit is None else token_exit.step(h, h_next)
-                del h_next  # no second reference to the state past its loop (it would outlive the core)
-                if self.exit_gate is not None:
-                    gate_logits.append(self.exit_gate(self.norm(h)))
-                if objective is not None:
-                    states.append(h)
-                if w:
-                    completed = completed[-w:] + [h]  # keep only what later windows can reach
-                if trajectory is not None:
-                    trajectory.append(h)
-                if token_exit is not None and token_exit.done:
-                    break  # every token exited: the remaining loops would change nothing
 
-        h = self.coda_input(h)
+        def step(loop: int, x, x0, psi, past) -> torch.Tensor:
+            if loop < detached:
+                with torch.no_grad():
+                    return self.loop_iteration(x, x0, rope, psi, *past)
+            if runners is None:
+                return self.loop_iteration(x, x0, rope, psi, *past)
+            return runners[loop - detached](self.loop_iteration, x, x0, rope, psi, *past)
+
+        exit_rule = None
+        if run.exit_criterion != "none":
+            reading = ((lambda x: self.exit_gate(self.norm(x))) if run.exit_criterion == "q_exit"
+                       else (lambda x: F.linear(self.norm(x), self.head_weight())))
+            exit_rule = lambda x: TokenExit(run.exit_criterion, run.exit_threshold, x, reading, core=self.core)  # noqa: E731
+        # Ouro: the gate's logit after every loop; Stage I/II read every state h^1..h^r
+        objective = run.objective if labels is not None and self.training else None
+        loops = Recurrence(cfg, step, r, psi=psi_all, start=lambda x0: noise_state(cfg, x0, run.initial_state_seed),
+                           exit_rule=exit_rule, keep_trajectory=run.return_trajectory, keep_states=objective is not None,
+                           gate=None if self.exit_gate is None else (lambda x: self.exit_gate(self.norm(x))))
+        h = self.coda_input(loops.run(h))
         loss = None
         if objective is not None:  # Ouro's training objective; h: the head input at r
-            loss, h = objective.loss(self, states, gate_logits, rope, labels)
+            loss, h = objective.loss(self, loops.states, loops.gate_logits, rope, labels)
         else:
             for block in self.coda:
                 h = block(h, rope)
             h = self.tensor_parallel.head_input(self.norm(h)).transpose(0, 1)  # [b, s, d]
             if labels is not None:
                 loss = self.loss(h, labels)
-        logits = self.tensor_parallel.logits(h, self.head_weight()) if compute_logits else None
-        if trajectory is not None:
-            trajectory = [self.tensor_parallel.gather_sequence(t).transpose(0, 1) for t in trajectory]
-        exit_loops = None if token_exit is None else token_exit.loops.transpose(0, 1)
-        exit_pdf = None
-        if gate_logits:  # every token exited early: its state, hence lambda, stays that of its last loop
-            exit_pdf = exit_distribution(torch.stack(gate_logits + gate_logits[-1:] * (r - len(gate_logits)),
-                                                     dim=-1).transpose(0, 1))
+        logits = self.tensor_parallel.logits(h, self.head_weight()) if run.compute_logits else None
+        trajectory = None if loops.trajectory is None else [self.tensor_parallel.gather_sequence(t).transpose(0, 1)
+                                                              for t in loops.trajectory]
+        exit_loops = None if loops.token_exit is None else loops.token_exit.loops.transpose(0, 1)
+        gate_logits = loops.exit_logits()  # [s, b, r]
+        exit_pdf = None if gate_logits is None else exit_distribution(gate_logits.transpose(0, 1))
         return LoopLMOutput(logits=logits, loss=loss, trajectory=trajectory, exit_loops=exit_loops, exit_pdf=exit_pdf,
-                            hidden=h if return_hidden else None)
+                            hidden=h if run.return_hidden else None)
 
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy (App. C.2) from final hidden states ``[b, s, d]``.

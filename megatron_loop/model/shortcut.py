@@ -79,7 +79,8 @@ def sample_short_trajectory(train_loops: int, seed: int, step: int, micro: int =
 
 
 def shortcut_trajectory(train, train_loops: int, step: int, micro: int = 0) -> ShortcutTrajectory | None:
-    """What ``train_step`` passes to the model for a micro-batch (None unless ``train.shortcut_consistency``)."""
+    """The objective a training step's micro-batch passes to the model (None unless ``train.shortcut_consistency``;
+    :class:`megatron_loop.training.step.TrainStep`)."""
     if not train.shortcut_consistency:
         return None
     return ShortcutTrajectory(sample_short_trajectory(train_loops, train.seed, step, micro),
@@ -124,14 +125,18 @@ def shortcut_consistency_loss(full: torch.Tensor, short: torch.Tensor, tp_size: 
     return loss
 
 
-def shortcut_objective(model, input_ids: torch.Tensor, labels: torch.Tensor | None, spec: ShortcutTrajectory,
-                       compute_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """LoopFormer's training loss (module docstring) and the full trajectory's logits (if asked for)."""
+def shortcut_objective(model, input_ids: torch.Tensor, labels: torch.Tensor | None,
+                       run) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """LoopFormer's training loss (module docstring) and the full trajectory's logits (if asked for) of the
+    forward ``run`` (its :class:`~megatron_loop.model.options.LoopOptions`, ``objective`` the step's
+    :class:`ShortcutTrajectory`): both passes keep every other option of the step."""
+    spec = run.objective
     if labels is None:
-        raise LoopConfigError("LoopLM.forward(shortcut=...): LoopFormer's shortcut-consistency objective needs labels")
-    full = model.forward(input_ids, labels=labels, compute_logits=compute_logits, return_hidden=True)
-    short = model.forward(input_ids, labels=labels, compute_logits=False, return_hidden=True,
-                          loop_steps=tuple(spec.steps))
+        raise LoopConfigError("LoopLM.forward(objective=ShortcutTrajectory(...)): LoopFormer's shortcut-consistency "
+                              "objective needs labels")
+    full = model.forward(input_ids, labels, run.but(objective=None, return_hidden=True))
+    short = model.forward(input_ids, labels, run.but(objective=None, compute_logits=False, return_hidden=True,
+                                                     loop_steps=tuple(spec.steps)))
     consistency = shortcut_consistency_loss(full.hidden, short.hidden, model.tensor_parallel.placement.tp_size)
     loss = full.loss + spec.short_loss_weight * short.loss + spec.consistency_weight * consistency
     return loss, full.logits

@@ -35,14 +35,12 @@ from megatron_loop.data.loaders import LoaderFailure, end_loader_workers, loader
 from megatron_loop.errors import LoopDataError, os_error_line
 from megatron_loop.flops import mfu
 from megatron_loop.model.recompute import new_loop_schedules
-from megatron_loop.model.shortcut import shortcut_trajectory
 from megatron_loop.training import checkpoint, distributed, divergence, signals
 from megatron_loop.training.dynamics import loop_dynamics
-from megatron_loop.model.initial_state import step_seed
-from megatron_loop.training.loop_sampling import sample_train_loops
 from megatron_loop.training.metrics import MetricsLogger, memory_stats
 from megatron_loop.training.setup import Run, build_run
 from megatron_loop.training.signals import StopController
+from megatron_loop.training.step import TrainStep
 
 EXIT_NONFINITE = 3
 EXIT_FAILED = 1
@@ -62,30 +60,19 @@ class CollectiveFailure(RuntimeError):
 def train_step(run: Run, k: int | None = None, step: int = 0) -> tuple[float, float, dict[str, float | None], bool]:
     """One global batch: (mean loss over ranks and micro-batches, raw grad norm, lr per group, applied).
 
-    ``k``: this step's loop count (``loop_sampling.sample_train_loops``; default K), the same for
-    every micro-batch; ``train.backprop_loops`` truncates backpropagation to its last N loops.
-    ``step`` (0-based) seeds Huginn's noise state, ``model.initial_state: noise`` (model/initial_state.py),
-    and LoopFormer's short trajectories, ``train.shortcut_consistency`` (model/shortcut.py).
+    ``k``: this step's loop count (``run.step.loops``; default K), the same for every micro-batch; ``step``
+    (0-based) is the optimizer step. What each micro-batch's forward computes -- the grid of a sampled r,
+    truncated backpropagation, Huginn's noise seed, LoopFormer's short trajectory, Ouro's objective -- is
+    :class:`~megatron_loop.training.step.TrainStep`'s: this loop knows no design.
     """
     engine, k = run.engine, run.cfg.model.train_loops if k is None else k
-    # Only non-default variable-depth settings reach the model: the paper's call is unchanged.
-    depth = {} if k == run.cfg.model.train_loops else {"timestep_grid": "rescaled"}  # psi on the grid of k
-    if run.cfg.train.backprop_loops is not None:
-        depth["backprop_loops"] = run.cfg.train.backprop_loops
     lrs = {f"lr_{g.get('name', i)}": g["lr"] for i, g in enumerate(run.optimizer.param_groups)}
     losses = []
     for micro in range(run.accumulation):
-        if run.cfg.model.initial_state == "noise":  # Huginn: this micro-batch's s_0, stateless (initial_state.py)
-            depth["initial_state_seed"] = step_seed(run.cfg.train.seed, step, micro, run.info.rank)
-        # LoopFormer (train.shortcut_consistency, model/shortcut.py): this micro-batch's short trajectory,
-        # from (seed, step, micro-batch), the same on every rank
-        shortcut = shortcut_trajectory(run.cfg.train, run.cfg.model.train_loops, step, micro)
-        if shortcut is not None:
-            depth["shortcut"] = shortcut
         # pinned by the loader on CUDA (data/loaders.py): the copy is queued, the host does not wait
         tokens = next(run.train_iter)["tokens"].to(engine.device, non_blocking=True)
         run.last_tokens = tokens  # what a non-finite stop checks the weights on without validation data
-        loss = engine(tokens, num_loops=k, labels=tokens, compute_logits=False, **depth).loss
+        loss = engine(tokens, labels=tokens, options=run.step.options(k, step, micro)).loss
         engine.backward(loss)  # divides by the accumulation steps (App. C.2)
         engine.step()  # optimizer + schedule only at the accumulation boundary
         losses.append(loss.detach().float())
@@ -104,8 +91,8 @@ def evaluate(run: Run) -> dict[str, float]:
     engine.eval()
     result = {}
     for r in run.cfg.train.eval_loops:
-        losses = [engine(b["tokens"].to(engine.device), num_loops=r, labels=b["tokens"].to(engine.device),
-                         compute_logits=False).loss.float().item() for b in run.valid_batches]
+        losses = [engine(b["tokens"].to(engine.device), labels=b["tokens"].to(engine.device),
+                         options=TrainStep.validation(r)).loss.float().item() for b in run.valid_batches]
         result[f"val_loss_r{r}"] = distributed.all_reduce_mean([sum(losses) / len(losses)])[0]
     engine.train()
     return result
@@ -187,7 +174,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
         while state.step < run.total_steps:
             step_start = time.perf_counter()
             before = TrainState(**vars(state))
-            loops = sample_train_loops(t, cfg.model.train_loops, state.step)  # from (seed, step): same on every rank
+            loops = run.step.loops(state.step)  # from (seed, step): the same on every rank
             loss, grad_norm, lrs, applied = train_step(run, loops, state.step)
             step_s = time.perf_counter() - step_start
             for note in new_loop_schedules(run.engine.module):  # auto: each new schedule and its assumptions

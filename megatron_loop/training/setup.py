@@ -31,7 +31,6 @@ from megatron_loop.config.launch_env import launch_world_size
 from megatron_loop.data.loaders import SupervisedBatches, build_train_valid_loaders
 from megatron_loop.measure.peak_flops import peak_flops_per_device
 from megatron_loop.model import build_model
-from megatron_loop.model.exit_gate import configure_exit_training
 from megatron_loop.optim import build_engine
 from megatron_loop.optim.engine import describe_precision
 from megatron_loop.parallel.bootstrap import init_model_parallel
@@ -47,6 +46,7 @@ from megatron_loop.training.lock import RunLock
 from megatron_loop.training.metrics import MetricsLogger
 from megatron_loop.training.resume import Hyperparameters, ResumeDecision, apply_decision, decide_resume, run_settings
 from megatron_loop.training.signals import StopController
+from megatron_loop.training.step import TrainStep
 
 
 @dataclass
@@ -64,6 +64,7 @@ class Run:
     zero_stage: int
     peak_flops: float | None  # None: no known peak (CPU without logging.peak_tflops), no MFU
     root: Path
+    step: TrainStep | None = None  # what a training step computes (training/step.py)
     settings: dict | None = None  # what each checkpoint's manifest records (resume.run_settings)
     lock: RunLock | None = None  # rank 0's hold on train.output_dir
     last_tokens: object = None  # the last training micro-batch (a non-finite stop checks the weights on it)
@@ -170,7 +171,8 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
 
     model = build_model(cfg.model, placement)  # plain: the groups above are this run's
     kept = init_from.load_source_weights(model, source) if source is not None else []  # before the engine
-    configure_exit_training(model, t)  # Ouro's objective (train.exit_gate_objective), before the optimizer
+    step = TrainStep(t, cfg.model, info.rank)
+    step.prepare(model)  # what the objective needs before the optimizer (Ouro's Stage II: the LM frozen)
     compile_note = parallelize(model, stage)
     parts = build_engine(model, t, micro_batch_size=t.micro_batch_size, grad_accum=accumulation,
                          total_steps=total_steps, ds_config=ds,
@@ -213,7 +215,7 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
             else peak_flops_per_device(device, cfg.logging.peak_tflops)[0])
     run = Run(cfg=cfg, info=info, engine=engine, optimizer=optimizer, train_iter=batches,
               valid_batches=valid_batches, accumulation=accumulation, total_steps=total_steps,
-              zero_stage=stage, peak_flops=peak, root=root,
+              zero_stage=stage, peak_flops=peak, root=root, step=step,
               settings=settings, lock=lock)
     if stopper is not None:
         launchers = distributed.launcher_processes()

@@ -2,8 +2,8 @@
 
     python tests/support/train_scripts/record_loops.py OUT_PREFIX [pretrain_loop.py arguments]
 
-Appends one JSON line ``[num_loops, backprop_loops, timestep_grid, initial_state_seed]`` per training
-micro-batch
+Appends one JSON line ``[num_loops, backprop_loops, timestep_grid, initial_state_seed]`` (the forward's
+:class:`~megatron_loop.model.options.LoopOptions`) per training micro-batch
 to ``OUT_PREFIX.rank{RANK}.jsonl`` (the sampled-loop tests compare ranks, steps and resumes).
 """
 
@@ -25,15 +25,16 @@ def main() -> int:
     rest = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
     out, argv = Path(rest[0]), launcher_args + rest[1:]
     from megatron_loop.model.looplm import LoopLM
+    from megatron_loop.model.options import LoopOptions
 
     forward = LoopLM.forward
     calls: list[list] = []
 
-    def recording(self, *args, **kwargs):
-        if self.training:
-            calls.append([kwargs.get("num_loops"), kwargs.get("backprop_loops"), kwargs.get("timestep_grid"),
-                          kwargs.get("initial_state_seed")])
-        return forward(self, *args, **kwargs)
+    def recording(self, input_ids, labels=None, options=None, **fields):
+        if self.training:  # the options a training step passes (training/step.py), whole
+            run = LoopOptions.of(options, fields)
+            calls.append([run.num_loops, run.backprop_loops, run.timestep_grid, run.initial_state_seed])
+        return forward(self, input_ids, labels, options, **fields)
 
     LoopLM.forward = recording
     import pretrain_loop

@@ -17,7 +17,7 @@ from megatron_loop.config import build_model_config
 from megatron_loop.config.sections import Config, TrainConfig
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.hf.modeling_looplm import ExitCDF, exit_distribution
-from megatron_loop.model.exit_gate import adaptive_gate_loss, configure_exit_training, entropy_regularized_loss
+from megatron_loop.model.exit_gate import ExitObjective, adaptive_gate_loss, entropy_regularized_loss
 from megatron_loop.model.looplm import build_model
 from megatron_loop.model.loss import (IGNORE_INDEX, chunked_linear_cross_entropy, token_linear_cross_entropy,
                                       weighted_linear_cross_entropy)
@@ -131,8 +131,8 @@ def test_the_training_objective_of_the_forward_reads_the_prediction_at_every_r()
     x[1, 5] = 3
     labels = x.clone()
     labels[0, 4] = IGNORE_INDEX
-    configure_exit_training(model, TrainConfig(exit_gate_objective="entropy_regularized", exit_entropy_beta=0.2))
-    got = model.train()(x, num_loops=3, labels=labels, compute_logits=False).loss
+    objective = ExitObjective.of(TrainConfig(exit_gate_objective="entropy_regularized", exit_entropy_beta=0.2))
+    got = model.train()(x, num_loops=3, labels=labels, compute_logits=False, objective=objective).loss
     with torch.no_grad():
         model.eval()
         p = model(x, num_loops=3).exit_pdf[:, :-1].reshape(-1, 3)
@@ -150,11 +150,12 @@ def test_the_training_objective_of_the_forward_reads_the_prediction_at_every_r()
 
 def test_stage_two_trains_the_gate_only():
     model = _model()
-    configure_exit_training(model, TrainConfig(exit_gate_objective="adaptive_gate"))
+    objective = ExitObjective.of(TrainConfig(exit_gate_objective="adaptive_gate"))
+    objective.prepare(model)
     trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
     assert trainable == ["exit_gate.bias", "exit_gate.weight"]
     x = torch.randint(0, 96, (2, 8))
-    model.train()(x, num_loops=3, labels=x, compute_logits=False).loss.backward()
+    model.train()(x, num_loops=3, labels=x, compute_logits=False, objective=objective).loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.exit_gate.parameters())
     assert all(p.grad is None for n, p in model.named_parameters() if not n.startswith("exit_gate."))
 

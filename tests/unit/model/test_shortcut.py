@@ -250,7 +250,7 @@ def test_objective_is_full_plus_weighted_short_and_consistency():
     perturb(model)
     ids = torch.randint(0, model.config.vocab_size, (2, 10), generator=torch.Generator().manual_seed(6))
     spec = ShortcutTrajectory((1, 3), short_loss_weight=0.3, consistency_weight=0.7)
-    loss = model(ids, labels=ids, compute_logits=False, shortcut=spec).loss
+    loss = model(ids, labels=ids, compute_logits=False, objective=spec).loss
     full = model(ids, labels=ids, compute_logits=False, return_hidden=True)
     short = model(ids, labels=ids, compute_logits=False, return_hidden=True, loop_steps=(1, 3))
     mse = ((short.hidden - full.hidden) ** 2).mean()
@@ -262,7 +262,7 @@ def test_objective_is_full_plus_weighted_short_and_consistency():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in model.named_parameters()
                if "shortcut" in n or "adaln" in n)
     with pytest.raises(LoopConfigError, match="needs labels"):
-        model(ids, shortcut=spec)
+        model(ids, objective=spec)
 
 
 def test_composes_with_psi_conditioning():
