@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
+from pathlib import Path
 
 import torch
 
@@ -87,6 +89,45 @@ def read_weights(chosen: SelectedCheckpoint) -> dict[str, torch.Tensor]:
 
     whole = read_whole_weights(chosen, read_zero_weights)
     return whole if whole is not None else read_zero_weights(chosen)
+
+
+def read_weights_or_newest(chosen: SelectedCheckpoint, path: str | os.PathLike, tag: str | None = None,
+                           attempts: int = 3) -> tuple[SelectedCheckpoint, dict[str, torch.Tensor]]:
+    """(the checkpoint read, its fp32 weights): ``chosen`` (picked by :func:`select_checkpoint` from
+    ``path`` and ``tag``), or, when it was removed while it was read -- a live run's retention
+    (``train.keep_last``) deletes old checkpoints while an export of one reads it -- the newest
+    complete checkpoint now, with a line saying which was removed. A checkpoint named explicitly
+    (``tag``, or a tag folder as ``path``) is not swapped for another: one line says it was removed."""
+    from megatron_loop.checkpoint.selection import split_checkpoint_path
+
+    for _ in range(attempts):
+        try:
+            return chosen, read_weights(chosen)
+        except LoopDataError:
+            if _intact(chosen):  # a damaged checkpoint, not one removed under the reader
+                raise
+        gone = chosen.path
+        why = (f"{gone}: removed while it was read (a live run's retention keeps only the newest train.keep_last "
+               "checkpoints, a resume sets newer ones aside)")
+        if tag is not None or split_checkpoint_path(Path(path))[1] is not None:
+            raise LoopDataError(f"{why}; expected a checkpoint the run keeps: name a newer one, or the run's "
+                                f"checkpoint folder {chosen.root} for its newest") from None
+        chosen = select_checkpoint(chosen.root)
+        print(f"warning: {why}; reading {chosen.path} (the newest complete checkpoint)", file=sys.stderr)
+    raise LoopDataError(f"{chosen.root}: its checkpoints were removed while they were read {attempts} times; "
+                        "expected a checkpoint folder whose run keeps them (export when it saves less often, or "
+                        "raise train.keep_last)")
+
+
+def _intact(chosen: SelectedCheckpoint) -> bool:
+    """``chosen`` is still what it was when it was picked (its files as its manifest lists them)."""
+    from megatron_loop.checkpoint.manifest import verify_checkpoint
+
+    try:
+        verify_checkpoint(chosen.path) if chosen.manifest is not None else chosen.path.stat()
+        return True
+    except (LoopDataError, OSError):
+        return False
 
 
 def read_zero_weights(chosen: SelectedCheckpoint) -> dict[str, torch.Tensor]:
