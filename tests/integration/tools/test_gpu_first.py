@@ -397,7 +397,9 @@ def test_the_kit_carries_the_locks_versions_and_stops_on_an_unmet_requirement(tm
     """tools/gpu_wheels.sh --check (no download): one wheel per carried package at the version
     requirements-lock.txt pins (another version is removed), and every requirement of each met by a
     carried wheel or by the device image; an unmet or unknown one, or a missing wheel, stops the kit."""
-    lock = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", (ROOT / "requirements-lock.txt").read_text(), flags=re.M))
+    pinned = re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", (ROOT / "requirements-lock.txt").read_text(), flags=re.M)
+    lock = {spelling: version for name, version in pinned  # any spelling of a name (PEP 503), as the kit reads it
+            for spelling in {name, name.lower(), re.sub(r"[-_.]+", "_", name).lower(), re.sub(r"[-_.]+", "-", name).lower()}}
     carry = ("deepspeed", "megatron-core", "liger_kernel", "hjson", "pydantic", "pydantic_core", "annotated-types",
              "typing-inspection", "typing_extensions", "transformers", "packaging")
     requires = {"transformers": ("huggingface-hub<3.0,>=1.31.0", "tokenizers<0.24.0,>=0.23.1", "regex>=2025.10.22",
