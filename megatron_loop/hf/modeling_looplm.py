@@ -1063,7 +1063,7 @@ def shared_kv_slot(config, cache: Cache | None, step: int):
 # The recurrence: Prelude output -> Core x r -> the state the Coda reads (one implementation)
 # ======================================================================================
 # The loop is written here once: this file's LoopLMModel runs it, and so does the training model
-# (megatron_loop/model/looplm.py), which passes in what it does differently (megatron-core blocks,
+# (megatron_loop/model/looplm.py), which passes in what it does differently (its own blocks,
 # activation recomputation, truncated backpropagation, its per-step noise seed). A change to the loop --
 # a new exit rule, a readout, a conditioning term -- is made here, for training and export alike.
 
@@ -1076,7 +1076,7 @@ def loop_transition(model, h: torch.Tensor, h0: torch.Tensor, psi, past, core) -
         h_{l+1} = x_l + g_l (y_l - x_l) with LG,   y_l otherwise    Eq. (loop_level_timestep_gating)
 
     with x_l = h_l, or u_l under ``loop_gating_reference="injected"``. ``core(u, psi)`` runs the Core's
-    blocks (this file's, with their KV-cache slots; the training model's megatron-core blocks); ``past`` is
+    blocks (this file's, with their KV-cache slots; the training model's own blocks); ``past`` is
     the history window h_{l-1}, ..., h_{l-m_l} (:func:`history_window`). The conditioning modules are
     ``model``'s attributes, absent (or None) when not configured."""
     injection = getattr(model, "initial_injection", None)
@@ -1100,7 +1100,7 @@ class Recurrence:
     What the two models do differently is passed in:
 
     * ``step(l, h, h0, psi, past) -> h_{l+1}``: how loop l runs (:func:`loop_transition` over the Core:
-      here with the loop's KV-cache slots and the exit's KV policy; in training through megatron-core
+      here with the loop's KV-cache slots and the exit's KV policy; in training through its own
       blocks, activation recomputation and truncated backpropagation);
     * ``start(h0)``: the first recurrent state under ``initial_state="noise"`` (Huginn; position-keyed
       noise here, a per-step draw in training);
