@@ -79,18 +79,22 @@ def test_saves_during_a_streak_of_skipped_updates_keep_the_checkpoint_from_befor
 
 @pytest.mark.timeout(400)
 def test_a_divergence_saves_no_blown_up_weights_and_the_requeue_resumes_the_good_state(tmp_path):
-    """RELIABILITY.md row 69 (issue 44 case 8). A resume with ``train.lr=1e30``: update 11 blows the
-    weights up (the loss of step 12 is ln |V|, every gradient infinite). Before, the stop saved them as
-    "last good state" global_step11 and a requeue failed again at once. Now nothing is saved, the line
-    names global_step10, and the requeue (the same command; here with ``train.divergence_lr_factor``,
-    which brings the lr back to 3e-3) resumes global_step10 at the lowered lr and trains to the end."""
+    """RELIABILITY.md row 69 (issue 44 case 8). A resume in which update 11 blows the weights up (injected:
+    every weight x inf before step 12's first forward, as a diverged update leaves them; ``train.lr`` is
+    bounded at 1, so no config reaches it in a few steps), every gradient of step 12 infinite. Before, the stop
+    saved them as "last good state" global_step11 and a requeue failed again at once. Now nothing is saved,
+    the line names global_step10, and the requeue (the same command without the fault; here with
+    ``train.divergence_lr_factor`` 0.5) resumes global_step10 at the lowered lr and trains to the end."""
+    from megatron_loop.config import load_config
+
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run().run_dir, run_dir)
     ckpt = run_dir / "checkpoints"
-    sets = ["train.lr=1e30", "train.max_steps=14", "train.nan_policy=stop"]
+    lr = load_config(reference_run().config).train.lr
+    sets = ["train.max_steps=14", "train.nan_policy=stop"]
     args = ["--config", str(reference_run().config), "--set", f"train.output_dir={run_dir}",
             *[a for o in sets for a in ("--set", o)]]
-    first = run_cli(*args)
+    first = run_cli(f"blowup@{ACCUMULATION}:2", *args, script=str(FAULTS))  # the 2nd step of the resume: 12
     assert first.returncode == 3, first.stderr[-3000:]
     errors = [line for line in first.stderr.splitlines() if line.startswith("error: ")]
     assert errors == ["error: non-finite loss/gradient norm at step 12 (train.nan_policy=stop); the weights had "
@@ -101,11 +105,12 @@ def test_a_divergence_saves_no_blown_up_weights_and_the_requeue_resumes_the_good
         **json.loads((ckpt / "divergence.json").read_text())["stops"][0], "step": 12, "saved": None,
         "resume_from": "global_step10"}
 
-    requeue = run_cli(*args, "--set", "train.divergence_lr_factor=3e-33")
+    requeue = run_cli(*args, "--set", "train.divergence_lr_factor=0.5")
     assert requeue.returncode == 0, requeue.stderr[-3000:]
     assert (f"1 stop on non-finite values recorded in {ckpt / 'divergence.json'} (the last at step 12, resuming from "
-            "global_step10): training at train.lr=1e+30 x train.divergence_lr_factor=3e-33^1 = 0.003") in requeue.stderr
+            f"global_step10): training at train.lr={lr:g} x train.divergence_lr_factor=0.5^1 = {lr * 0.5:g}"
+            ) in requeue.stderr
     assert f"resuming from {ckpt / 'global_step10'} (step 10" in requeue.stderr
     train = [r for r in records(run_dir, "train") if r["step"] > 10]
     assert [r["step"] for r in train][-4:] == [11, 12, 13, 14] and all(math.isfinite(r["loss"]) for r in train[-4:])
-    assert abs(train[-4]["lr_muon"] - 3e-3) < 1e-9 and (ckpt / "latest").read_text() == "global_step14"
+    assert abs(train[-4]["lr_muon"] - lr * 0.5) < 1e-9 and (ckpt / "latest").read_text() == "global_step14"

@@ -7,6 +7,9 @@ tests (docs/RELIABILITY.md).
 FAULT is one of
   nan@A:S1,S2,...        the training loss of optimizer steps S1, S2, ... becomes NaN
                          (A: micro-batches per step on this rank, i.e. accumulation steps)
+  blowup@A:S             before the first forward of optimizer step S, every weight is multiplied by
+                         inf in place: what an update that diverged leaves (train.lr is bounded at 1,
+                         so no config reaches it in a few steps); steps counted in this process
   kill_before_publish@N  SIGKILL this process on the N-th save, after every shard is written
                          and verified but before the checkpoint is published
   enospc_on_save@[RANK:]N  the N-th save (of rank RANK only, if given) fails with "No space left
@@ -81,6 +84,26 @@ def inject_nan(accumulation: int, steps: set[int]) -> None:
             if step in steps:
                 out.loss = out.loss * torch.tensor(float("nan"))
         return out
+
+    LoopLM.forward = patched
+
+
+def inject_blowup(accumulation: int, at_step: int) -> None:
+    import torch
+
+    from megatron_loop.model.looplm import LoopLM
+
+    forward = LoopLM.forward
+    bump = _counter()
+
+    def patched(self, *args, **kwargs):
+        if self.training:
+            n = bump()
+            if n == (at_step - 1) * accumulation + 1:
+                with torch.no_grad():
+                    for param in self.parameters():
+                        param.mul_(float("inf"))
+        return forward(self, *args, **kwargs)
 
     LoopLM.forward = patched
 
@@ -362,6 +385,9 @@ def apply(fault: str) -> None:
     if kind == "nan":
         accumulation, _, steps = arg.partition(":")
         inject_nan(int(accumulation), {int(s) for s in steps.split(",")})
+    elif kind == "blowup":
+        accumulation, _, step = arg.partition(":")
+        inject_blowup(int(accumulation), int(step))
     elif kind == "kill_before_publish":
         kill_before_publish(int(arg))
     elif kind == "enospc_on_save":
