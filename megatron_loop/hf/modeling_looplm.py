@@ -47,11 +47,14 @@ t mod m (Huginn's "compress-s"), so the cache holds p + m·s + c slots at any r.
 
 Per-token adaptive exit (``exit_criterion`` ``kl`` | ``cosine`` with ``exit_threshold``; default
 ``none``): ``num_loops`` becomes a cap, and after each loop t a token whose output changed by less
-than the threshold exits (its state is frozen; ``TokenExit``). ``kl`` is KL(p_{t-1} || p_t) of the
+than the threshold exits (``TokenExit``). How an exit acts is ``exit_mode``, two modes side by side:
+``freeze`` (the default of ``kl`` / ``cosine``) stops the exited token's state and serves its last keys/values
+to later tokens (the KV policy below), which saves compute; ``readout`` (the default of ``q_exit``, Ouro's)
+runs every loop for every token and reads out, per token, the state of the loop it exits at. ``kl`` is KL(p_{t-1} || p_t) of the
 next-token distributions read out of successive states with the final norm and the LM head
 (p_0 from h^0; the Coda is skipped so the decision stays per token), ``cosine`` is
 1 - cos(h^{t-1}, h^t). Threshold 0 never exits (fixed r); a huge threshold exits after one loop.
-KV policy for the loops a token skipped, "latest" (Huginn's): later tokens read, at Core layer k of
+KV policy of the freezing exit for the loops a token skipped, "latest" (Huginn's): later tokens read, at Core layer k of
 loop t, the exited token's keys/values of layer k from the last loop it computed. The cache slots
 of skipped loops are written with exactly those keys/values, so the cache stays one rectangular
 slot per block occurrence and cached decoding equals cache-free decoding. Compute is saved when
@@ -61,7 +64,10 @@ Ouro's learned exit gate (``exit_gate="learned"``; Zhu et al. 2025, arXiv 2510.2
 sigmoid(w^T RMSNorm(h^t) + b) after every loop (``ExitGate``), the exit distribution p(t|x) =
 lambda_t prod_{j<t}(1 - lambda_j) with the remainder at r (``exit_distribution``; ``exit_pdf`` of the
 outputs, [b, s, r]) and Q-exit (``exit_criterion="q_exit"``, ``exit_threshold`` q in [0, 1]): a token exits
-at the first loop whose cumulative exit probability reaches q (``ExitCDF``), under the KV policy above.
+at the first loop whose cumulative exit probability reaches q (``ExitCDF``). By default as Ouro computes it
+(``exit_mode="readout"``: every loop for every token, then the per-token readout of the exit loop's state);
+``exit_mode="freeze"`` freezes exited tokens under the KV policy above instead (it saves compute, but an exit
+then changes the other tokens' states, logits and exits).
 
 One-pass readouts (``LoopLMForCausalLM.loop_readouts``, ``readout_loops`` of ``LoopLMModel.forward``):
 where the trajectory h^1, h^2, ... does not depend on r (no timestep conditioning, or the ``prefix``
@@ -102,6 +108,10 @@ TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln", "shortcut")  # sho
 TIMESTEP_GRIDS = ("rescaled", "prefix")
 EXIT_CRITERIA = ("none", "kl", "cosine", "q_exit")  # q_exit: Ouro, needs exit_gate="learned"
 EXIT_GATES = ("none", "learned")  # Ouro's learned exit gate (ExitGate)
+# How a per-token exit acts (TokenExit): "readout" runs every loop for every token and reads out, per token, the state
+# of the loop it exits at (Ouro's Q-exit); "freeze" stops an exited token's state and lends its last keys/values to
+# later tokens (Huginn's KV policy; what saves compute). None: the criterion's own (exit_mode_of).
+EXIT_MODES = ("readout", "freeze")
 LOOP_GATING_REFERENCES = ("state", "injected")
 NUM_TIMESTEP_FEATURES = 8
 # Huginn (Geiping et al. 2025; its section below)
@@ -136,12 +146,13 @@ def _checked_num_loops(value, where: str = "LoopLMConfig.num_loops"):
     return int(value)
 
 
-def _checked_call(config, input_ids, cached: bool, num_loops, timestep_grid, exit_criterion, exit_threshold):
+def _checked_call(config, input_ids, cached: bool, num_loops, timestep_grid, exit_criterion, exit_threshold,
+                  exit_mode=None):
     """The arguments of one forward (``generate()`` passes its own to every forward): every per-call override
     checked as the config checks its field, and token ids inside the vocabulary (an id >= vocab_size was a
     bare IndexError on CPU and a device-side assert on CUDA). ``cached``: a decoding step on a filled KV cache,
     whose ids the model produced (not checked again: a host sync per token). Returns (num_loops, criterion,
-    threshold) in effect."""
+    threshold, exit mode) in effect."""
     num_loops = _checked_num_loops(num_loops, "num_loops")
     if timestep_grid is not None and timestep_grid not in TIMESTEP_GRIDS:
         raise ValueError(f"timestep_grid={timestep_grid!r}: expected one of {TIMESTEP_GRIDS}")
@@ -151,6 +162,7 @@ def _checked_call(config, input_ids, cached: bool, num_loops, timestep_grid, exi
         raise ValueError(f"exit_criterion={criterion!r}: expected one of {EXIT_CRITERIA}")
     _check_exit_threshold(threshold)
     check_q_exit(criterion, threshold, getattr(config, "exit_gate", "none"))
+    mode = exit_mode_of(criterion, getattr(config, "exit_mode", None) if exit_mode is None else exit_mode)
     if input_ids is not None:
         if (not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype == torch.bool
                 or input_ids.is_floating_point() or input_ids.is_complex() or input_ids.shape[1] == 0):
@@ -165,7 +177,7 @@ def _checked_call(config, input_ids, cached: bool, num_loops, timestep_grid, exi
                 raise ValueError(f"input_ids: token id {bad} is outside the vocabulary (vocab_size="
                                  f"{config.vocab_size}); expected ids in [0, {config.vocab_size - 1}] from the "
                                  "tokenizer the model was trained with")
-    return num_loops, criterion, threshold
+    return num_loops, criterion, threshold, mode
 
 
 # The numeric fields of the config: (smallest, largest or None, integer?) -> checked on every assignment (a size
@@ -246,6 +258,7 @@ class LoopLMConfig(PretrainedConfig):
         initial_state_seed: int | None = 0,
         kv_cache_loops: int | None = None,
         exit_gate: str = "none",
+        exit_mode: str | None = None,
         initializer_range: float = 0.02,
         hidden_act: str = "silu",
         use_cache: bool = True,
@@ -288,6 +301,9 @@ class LoopLMConfig(PretrainedConfig):
         self.kv_cache_loops = kv_cache_loops
         # Ouro's learned exit gate (``ExitGate``; absent from exports written before it existed: none)
         self.exit_gate = exit_gate
+        # How the per-token exit acts (EXIT_MODES; None, and exports written before it existed: the criterion's own,
+        # readout for q_exit, freeze for kl / cosine)
+        self.exit_mode = exit_mode
         self.initializer_range = initializer_range
         self.hidden_act = hidden_act
         self.use_cache = use_cache
@@ -309,6 +325,8 @@ class LoopLMConfig(PretrainedConfig):
             raise ValueError(f"LoopLMConfig.exit_criterion={value!r}: expected one of {EXIT_CRITERIA}")
         elif key == "exit_threshold":
             _check_exit_threshold(value)
+        elif key == "exit_mode":
+            _check_exit_mode(value)
         elif key == "kv_cache_loops":
             _check_kv_cache_loops(value)
         if key in ("num_loops", "timestep_grid", "timestep"):
@@ -326,6 +344,7 @@ class LoopLMConfig(PretrainedConfig):
             if getattr(self, key) not in allowed:
                 raise ValueError(f"LoopLMConfig.{key}={getattr(self, key)!r}: expected one of {allowed}")
         _check_exit_threshold(self.exit_threshold)
+        _check_exit_mode(self.exit_mode)
         _check_huginn(self)
         check_q_exit(self.exit_criterion, self.exit_threshold, self.exit_gate)
         if self.hidden_act != "silu":
@@ -357,6 +376,19 @@ class LoopLMConfig(PretrainedConfig):
 def _check_exit_threshold(threshold) -> None:
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
         raise ValueError(f"exit_threshold={threshold!r}: expected a number >= 0 (0: never exit)")
+
+
+def _check_exit_mode(mode) -> None:
+    if mode is not None and mode not in EXIT_MODES:
+        raise ValueError(f"exit_mode={mode!r}: expected one of {EXIT_MODES}, or None (the criterion's own: readout "
+                         "for q_exit, freeze for kl and cosine)")
+
+
+def exit_mode_of(criterion: str, mode: str | None) -> str:
+    """The exit mode in effect (:class:`TokenExit`): ``mode``, or when None the criterion's own -- ``readout`` for
+    Ouro's Q-exit (as Ouro computes it), ``freeze`` for the ``kl`` / ``cosine`` distances (Huginn's exit)."""
+    _check_exit_mode(mode)
+    return mode if mode is not None else ("readout" if criterion == "q_exit" else "freeze")
 
 
 _warned_versions: set[tuple[str, str]] = set()
@@ -797,40 +829,70 @@ def exit_distance(criterion: str, previous: torch.Tensor, current: torch.Tensor)
 
 
 class TokenExit:
-    """State of one adaptive forward: ``active`` [b, s] (tokens still looping), ``loops`` [b, s]
-    (loops each token ran) and the latest keys/values of every Core layer.
+    """State of one adaptive forward: ``active`` [b, s] (tokens that have not exited), ``loops`` [b, s] (the
+    loop each token exits at: the loops it ran when frozen, the loop whose state is read out otherwise) and,
+    when freezing, the latest keys/values of every Core layer.
 
     ``readout`` maps states to logits (final norm + LM head) for the ``kl`` criterion, to the exit
     gate's logit for ``q_exit`` (Ouro's Q-exit, ``ExitCDF``).
+
+    ``mode`` (:data:`EXIT_MODES`, :func:`exit_mode_of`) is how an exit acts, the two side by side:
+
+    * ``readout`` -- Ouro's Q-exit as Ouro computes it (ByteDance's modeling_ouro.py, OuroForCausalLM.forward,
+      lines 792-812 of the Ouro-1.4B file: ``exit_steps = argmax(cumsum(pdf) >= q)``, the last step where never
+      reached, then ``gather(stack(hidden_states_list), exit_steps)``): every token runs every loop, so no token's
+      exit changes another token's state, its logits or its decision; each token's final state is the state of
+      the loop it exits at (:meth:`final`). No compute is saved; the KV cache is the fixed-r model's.
+    * ``freeze`` -- an exited token's state stops (its later states stay h^{t_exit}) and later tokens read its
+      last keys/values (the "latest" KV policy, Huginn's): the other tokens' states, logits and exit decisions
+      then depend on who exited, and when every token of a forward has exited the remaining loops are skipped.
     """
 
-    def __init__(self, criterion: str, threshold: float, h0: torch.Tensor, readout):
+    def __init__(self, criterion: str, threshold: float, h0: torch.Tensor, readout, mode: str = "freeze"):
         self.criterion, self.threshold, self.readout = criterion, threshold, readout
+        self.freeze = exit_mode_of(criterion, mode) == "freeze"
         self.active = torch.ones(h0.shape[:-1], dtype=torch.bool, device=h0.device)
         self.loops = torch.zeros(h0.shape[:-1], dtype=torch.long, device=h0.device)
         # q_exit (Ouro): ``readout`` is the exit gate's logit, accumulated into CDF(t) (``ExitCDF``)
         self.cdf = ExitCDF(h0.shape[:-1], h0.device) if criterion == "q_exit" else None
         self.previous = None if self.cdf is not None else self._output(h0)
         self.latest: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.chosen = None if self.freeze else h0  # readout: the state of the loop each exited token exits at
 
     def _output(self, h: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.readout(h).float(), dim=-1) if self.criterion == "kl" else h
 
-    def step(self, h: torch.Tensor, h_next: torch.Tensor) -> torch.Tensor:
-        """After one loop: exited tokens keep ``h``; the others advance, and exit if converged."""
-        h_next = torch.where(self.active[..., None], h_next, h)
-        self.loops += self.active
+    def _exits(self, h_next: torch.Tensor) -> torch.Tensor:
+        """Which tokens' exit condition holds after this loop (for every token; the caller masks)."""
         if self.cdf is not None:  # Q-exit: CDF(t) >= q
-            self.active &= ~(self.cdf.update(self.readout(h_next)) >= self.threshold)
-            return h_next
+            return self.cdf.update(self.readout(h_next)) >= self.threshold
         current = self._output(h_next)
-        self.active &= ~(exit_distance(self.criterion, self.previous, current) < self.threshold)
+        exits = exit_distance(self.criterion, self.previous, current) < self.threshold
         self.previous = current
+        return exits
+
+    def step(self, h: torch.Tensor, h_next: torch.Tensor) -> torch.Tensor:
+        """After one loop: the next state of every token (freezing: exited tokens keep ``h``); tokens whose
+        condition holds exit."""
+        if self.freeze:
+            h_next = torch.where(self.active[..., None], h_next, h)
+        self.loops += self.active
+        exiting = self.active & self._exits(h_next)
+        if not self.freeze:
+            self.chosen = torch.where(exiting[..., None], h_next, self.chosen)
+        self.active &= ~exiting
         return h_next
+
+    def final(self, h: torch.Tensor) -> torch.Tensor:
+        """The state read out of each token after the loops so far: ``h`` when freezing (exited tokens' states
+        stopped there); in readout mode the state of the loop each token exited at, ``h`` for the others."""
+        return h if self.freeze else torch.where(self.active[..., None], h, self.chosen)
 
     @property
     def done(self) -> bool:
-        return not bool(self.active.any())
+        """Every token exited and froze: the remaining loops would change nothing (readout mode runs them all,
+        as Ouro: a later token attends to every token's keys/values of every loop)."""
+        return self.freeze and not bool(self.active.any())
 
     def applied(self):
         """A context around the loops of the forward: nothing here (this file's attention takes the KV policy
@@ -843,7 +905,9 @@ class TokenExit:
 
     def merge(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values of Core layer ``layer`` with the exited tokens' replaced by their latest
-        (every token computes the first loop, which seeds them)."""
+        (every token computes the first loop, which seeds them). Readout mode: unchanged (no token froze)."""
+        if not self.freeze:
+            return k, v
         if layer in self.latest:
             mask = self.kv_mask()
             k = torch.where(mask, k, self.latest[layer][0])
@@ -1156,14 +1220,14 @@ class Recurrence:
                 self.trajectory.append(h)
             done = token_exit is not None and token_exit.done
             if self.readout_loops is not None and (loop + 1 in self.readout_loops or done):
-                out = self.readout(h, loop + 1)
+                out = self.readout(h if token_exit is None else token_exit.final(h), loop + 1)
                 # every token exited: the state stays h, so every later r reads the same
                 self.read.update({t: out for t in self.readout_loops if t == loop + 1 or (done and t > loop + 1)})
             if done:  # every token exited: the remaining loops would change nothing
                 if self.on_exit is not None:
                     self.on_exit(loop)
                 break
-        return h
+        return h if token_exit is None else token_exit.final(h)  # readout mode: each token's exit loop's state
 
     def exit_logits(self) -> torch.Tensor | None:
         """Ouro's gate logits of every loop, stacked on a last dimension of ``num_loops`` (None without a
@@ -1443,8 +1507,8 @@ class LoopLMModel(LoopLMPreTrainedModel):
                 num_loops: int | None = None, timestep_grid: str | None = None,
                 output_hidden_states: bool | None = None, exit_criterion: str | None = None,
                 exit_threshold: float | None = None, exit_readout=None, readout_loops=None, loop_steps=None,
-                **kwargs) -> LoopLMModelOutput:
-        """``exit_criterion`` / ``exit_threshold`` override the config per call; ``exit_readout``
+                exit_mode: str | None = None, **kwargs) -> LoopLMModelOutput:
+        """``exit_criterion`` / ``exit_threshold`` / ``exit_mode`` override the config per call; ``exit_readout``
         maps normed states to logits for the ``kl`` criterion (``LoopLMForCausalLM`` passes its head).
 
         ``readout_loops`` (loop counts r_1 < ... < r_n): one forward at r_n that also runs the Coda and
@@ -1453,8 +1517,9 @@ class LoopLMModel(LoopLMPreTrainedModel):
         on r: :func:`readout_obstacle`). No KV cache: a cache has one layout per r."""
         cfg = self.config
         given = _take_cache(past_key_values, dict(kwargs))
-        num_loops, criterion, threshold = _checked_call(cfg, input_ids, given is not None and given.get_seq_length() > 0,
-                                                        num_loops, timestep_grid, exit_criterion, exit_threshold)
+        num_loops, criterion, threshold, mode = _checked_call(
+            cfg, input_ids, given is not None and given.get_seq_length() > 0, num_loops, timestep_grid, exit_criterion,
+            exit_threshold, exit_mode)
         readouts = None
         if readout_loops is not None:
             readouts = _checked_readout_loops(readout_loops, num_loops)
@@ -1492,9 +1557,10 @@ class LoopLMModel(LoopLMPreTrainedModel):
         if cache is not None and past and len(cache.layers) != cfg.kv_cache_slots(r):
             raise ValueError(f"the KV cache has {len(cache.layers)} block slots but num_loops={r} uses "
                              f"{cfg.kv_cache_slots(r)}; keep num_loops fixed while decoding")
-        if cache is not None and criterion != "none" and kv_cache_loops(cfg, r) < r:
+        if cache is not None and criterion != "none" and mode == "freeze" and kv_cache_loops(cfg, r) < r:
             raise ValueError(f"kv_cache_loops={cfg.kv_cache_loops} with exit_criterion={criterion!r}: KV-cache "
-                             "sharing and per-token exit are not combined; set kv_cache_loops=None or use_cache=False")
+                             "sharing and the freezing exit are not combined; set kv_cache_loops=None, "
+                             "exit_mode='readout' or use_cache=False")
 
         if position_ids is None:
             if attention_mask is not None and attention_mask.dim() == 2:  # left padding: count real tokens
@@ -1515,7 +1581,7 @@ class LoopLMModel(LoopLMPreTrainedModel):
             cfg, lambda loop, x, x0, psi, hist: self._loop_iteration(loop, x, x0, psi, hist, rope, mask, cache,
                                                                       loops.token_exit),
             r, psi=psi_all, start=lambda x0: noise_initial_state(cfg, x0, position_ids),
-            exit_rule=None if criterion == "none" else (lambda x: TokenExit(criterion, threshold, x, reading)),
+            exit_rule=None if criterion == "none" else (lambda x: TokenExit(criterion, threshold, x, reading, mode)),
             gate=None if gate is None else (lambda x: gate(self.norm(x))), keep_trajectory=bool(output_hidden_states),
             readout=lambda x, t: self._coda(x, rope, mask, None, t), readout_loops=readouts,
             on_exit=None if cache is None else (
@@ -1571,18 +1637,21 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
                 use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
                 num_loops: int | None = None, timestep_grid: str | None = None,
                 output_hidden_states: bool | None = None, exit_criterion: str | None = None,
-                exit_threshold: float | None = None, loop_steps=None, **kwargs) -> LoopLMCausalLMOutput:
+                exit_threshold: float | None = None, loop_steps=None, exit_mode: str | None = None,
+                **kwargs) -> LoopLMCausalLMOutput:
         """Logits ``[b, s, V]``; with ``labels`` the mean next-token cross-entropy (labels[:, t] is
         token t; -100 ignored). ``num_loops`` / ``timestep_grid`` / ``exit_criterion`` /
         ``exit_threshold`` override the config per call; ``exit_loops`` [b, s] holds the loops each
-        token ran under adaptive exit. ``loop_steps`` (LoopFormer's step schedules: positive integers
+        token ran under adaptive exit (the loop whose state each token reads, ``exit_mode``: :class:`TokenExit`).
+        ``loop_steps`` (LoopFormer's step schedules: positive integers
         n_l summing to K, step sizes n_l / K) runs len(loop_steps) loops at t_l = (n_0 + ... +
         n_{l-1}) / K, dt_l = n_l / K instead of the grid of ``num_loops``."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=_take_cache(past_key_values, kwargs), inputs_embeds=inputs_embeds, use_cache=use_cache,
                          num_loops=num_loops, timestep_grid=timestep_grid,
                          output_hidden_states=output_hidden_states, exit_criterion=exit_criterion,
-                         exit_threshold=exit_threshold, exit_readout=self.lm_head, loop_steps=loop_steps)
+                         exit_threshold=exit_threshold, exit_readout=self.lm_head, loop_steps=loop_steps,
+                         exit_mode=exit_mode)
         h = out.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(h[:, keep, :])
@@ -1600,7 +1669,8 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
         """``GenerationMixin.generate`` after :func:`_checked_call` of its arguments: transformers indexes the
         token ids before the first forward (1-d ids were an IndexError inside it)."""
         _checked_call(self.config, kwargs.get("input_ids", inputs), False, kwargs.get("num_loops"),
-                      kwargs.get("timestep_grid"), kwargs.get("exit_criterion"), kwargs.get("exit_threshold"))
+                      kwargs.get("timestep_grid"), kwargs.get("exit_criterion"), kwargs.get("exit_threshold"),
+                      kwargs.get("exit_mode"))
         return super().generate(inputs, *args, **kwargs)
 
     def readout_obstacle(self, loops, timestep_grid: str | None = None) -> str | None:
@@ -1609,7 +1679,7 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
 
     def loop_readouts(self, input_ids: torch.LongTensor, loops, attention_mask: torch.Tensor | None = None,
                       timestep_grid: str | None = None, exit_criterion: str | None = None,
-                      exit_threshold: float | None = None) -> dict[int, torch.Tensor]:
+                      exit_threshold: float | None = None, exit_mode: str | None = None) -> dict[int, torch.Tensor]:
         """Logits [b, s, V] of every r in ``loops`` from one forward at max(loops), each bitwise equal to
         ``forward(input_ids, num_loops=r).logits``: the Coda and the head read h^r after loop r (a loop
         sweep r = 1..R then costs R loops, not R(R+1)/2). Refused (ValueError) where the trajectory
@@ -1619,7 +1689,7 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
             loops = sorted(set(loops))  # any order; anything else is refused by the forward, naming readout_loops
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                          timestep_grid=timestep_grid, exit_criterion=exit_criterion, exit_threshold=exit_threshold,
-                         exit_readout=self.lm_head, readout_loops=loops)
+                         exit_readout=self.lm_head, readout_loops=loops, exit_mode=exit_mode)
         return {int(r): self.lm_head(h) for r, h in zip(loops, out.readout_states)}
 
 

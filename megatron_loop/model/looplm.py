@@ -250,7 +250,8 @@ class LoopLM(nn.Module):
         ``backprop_loops`` N: only the last N loops build a graph (``None``: all of them).
         ``exit_criterion`` (``none`` | ``kl`` | ``cosine`` | ``q_exit``) with ``exit_threshold``: per-token
         adaptive exit with r as the cap (inference only, ``adaptive_exit.py``; the forward runs without a
-        graph); ``exit_loops`` of the output then holds each token's loop count.
+        graph); ``exit_loops`` of the output then holds each token's exit loop. ``exit_mode`` (``readout`` |
+        ``freeze``; None: readout for q_exit, as Ouro, freeze otherwise) is how an exit acts (``TokenExit``).
         With Ouro's exit gate, ``exit_pdf`` holds p(t|x) and, in training mode with ``labels`` and an
         :class:`~megatron_loop.model.exit_gate.ExitObjective` as ``objective``, the loss is Ouro's Stage I or
         II objective (``exit_gate.py``).
@@ -272,7 +273,7 @@ class LoopLM(nn.Module):
             return LoopLMOutput(logits=logits, loss=loss)
         if run.exit_criterion != "none":
             self.tensor_parallel.check_exit(run.exit_criterion)
-            check_exit(run.exit_criterion, run.exit_threshold, self.config.exit_gate)
+            check_exit(run.exit_criterion, run.exit_threshold, self.config.exit_gate, run.exit_mode)
             with torch.no_grad():  # exit decisions are not differentiable
                 return self._forward(input_ids, labels, run)
         return self._forward(input_ids, labels, run)
@@ -314,7 +315,8 @@ class LoopLM(nn.Module):
         if run.exit_criterion != "none":
             reading = ((lambda x: self.exit_gate(self.norm(x))) if run.exit_criterion == "q_exit"
                        else (lambda x: F.linear(self.norm(x), self.head_weight())))
-            exit_rule = lambda x: TokenExit(run.exit_criterion, run.exit_threshold, x, reading, core=self.core)  # noqa: E731
+            exit_rule = lambda x: TokenExit(run.exit_criterion, run.exit_threshold, x, reading, core=self.core,  # noqa: E731
+                                            mode=run.exit_mode)
         # Ouro: the gate's logit after every loop; Stage I/II read every state h^1..h^r
         objective = run.objective if labels is not None and self.training else None
         loops = Recurrence(cfg, step, r, psi=psi_all, start=lambda x0: noise_state(cfg, x0, run.initial_state_seed),
