@@ -284,7 +284,7 @@ def test_kv_cache_sharing_with_a_budget_of_every_loop_is_the_full_cache(models):
         hf.config.kv_cache_loops = 3
         try:
             assert torch.equal(hf.generate(ids, max_new_tokens=3, do_sample=False, num_loops=3), full)
-            with pytest.raises(ValueError, match="KV-cache sharing and per-token exit are not combined"):
+            with pytest.raises(ValueError, match="KV-cache sharing and the freezing exit are not combined"):
                 hf.config.kv_cache_loops = 2
                 hf(ids, num_loops=3, use_cache=True, exit_criterion="cosine", exit_threshold=0.1)
         finally:
