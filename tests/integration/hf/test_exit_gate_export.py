@@ -193,6 +193,7 @@ def test_eval_loops_sweeps_q_exit_thresholds(models, tmp_path):
     res = json.loads((tmp_path / "eval" / "results.json").read_text())
     rows = res["adaptive"]["by_threshold"]
     assert res["adaptive"]["criterion"] == "q_exit" and res["adaptive"]["max_loops"] == 3
+    assert res["adaptive"]["exit_mode"] == "readout"  # Ouro's, the export's default for q_exit
     assert rows["0"]["loops_per_token"] == 1.0 and rows["0"]["heldout"] == res["heldout"]["1"]
     assert rows["1"]["loops_per_token"] == 3.0 and rows["1"]["heldout"] == res["heldout"]["3"]
     # the learned depth distribution: the mean p(t|x) at r = 3 over the same held-out windows
