@@ -60,6 +60,10 @@ class ModelConfig:
     # noise of evaluation and of the HF export (training draws per step from train.seed and the step).
     block_norm: str = "pre"
     norm_core_output: bool = False
+    # Ouro (Zhu et al. 2025; modeling_ouro.py): ``block_norm: branch_output`` normalises each branch's output before
+    # the residual sum; ``loop_norm`` ends every loop in the final norm (the next loop, the exit gate and the head
+    # read Norm(y)).
+    loop_norm: bool = False
     initial_state: str = "prelude"
     initial_state_std: float | None = None
     initial_state_seed: int = 0

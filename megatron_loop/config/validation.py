@@ -26,7 +26,7 @@ LOSS_IMPLEMENTATIONS = ("auto", "chunked", "fused")  # megatron_loop/model/loss.
 # behaviour). Each is documented where it acts and in docs/CONFIG.md.
 NOISY_INITIAL_INJECTIONS = ("scalar", "channel", "residual_channel")  # App. E.1 ablation
 LOOP_GATING_REFERENCES = ("state", "injected")
-BLOCK_NORMS = ("pre", "sandwich")  # model.block_norm (Huginn's sandwich blocks, model/layers.py)
+BLOCK_NORMS = ("pre", "sandwich", "branch_output")  # model.block_norm (Huginn's sandwich, Ouro's branch-output norms)
 INITIAL_STATES = ("prelude", "noise")  # model.initial_state (Huginn, model/initial_state.py)
 NOISE_STATE_TP_REFUSAL = ("model.initial_state='noise': expected parallel.tensor_model_parallel_size=1 (the noise "
                           "state is drawn whole on each rank, not split over tensor-parallel ranks)")

@@ -115,7 +115,7 @@ EXIT_MODES = ("readout", "freeze")
 LOOP_GATING_REFERENCES = ("state", "injected")
 NUM_TIMESTEP_FEATURES = 8
 # Huginn (Geiping et al. 2025; its section below)
-BLOCK_NORMS = ("pre", "sandwich")
+BLOCK_NORMS = ("pre", "sandwich", "branch_output")  # branch_output: Ouro's norm on each branch's output
 INITIAL_STATES = ("prelude", "noise")
 # Huginn's state_init "like-init" under its "takase" init: TruncNormal(0, sigma_e^2, +-3 sigma_e) with the
 # embedding std sigma_e = sqrt(2 / (5d)), then times the embedding scale sqrt(d): std sqrt(2/5) at every width.
@@ -147,7 +147,7 @@ def _checked_num_loops(value, where: str = "LoopLMConfig.num_loops"):
 
 
 def _checked_call(config, input_ids, cached: bool, num_loops, timestep_grid, exit_criterion, exit_threshold,
-                  exit_mode=None):
+                  exit_mode=None, weighted_exit=None):
     """The arguments of one forward (``generate()`` passes its own to every forward): every per-call override
     checked as the config checks its field, and token ids inside the vocabulary (an id >= vocab_size was a
     bare IndexError on CPU and a device-side assert on CUDA). ``cached``: a decoding step on a filled KV cache,
@@ -163,6 +163,8 @@ def _checked_call(config, input_ids, cached: bool, num_loops, timestep_grid, exi
     _check_exit_threshold(threshold)
     check_q_exit(criterion, threshold, getattr(config, "exit_gate", "none"))
     mode = exit_mode_of(criterion, getattr(config, "exit_mode", None) if exit_mode is None else exit_mode)
+    check_weighted_exit(config, getattr(config, "weighted_exit", False) if weighted_exit is None else weighted_exit,
+                        criterion)
     if input_ids is not None:
         if (not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype == torch.bool
                 or input_ids.is_floating_point() or input_ids.is_complex() or input_ids.shape[1] == 0):
@@ -259,6 +261,8 @@ class LoopLMConfig(PretrainedConfig):
         kv_cache_loops: int | None = None,
         exit_gate: str = "none",
         exit_mode: str | None = None,
+        loop_norm: bool = False,
+        weighted_exit: bool = False,
         initializer_range: float = 0.02,
         hidden_act: str = "silu",
         use_cache: bool = True,
@@ -304,6 +308,11 @@ class LoopLMConfig(PretrainedConfig):
         # How the per-token exit acts (EXIT_MODES; None, and exports written before it existed: the criterion's own,
         # readout for q_exit, freeze for kl / cosine)
         self.exit_mode = exit_mode
+        # Ouro (absent from exports written before they existed: off): the final norm after every loop
+        # (``loop_norm``, modeling_ouro.py:618) and the expected logits over the exit distribution
+        # (``weighted_exit``, modeling_ouro.py:813-814; ``expected_logits``)
+        self.loop_norm = loop_norm
+        self.weighted_exit = weighted_exit
         self.initializer_range = initializer_range
         self.hidden_act = hidden_act
         self.use_cache = use_cache
@@ -347,6 +356,7 @@ class LoopLMConfig(PretrainedConfig):
         _check_exit_mode(self.exit_mode)
         _check_huginn(self)
         check_q_exit(self.exit_criterion, self.exit_threshold, self.exit_gate)
+        check_weighted_exit(self, self.weighted_exit, self.exit_criterion)
         if self.hidden_act != "silu":
             raise ValueError(f"LoopLMConfig.hidden_act={self.hidden_act!r}: only 'silu' (SwiGLU) is supported")
 
@@ -1004,6 +1014,36 @@ def check_q_exit(criterion: str, threshold, exit_gate: str) -> None:
                          "(a cumulative exit probability)")
 
 
+def check_weighted_exit(config, weighted: bool, criterion: str) -> None:
+    """Ouro's weighted exit reads the head on every loop's state with the learned gate's p(t|x), and nothing
+    else decides the depth."""
+    if isinstance(weighted, bool) and not weighted:
+        return
+    if not isinstance(weighted, bool):
+        raise ValueError(f"weighted_exit={weighted!r}: expected True or False")
+    if getattr(config, "exit_gate", "none") != "learned":
+        raise ValueError("weighted_exit=True weighs every loop's logits by the learned exit gate's p(t|x): expected "
+                         f"exit_gate='learned', got {getattr(config, 'exit_gate', 'none')!r}")
+    if config.coda_layers:
+        raise ValueError(f"weighted_exit=True with coda_layers={config.coda_layers}: Ouro's expected logits read the "
+                         "head on every loop's state, which a Coda (one KV cache slot per block) cannot serve; "
+                         "expected coda_layers=0")
+    if criterion != "none":
+        raise ValueError(f"weighted_exit=True with exit_criterion={criterion!r}: the expected logits run every loop "
+                         "for every token; expected exit_criterion='none'")
+
+
+def expected_logits(head, states, exit_pdf: torch.Tensor) -> torch.Tensor:
+    """Ouro's weighted exit (modeling_ouro.py:813-814, ``compute_expected_logits``): the logits of every loop's
+    state weighed by the exit distribution, sum_t p(t|x) head(h^t), accumulated over t = 1..r as Ouro does."""
+    logits = None
+    for t, h in enumerate(states):
+        step = head(h)
+        weighted = step * exit_pdf[..., t, None].to(step.dtype)
+        logits = weighted if logits is None else logits + weighted
+    return logits
+
+
 # ======================================================================================
 # ---- Huginn (Geiping et al. 2025): sandwich blocks, a recurrent state drawn from noise, KV-cache sharing ----
 # ======================================================================================
@@ -1018,6 +1058,12 @@ def block_residual_norms(config) -> bool:
     """Whether blocks carry Huginn's sandwich norms (``block_norm="sandwich"``; exports written before
     the field existed: pre-norm)."""
     return getattr(config, "block_norm", "pre") == "sandwich"
+
+
+def block_output_norms(config) -> bool:
+    """Whether blocks carry Ouro's norms on each branch's output before the residual sum (``block_norm=
+    "branch_output"``; modeling_ouro.py:413-434, ``input_layernorm_2`` / ``post_attention_layernorm_2``)."""
+    return getattr(config, "block_norm", "pre") == "branch_output"
 
 
 def initial_state_noise(shape, std: float, generator: torch.Generator | None = None,
@@ -1139,9 +1185,10 @@ def loop_transition(model, h: torch.Tensor, h0: torch.Tensor, psi, past, core) -
         y_l     = Core(u_l; psi_l)                                      history_state_injection)
         h_{l+1} = x_l + g_l (y_l - x_l) with LG,   y_l otherwise    Eq. (loop_level_timestep_gating)
 
-    with x_l = h_l, or u_l under ``loop_gating_reference="injected"``. ``core(u, psi)`` runs the Core's
-    blocks (this file's, with their KV-cache slots; the training model's megatron-core blocks); ``past`` is
-    the history window h_{l-1}, ..., h_{l-m_l} (:func:`history_window`). The conditioning modules are
+    with x_l = h_l, or u_l under ``loop_gating_reference="injected"``, then h_{l+1} <- Norm(h_{l+1}) under Ouro's
+    between-loop norm (``loop_norm``: the model's final norm, as Ouro's ``self.norm`` after every UT step).
+    ``core(u, psi)`` runs the Core's blocks (this file's, with their KV-cache slots; the training model's
+    megatron-core blocks); ``past`` is the history window h_{l-1}, ..., h_{l-m_l} (:func:`history_window`). The conditioning modules are
     ``model``'s attributes, absent (or None) when not configured."""
     injection = getattr(model, "initial_injection", None)
     u = h if injection is None else injection(h, h0)
@@ -1152,7 +1199,22 @@ def loop_transition(model, h: torch.Tensor, h0: torch.Tensor, psi, past, core) -
     gating = getattr(model, "loop_gating", None)
     if gating is not None:
         y = gating(u if getattr(model.config, "loop_gating_reference", "state") == "injected" else h, y, psi)
+    if getattr(model.config, "loop_norm", False):  # Ouro: every loop ends in the final norm (modeling_ouro.py:618)
+        y = model.norm(y)
     return y
+
+
+def state_norm(model, h: torch.Tensor) -> torch.Tensor:
+    """The final norm of a recurrent state, what the exit gate and the ``kl`` readout read: ``h`` itself under
+    Ouro's between-loop norm (``loop_norm``: every loop ends in the final norm, so the state is its output and
+    Ouro's gate and head read it as it is, modeling_ouro.py:618-620), else Norm(h)."""
+    return h if getattr(model.config, "loop_norm", False) else model.norm(h)
+
+
+def output_norm(model, h: torch.Tensor) -> torch.Tensor:
+    """The final norm after the Coda: none where there is no Coda and the state already ends in the final norm
+    (``loop_norm``; Ouro's head reads the last normed state), else Norm(h)."""
+    return h if getattr(model.config, "loop_norm", False) and not len(model.coda) else model.norm(h)
 
 
 class Recurrence:
@@ -1249,7 +1311,8 @@ def coda_input(model, h: torch.Tensor) -> torch.Tensor:
 # ======================================================================================
 
 
-def modulated_residual(u: torch.Tensor, norm, branch, modulation, psi, residual_norm=None) -> torch.Tensor:
+def modulated_residual(u: torch.Tensor, norm, branch, modulation, psi, residual_norm=None,
+                       output_norm=None) -> torch.Tensor:
     """One residual branch with its timestep modulation, Eq. (branch_timestep_modulation):
 
         u+ = u + g * Branch((1 + s) * Norm(u)),
@@ -1257,15 +1320,18 @@ def modulated_residual(u: torch.Tensor, norm, branch, modulation, psi, residual_
     (g, s) from ``modulation(psi)`` (BranchGating: s = 0, AdaLN); g = 1, s = 0 without modulation.
     ``residual_norm`` (Huginn's sandwich block, ``block_norm="sandwich"``): u+ = Norm'(u + g * Branch(...)),
     the residual stream normalised after the branch is added (SandwichBlock: x = norm_2(attn(norm_1(x)) + x)).
+    ``output_norm`` (Ouro's block, ``block_norm="branch_output"``): u+ = u + g * Norm'(Branch(...)), the branch's
+    output normalised before it is added (modeling_ouro.py:413-434: ``residual + input_layernorm_2(attn(...))``).
     The training model's block applies the same function."""
     x = norm(u)
+    run = branch if output_norm is None else (lambda v: output_norm(branch(v)))
     if modulation is None:
-        out = u + branch(x)
+        out = u + run(x)
     else:
         gate, scale = modulation(psi)
         if scale is not None:
             x = x * (1 + scale.to(x.dtype))
-        out = u + gate.to(u.dtype) * branch(x)
+        out = u + gate.to(u.dtype) * run(x)
     return out if residual_norm is None else residual_norm(out)
 
 
@@ -1283,6 +1349,9 @@ class LoopLMBlock(nn.Module):
         # Huginn's sandwich block: norm_2 / norm_4 of SandwichBlock, after each residual sum
         self.attn_residual_norm = LoopLMRMSNorm(d, config.rms_norm_eps) if block_residual_norms(config) else None
         self.mlp_residual_norm = LoopLMRMSNorm(d, config.rms_norm_eps) if block_residual_norms(config) else None
+        # Ouro's block: input_layernorm_2 / post_attention_layernorm_2, on each branch's output
+        self.attn_output_norm = LoopLMRMSNorm(d, config.rms_norm_eps) if block_output_norms(config) else None
+        self.mlp_output_norm = LoopLMRMSNorm(d, config.rms_norm_eps) if block_output_norms(config) else None
         if timestep == "branch_gating":
             self.attn_gate, self.mlp_gate = BranchGating(), BranchGating()
         elif timestep in ("adaln", "shortcut"):  # shortcut: LoopFormer's parametrisation of the same AdaLN
@@ -1300,9 +1369,9 @@ class LoopLMBlock(nn.Module):
                 psi: torch.Tensor | None = None, kv_merge=None) -> torch.Tensor:
         h = modulated_residual(h, self.input_layernorm,
                                lambda x: self.self_attn(x, rope, mask, cache, slot, kv_merge),
-                               self._branch_modulation("attn"), psi, self.attn_residual_norm)
+                               self._branch_modulation("attn"), psi, self.attn_residual_norm, self.attn_output_norm)
         return modulated_residual(h, self.post_attention_layernorm, self.mlp, self._branch_modulation("mlp"), psi,
-                                  self.mlp_residual_norm)
+                                  self.mlp_residual_norm, self.mlp_output_norm)
 
 
 @dataclass
@@ -1507,7 +1576,7 @@ class LoopLMModel(LoopLMPreTrainedModel):
                 num_loops: int | None = None, timestep_grid: str | None = None,
                 output_hidden_states: bool | None = None, exit_criterion: str | None = None,
                 exit_threshold: float | None = None, exit_readout=None, readout_loops=None, loop_steps=None,
-                exit_mode: str | None = None, **kwargs) -> LoopLMModelOutput:
+                exit_mode: str | None = None, weighted_exit: bool | None = None, **kwargs) -> LoopLMModelOutput:
         """``exit_criterion`` / ``exit_threshold`` / ``exit_mode`` override the config per call; ``exit_readout``
         maps normed states to logits for the ``kl`` criterion (``LoopLMForCausalLM`` passes its head).
 
@@ -1519,8 +1588,12 @@ class LoopLMModel(LoopLMPreTrainedModel):
         given = _take_cache(past_key_values, dict(kwargs))
         num_loops, criterion, threshold, mode = _checked_call(
             cfg, input_ids, given is not None and given.get_seq_length() > 0, num_loops, timestep_grid, exit_criterion,
-            exit_threshold, exit_mode)
+            exit_threshold, exit_mode, weighted_exit)
+        weighted = cfg.weighted_exit if weighted_exit is None else weighted_exit  # Ouro: every loop's head input kept
         readouts = None
+        if readout_loops is not None and weighted:
+            raise ValueError("readout_loops reads the logits of given loop counts; weighted_exit reads their expectation: "
+                             "pass one of them")
         if readout_loops is not None:
             readouts = _checked_readout_loops(readout_loops, num_loops)
             obstacle = readout_obstacle(cfg, readouts, timestep_grid)
@@ -1576,13 +1649,15 @@ class LoopLMModel(LoopLMPreTrainedModel):
         for i, block in enumerate(self.prelude):
             h = block(h, rope, mask, cache, i)
         gate = getattr(self, "exit_gate", None)  # Ouro: lambda_t of every loop -> exit_pdf
-        reading = (lambda x: gate(self.norm(x))) if criterion == "q_exit" else (lambda x: exit_readout(self.norm(x)))
+        reading = ((lambda x: gate(state_norm(self, x))) if criterion == "q_exit"
+                   else (lambda x: exit_readout(state_norm(self, x))))
         loops = Recurrence(
             cfg, lambda loop, x, x0, psi, hist: self._loop_iteration(loop, x, x0, psi, hist, rope, mask, cache,
                                                                       loops.token_exit),
             r, psi=psi_all, start=lambda x0: noise_initial_state(cfg, x0, position_ids),
             exit_rule=None if criterion == "none" else (lambda x: TokenExit(criterion, threshold, x, reading, mode)),
-            gate=None if gate is None else (lambda x: gate(self.norm(x))), keep_trajectory=bool(output_hidden_states),
+            gate=None if gate is None else (lambda x: gate(state_norm(self, x))), keep_trajectory=bool(output_hidden_states),
+            keep_states=bool(weighted),
             readout=lambda x, t: self._coda(x, rope, mask, None, t), readout_loops=readouts,
             on_exit=None if cache is None else (
                 lambda loop: loops.token_exit.fill(cache, self._first_core_slot, range(loop + 1, r))))
@@ -1596,7 +1671,8 @@ class LoopLMModel(LoopLMPreTrainedModel):
         return LoopLMModelOutput(last_hidden_state=h, **{CACHE_FIELD: cache},
                                  hidden_states=tuple(loops.trajectory) if loops.trajectory is not None else None,
                                  exit_loops=None if token_exit is None else token_exit.loops, exit_pdf=exit_pdf,
-                                 readout_states=None if readouts is None else tuple(loops.read[t] for t in readouts))
+                                 readout_states=(tuple(output_norm(self, x) for x in loops.states) if weighted else
+                                                 None if readouts is None else tuple(loops.read[t] for t in readouts)))
 
     def _coda(self, h: torch.Tensor, rope, mask, cache: Cache | None, r: int) -> torch.Tensor:
         """C(h^r) and the final norm; the Coda's cache slots follow the r loops' (p + r·s + j; p + m·s + j
@@ -1605,7 +1681,7 @@ class LoopLMModel(LoopLMPreTrainedModel):
         h = coda_input(self, h)
         for j, block in enumerate(self.coda):
             h = block(h, rope, mask, cache, coda_slot + j)
-        return self.norm(h)
+        return output_norm(self, h)
 
 
 class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
@@ -1638,26 +1714,35 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
                 num_loops: int | None = None, timestep_grid: str | None = None,
                 output_hidden_states: bool | None = None, exit_criterion: str | None = None,
                 exit_threshold: float | None = None, loop_steps=None, exit_mode: str | None = None,
-                **kwargs) -> LoopLMCausalLMOutput:
+                weighted_exit: bool | None = None, **kwargs) -> LoopLMCausalLMOutput:
         """Logits ``[b, s, V]``; with ``labels`` the mean next-token cross-entropy (labels[:, t] is
         token t; -100 ignored). ``num_loops`` / ``timestep_grid`` / ``exit_criterion`` /
         ``exit_threshold`` override the config per call; ``exit_loops`` [b, s] holds the loops each
         token ran under adaptive exit (the loop whose state each token reads, ``exit_mode``: :class:`TokenExit`).
         ``loop_steps`` (LoopFormer's step schedules: positive integers
         n_l summing to K, step sizes n_l / K) runs len(loop_steps) loops at t_l = (n_0 + ... +
-        n_{l-1}) / K, dt_l = n_l / K instead of the grid of ``num_loops``."""
+        n_{l-1}) / K, dt_l = n_l / K instead of the grid of ``num_loops``. ``weighted_exit`` (Ouro's, config field
+        or per call): the logits are the expectation over the exit distribution, sum_t p(t|x) head(h^t)
+        (:func:`expected_logits`), for the loss as well, as Ouro's."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=_take_cache(past_key_values, kwargs), inputs_embeds=inputs_embeds, use_cache=use_cache,
                          num_loops=num_loops, timestep_grid=timestep_grid,
                          output_hidden_states=output_hidden_states, exit_criterion=exit_criterion,
                          exit_threshold=exit_threshold, exit_readout=self.lm_head, loop_steps=loop_steps,
-                         exit_mode=exit_mode)
+                         exit_mode=exit_mode, weighted_exit=weighted_exit)
         h = out.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(h[:, keep, :])
+        weighted = self.config.weighted_exit if weighted_exit is None else weighted_exit
+
+        def head(keep):
+            if weighted:  # Ouro's expected logits over the exit distribution
+                return expected_logits(self.lm_head, [x[:, keep, :] for x in out.readout_states], out.exit_pdf[:, keep])
+            return self.lm_head(h[:, keep, :])
+
+        logits = head(keep)
         loss = None
         if labels is not None:
-            full = logits if (isinstance(logits_to_keep, int) and logits_to_keep == 0) else self.lm_head(h)
+            full = logits if (isinstance(logits_to_keep, int) and logits_to_keep == 0) else head(slice(None))
             shift = full[:, :-1].float()
             loss = F.cross_entropy(shift.reshape(-1, shift.shape[-1]), labels[:, 1:].reshape(-1).to(shift.device),
                                    ignore_index=-100)
@@ -1670,7 +1755,7 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
         token ids before the first forward (1-d ids were an IndexError inside it)."""
         _checked_call(self.config, kwargs.get("input_ids", inputs), False, kwargs.get("num_loops"),
                       kwargs.get("timestep_grid"), kwargs.get("exit_criterion"), kwargs.get("exit_threshold"),
-                      kwargs.get("exit_mode"))
+                      kwargs.get("exit_mode"), kwargs.get("weighted_exit"))
         return super().generate(inputs, *args, **kwargs)
 
     def readout_obstacle(self, loops, timestep_grid: str | None = None) -> str | None:

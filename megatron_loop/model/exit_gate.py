@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from megatron_loop.config import TrainConfig
 from megatron_loop.hf.modeling_looplm import ExitGate as _ExitGate
 from megatron_loop.hf.modeling_looplm import exit_distribution, exit_log_distribution  # noqa: F401 (re-exported)
+from megatron_loop.hf.modeling_looplm import output_norm, state_norm
 from megatron_loop.model import roles
 from megatron_loop.model.loss import IGNORE_INDEX, token_linear_cross_entropy, weighted_linear_cross_entropy
 
@@ -110,7 +111,7 @@ class ExitObjective:
             inputs = [step_head_input(model, h, rope) for h in states]
             losses = torch.stack([token_linear_cross_entropy(x[:, :-1].reshape(-1, d), weight, targets,
                                                              model.loss_chunk_tokens) for x in inputs], dim=-1)
-        logits = torch.stack([model.exit_gate(model.norm(h).detach()) for h in states], dim=-1)
+        logits = torch.stack([model.exit_gate(state_norm(model, h).detach()) for h in states], dim=-1)
         logits = logits.transpose(0, 1)[:, :-1].reshape(-1, len(states))
         return adaptive_gate_loss(losses, logits, targets != IGNORE_INDEX, self.k, self.gamma), inputs[-1]
 
@@ -121,7 +122,7 @@ def step_head_input(model, h: torch.Tensor, rope) -> torch.Tensor:
     h = model.coda_input(h)
     for block in model.coda:
         h = block(h, rope)
-    return model.tensor_parallel.head_input(model.norm(h)).transpose(0, 1)
+    return model.tensor_parallel.head_input(output_norm(model, h)).transpose(0, 1)
 
 
 def entropy_regularized_loss(hidden: list[torch.Tensor], weight: torch.Tensor, targets: torch.Tensor,

@@ -44,7 +44,7 @@ from megatron_loop.model.adaptive_exit import TokenExit, check_exit
 from megatron_loop.model.exit_gate import ExitGate, exit_distribution
 from megatron_loop.model.compat import (RotaryTables, rope_freqs, rope_inv_freq, rope_tables,
                                         transformer_config)
-from megatron_loop.hf.modeling_looplm import Recurrence, coda_input, loop_transition
+from megatron_loop.hf.modeling_looplm import Recurrence, coda_input, loop_transition, output_norm, state_norm
 from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStateInjection, LoopGating,
                                               ShortcutEmbedding, branch_modulation, timestep_features)
 from megatron_loop.model.initial_state import check_tensor_parallel, huginn_adapter_init_, noise_state
@@ -105,7 +105,8 @@ class LoopLM(nn.Module):
             initializer_range=config.initializer_range, tensor_model_parallel_size=placement.tp_size,
             sequence_parallel=placement.sequence_parallel)
         # fast_path=False: megatron-core's modules throughout (the reference of layers.loop_block_spec)
-        spec = loop_block_spec(config.qk_norm, fast_path, sandwich=config.block_norm == "sandwich")
+        spec = loop_block_spec(config.qk_norm, fast_path, sandwich=config.block_norm == "sandwich",
+                               branch_output=config.block_norm == "branch_output")
         numbers = iter(range(1, config.physical_depth + 1))
 
         def blocks(n: int) -> nn.ModuleList:
@@ -313,15 +314,15 @@ class LoopLM(nn.Module):
 
         exit_rule = None
         if run.exit_criterion != "none":
-            reading = ((lambda x: self.exit_gate(self.norm(x))) if run.exit_criterion == "q_exit"
-                       else (lambda x: F.linear(self.norm(x), self.head_weight())))
+            reading = ((lambda x: self.exit_gate(state_norm(self, x))) if run.exit_criterion == "q_exit"
+                       else (lambda x: F.linear(state_norm(self, x), self.head_weight())))
             exit_rule = lambda x: TokenExit(run.exit_criterion, run.exit_threshold, x, reading, core=self.core,  # noqa: E731
                                             mode=run.exit_mode)
         # Ouro: the gate's logit after every loop; Stage I/II read every state h^1..h^r
         objective = run.objective if labels is not None and self.training else None
         loops = Recurrence(cfg, step, r, psi=psi_all, start=lambda x0: noise_state(cfg, x0, run.initial_state_seed),
                            exit_rule=exit_rule, keep_trajectory=run.return_trajectory, keep_states=objective is not None,
-                           gate=None if self.exit_gate is None else (lambda x: self.exit_gate(self.norm(x))))
+                           gate=None if self.exit_gate is None else (lambda x: self.exit_gate(state_norm(self, x))))
         h = self.coda_input(loops.run(h))
         loss = None
         if objective is not None:  # Ouro's training objective; h: the head input at r
@@ -329,7 +330,7 @@ class LoopLM(nn.Module):
         else:
             for block in self.coda:
                 h = block(h, rope)
-            h = self.tensor_parallel.head_input(self.norm(h)).transpose(0, 1)  # [b, s, d]
+            h = self.tensor_parallel.head_input(output_norm(self, h)).transpose(0, 1)  # [b, s, d]
             if labels is not None:
                 loss = self.loss(h, labels)
         logits = self.tensor_parallel.logits(h, self.head_weight()) if run.compute_logits else None

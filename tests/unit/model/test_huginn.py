@@ -325,7 +325,7 @@ def test_dry_run_counts_the_sandwich_norms_and_the_export_round_trips(models):
      "model.initial_state='noise' with train.shortcut_consistency=true: expected one of them"),
     ({"initial_injection": "none"}, {}, "model.initial_state='noise': expected 'prelude' unless an initial-state "
                                         "injection carries the Prelude output"),
-    ({"block_norm": "post"}, {}, "model.block_norm='post': expected one of ('pre', 'sandwich')"),
+    ({"block_norm": "post"}, {}, "model.block_norm='post': expected one of ('pre', 'sandwich', 'branch_output')"),
     ({"initial_state_std": 0.0}, {}, "model.initial_state_std=0.0: expected null"),
     ({"initial_state": "prelude", "initial_state_seed": 3}, {}, "model.initial_state_seed=3: expected its default"),
     ({}, {"tensor_model_parallel_size": 2}, "model.initial_state='noise': expected "
