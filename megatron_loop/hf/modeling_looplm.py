@@ -357,6 +357,8 @@ class LoopLMConfig(PretrainedConfig):
         _check_huginn(self)
         check_q_exit(self.exit_criterion, self.exit_threshold, self.exit_gate)
         check_weighted_exit(self, self.weighted_exit, self.exit_criterion)
+        if not isinstance(self.loop_norm, bool):
+            raise ValueError(f"LoopLMConfig.loop_norm={self.loop_norm!r}: expected True or False (Ouro's between-loop norm)")
         if self.hidden_act != "silu":
             raise ValueError(f"LoopLMConfig.hidden_act={self.hidden_act!r}: only 'silu' (SwiGLU) is supported")
 

@@ -116,3 +116,14 @@ def test_weighted_exit_decodes_with_the_cache_as_without_and_is_refused_where_it
         LoopLMConfig(weighted_exit=True, exit_gate="learned", coda_layers=1)
     with pytest.raises(ValueError, match="^weighted_exit=True with exit_criterion='q_exit': the expected logits"):
         hf(ids, weighted_exit=True, exit_criterion="q_exit", exit_threshold=0.5)
+
+
+def test_the_parameter_count_includes_the_branch_output_norms(models):
+    from megatron_loop.plan import count_parameters
+
+    looplm, _ = models
+    plain = build_model_config(dict(backbone="tiny-llama", prelude_layers=0, core_layers=2, train_loops=K,
+                                    coda_layers=0, vocab_size=640, exit_gate="learned"))
+    blocks = looplm.config.prelude_layers + looplm.config.core_layers + looplm.config.coda_layers
+    assert count_parameters(looplm.config).total == looplm.num_parameters() == \
+        count_parameters(plain).total + 2 * blocks * looplm.config.hidden_size  # loop_norm: the final norm's weights
