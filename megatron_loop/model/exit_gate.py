@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from megatron_loop.config import TrainConfig
 from megatron_loop.hf.modeling_looplm import ExitGate as _ExitGate
 from megatron_loop.hf.modeling_looplm import exit_distribution, exit_log_distribution  # noqa: F401 (re-exported)
-from megatron_loop.hf.modeling_looplm import output_norm, state_norm
+from megatron_loop.hf.modeling_looplm import check_weighted_exit, expected_logits, output_norm, state_norm
 from megatron_loop.model import roles
 from megatron_loop.model.loss import IGNORE_INDEX, token_linear_cross_entropy, weighted_linear_cross_entropy
 
@@ -155,3 +155,18 @@ def adaptive_gate_loss(step_losses: torch.Tensor, gate_logits: torch.Tensor, val
     bce = -(w * F.logsigmoid(-a) + (1 - w) * F.logsigmoid(a)).mean(-1)
     mask = valid.to(bce.dtype)
     return (bce * mask).sum() / mask.sum()
+
+
+def weighted_exit_output(model, states: list[torch.Tensor], gate_logits: torch.Tensor, labels: torch.Tensor | None):
+    """Ouro's weighted-exit inference on ``LoopLM`` (the export's ``expected_logits``, modeling_ouro.py:813-814):
+    (logits [b, s, V] = sum_t p(t|x) head(Norm(h^t)), p(t|x) [b, s, r], the next-token cross-entropy of those
+    logits when ``labels`` are given, as Ouro's loss). ``states``: h^1..h^r [s, b, d]; ``gate_logits`` [s, b, r]."""
+    check_weighted_exit(model.config, True, "none")
+    pdf = exit_distribution(gate_logits.transpose(0, 1))
+    heads = [model.tensor_parallel.head_input(output_norm(model, h)).transpose(0, 1) for h in states]
+    logits = expected_logits(lambda x: model.tensor_parallel.logits(x, model.head_weight()), heads, pdf)
+    loss = None
+    if labels is not None:
+        shift = logits[:, :-1].float()
+        loss = F.cross_entropy(shift.reshape(-1, shift.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX)
+    return logits, pdf, loss

@@ -41,7 +41,7 @@ from megatron_loop.config import ModelConfig
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
 from megatron_loop.model.adaptive_exit import TokenExit, check_exit
-from megatron_loop.model.exit_gate import ExitGate, exit_distribution
+from megatron_loop.model.exit_gate import ExitGate, exit_distribution, weighted_exit_output
 from megatron_loop.model.compat import (RotaryTables, rope_freqs, rope_inv_freq, rope_tables,
                                         transformer_config)
 from megatron_loop.hf.modeling_looplm import Recurrence, coda_input, loop_transition, output_norm, state_norm
@@ -321,9 +321,16 @@ class LoopLM(nn.Module):
         # Ouro: the gate's logit after every loop; Stage I/II read every state h^1..h^r
         objective = run.objective if labels is not None and self.training else None
         loops = Recurrence(cfg, step, r, psi=psi_all, start=lambda x0: noise_state(cfg, x0, run.initial_state_seed),
-                           exit_rule=exit_rule, keep_trajectory=run.return_trajectory, keep_states=objective is not None,
+                           exit_rule=exit_rule, keep_trajectory=run.return_trajectory,
+                           keep_states=objective is not None or run.weighted_exit,
                            gate=None if self.exit_gate is None else (lambda x: self.exit_gate(state_norm(self, x))))
         h = self.coda_input(loops.run(h))
+        if run.weighted_exit and objective is None:  # Ouro's expected logits over p(t|x) (exit_gate.py)
+            try:
+                logits, exit_pdf, loss = weighted_exit_output(self, loops.states, loops.exit_logits(), labels)
+            except ValueError as e:
+                raise LoopConfigError(str(e)) from None
+            return LoopLMOutput(logits=logits, loss=loss, exit_pdf=exit_pdf)
         loss = None
         if objective is not None:  # Ouro's training objective; h: the head input at r
             loss, h = objective.loss(self, loops.states, loops.gate_logits, rope, labels)

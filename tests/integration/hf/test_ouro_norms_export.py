@@ -91,6 +91,8 @@ def test_norms_and_weighted_exit_match_the_float64_reference_and_the_training_mo
             torch.testing.assert_close(ours.exit_pdf, theirs.exit_pdf, rtol=1e-5, atol=1e-6)
             weighted = hf(x, num_loops=r, use_cache=False, weighted_exit=True)
             torch.testing.assert_close(weighted.logits.double(), expected, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(looplm(x, num_loops=r, weighted_exit=True).logits, weighted.logits,
+                                       rtol=1e-5, atol=1e-5)
             if r > 1:  # the expectation is not any single loop's logits
                 assert (weighted.logits - theirs.logits).abs().max() > 1e-3
 
@@ -127,3 +129,20 @@ def test_the_parameter_count_includes_the_branch_output_norms(models):
     blocks = looplm.config.prelude_layers + looplm.config.core_layers + looplm.config.coda_layers
     assert count_parameters(looplm.config).total == looplm.num_parameters() == \
         count_parameters(plain).total + 2 * blocks * looplm.config.hidden_size  # loop_norm: the final norm's weights
+
+
+def test_in_bf16_the_training_model_and_the_export_agree(models):
+    """The precision users run on GPU (bf16 through DeepSpeed): the norms and the weighted exit in bf16, the
+    training model against the export, both within bf16's resolution of the float64 reference."""
+    import copy
+
+    looplm, hf = (copy.deepcopy(m).to(torch.bfloat16) for m in models)
+    x = torch.randint(1, 600, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _, _, logits, expected = ouro_reference(copy.deepcopy(models[1]), x, 2 * K)
+        for weighted, want in ((False, logits), (True, expected)):
+            ours = looplm(x, num_loops=2 * K, weighted_exit=weighted).logits
+            theirs = hf(x, num_loops=2 * K, use_cache=False, weighted_exit=weighted).logits
+            assert ours.dtype == theirs.dtype == torch.bfloat16
+            torch.testing.assert_close(ours, theirs, rtol=0.02, atol=0.02)
+            torch.testing.assert_close(theirs.double(), want, rtol=0.05, atol=0.05)
