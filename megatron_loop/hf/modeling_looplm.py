@@ -67,7 +67,10 @@ outputs, [b, s, r]) and Q-exit (``exit_criterion="q_exit"``, ``exit_threshold`` 
 at the first loop whose cumulative exit probability reaches q (``ExitCDF``). By default as Ouro computes it
 (``exit_mode="readout"``: every loop for every token, then the per-token readout of the exit loop's state);
 ``exit_mode="freeze"`` freezes exited tokens under the KV policy above instead (it saves compute, but an exit
-then changes the other tokens' states, logits and exits).
+then changes the other tokens' states, logits and exits). Ouro's own norms, off by default: ``loop_norm`` (the final norm after
+every loop, which the next loop, the gate and the head read; modeling_ouro.py:618) and ``block_norm="branch_output"``
+(a norm on each branch's output before the residual sum; modeling_ouro.py:413-434); and its weighted-exit
+inference, ``weighted_exit`` (the expected logits sum_t p(t|x) head(h^t); modeling_ouro.py:813-814).
 
 One-pass readouts (``LoopLMForCausalLM.loop_readouts``, ``readout_loops`` of ``LoopLMModel.forward``):
 where the trajectory h^1, h^2, ... does not depend on r (no timestep conditioning, or the ``prefix``
