@@ -48,7 +48,7 @@ def count_parameters(cfg: ModelConfig) -> ParameterCount:
 
     Backbone: embedding V*d, per block the attention and SwiGLU matrices
     (:func:`megatron_loop.flops.block_matmul_params`), two RMSNorms of d and, for Qwen3, the
-    q/k norms of head_dim (and Huginn's two sandwich norms of d, ``model.block_norm``); the final norm d; the LM head V*d unless tied. Conditioning (Sec. 5):
+    q/k norms of head_dim (and Huginn's two sandwich norms of d, or Ouro's two branch-output norms, ``model.block_norm``); the final norm d; the LM head V*d unless tied. Conditioning (Sec. 5):
     initial-state injection 1 | 2d | 2d | 2d^2 (scalar | channel | residual_channel | dense),
     history injection w * (1 | d | d^2), Loop Gating 8, and per core layer two branches of
     Branch Gating 8 or AdaLN 2d x 8 each (LoopFormer's shortcut modulation: 2d x d + 2d each, and its
@@ -56,7 +56,7 @@ def count_parameters(cfg: ModelConfig) -> ParameterCount:
     """
     d, w = cfg.hidden_size, cfg.history_window
     block = block_matmul_params(cfg) + 2 * d + (2 * cfg.head_dim if cfg.qk_norm else 0)
-    block += 2 * d if cfg.block_norm == "sandwich" else 0  # Huginn's norms after each residual sum
+    block += 2 * d if cfg.block_norm in ("sandwich", "branch_output") else 0  # Huginn's / Ouro's two extra norms
     backbone = (cfg.vocab_size * d * (1 if cfg.tie_word_embeddings else 2) + cfg.physical_depth * block + d)
     initial = {"none": 0, "scalar": 1, "channel": 2 * d, "residual_channel": 2 * d, "dense": 2 * d * d}
     history = {"none": 0, "scalar": w, "channel": w * d, "dense": w * d * d}

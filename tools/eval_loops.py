@@ -112,6 +112,10 @@ def _run(argv: Sequence[str] | None) -> int:
     ap.add_argument("--exit-criterion", default="none", choices=("none", "kl", "cosine", "q_exit"),
                     help="per-token adaptive exit criterion (default none: fixed r only; q_exit: Ouro's Q-exit on "
                          "a learned exit gate)")
+    ap.add_argument("--exit-mode", default=None, choices=("readout", "freeze"),
+                    help="how an exit acts (default: the export's; q_exit: readout, Ouro's every loop for every token "
+                         "then the per-token readout; kl, cosine: freeze, exited tokens stop and lend their last "
+                         "keys/values, which saves compute)")
     ap.add_argument("--exit-thresholds", default=None, help="comma-separated exit thresholds, e.g. 1e-4,1e-3 "
                                                             "(q_exit: probabilities, e.g. 0.5,0.7,0.9)")
     ap.add_argument("--exit-max-loops", type=int, default=None, help="loop cap r under adaptive exit "
@@ -151,6 +155,8 @@ def _run(argv: Sequence[str] | None) -> int:
     planned = {"tasks": {t.key: {} for t in settings.tasks}, "limit": settings.limit}
     check_comparable(planned, [(p, {**o, "items": {}}) for p, o in zip(args.compare, others)], args.compare_mismatched)
     thresholds = None
+    if args.exit_mode is not None and args.exit_criterion == "none":
+        raise LoopConfigError("--exit-mode: expected --exit-criterion kl, cosine or q_exit with it")
     if args.exit_criterion != "none" or args.exit_thresholds is not None:
         if args.exit_criterion == "none":
             raise LoopConfigError("--exit-thresholds: expected --exit-criterion kl, cosine or q_exit with it")
@@ -199,7 +205,8 @@ def _run(argv: Sequence[str] | None) -> int:
                         on_passes=lambda passes: print(passes.line(), file=sys.stderr))
     results["sweep_settings"] = fingerprint
     if thresholds is not None:
-        results["adaptive"] = run_adaptive_sweep(session, settings, args.exit_criterion, thresholds, max_loops)
+        results["adaptive"] = run_adaptive_sweep(session, settings, args.exit_criterion, thresholds, max_loops,
+                                                 args.exit_mode)
     for warning in check_comparable(results, list(zip(args.compare, others)), allow=True):
         print(warning, file=sys.stderr)  # refused above unless --compare-mismatched; items differ: said here
     paths = write_results(results, staging)

@@ -60,6 +60,10 @@ class ModelConfig:
     # noise of evaluation and of the HF export (training draws per step from train.seed and the step).
     block_norm: str = "pre"
     norm_core_output: bool = False
+    # Ouro (Zhu et al. 2025; modeling_ouro.py): ``block_norm: branch_output`` normalises each branch's output before
+    # the residual sum; ``loop_norm`` ends every loop in the final norm (the next loop, the exit gate and the head
+    # read Norm(y)).
+    loop_norm: bool = False
     initial_state: str = "prelude"
     initial_state_std: float | None = None
     initial_state_seed: int = 0
@@ -194,9 +198,11 @@ class TrainConfig(OptimizerSettings):
     # hung would otherwise block the others for DeepSpeed's default 30 minutes.
     collective_timeout_s: float = 600.0
     # Variable depth in training (megatron_loop/training/loop_sampling.py): the loop
-    # count of each optimizer step, fixed = model.train_loops (the paper) or drawn from the seed
-    # and the step; backprop_loops truncates backpropagation to the last N loops (null: all).
+    # count of each micro-batch (loop_sampling_per: micro_batch, as Huginn) or optimizer step (step),
+    # fixed = model.train_loops (the paper) or drawn from the seed, the step and the micro-batch, the same
+    # on every rank; backprop_loops truncates backpropagation to the last N loops (null: all).
     loop_sampling: str = "fixed"
+    loop_sampling_per: str = "micro_batch"
     loop_sampling_sigma: float = 0.5
     loop_sampling_min: int = 1
     loop_sampling_max: int | None = None

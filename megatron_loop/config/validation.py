@@ -26,13 +26,14 @@ LOSS_IMPLEMENTATIONS = ("auto", "chunked", "fused")  # megatron_loop/model/loss.
 # behaviour). Each is documented where it acts and in docs/CONFIG.md.
 NOISY_INITIAL_INJECTIONS = ("scalar", "channel", "residual_channel")  # App. E.1 ablation
 LOOP_GATING_REFERENCES = ("state", "injected")
-BLOCK_NORMS = ("pre", "sandwich")  # model.block_norm (Huginn's sandwich blocks, model/layers.py)
+BLOCK_NORMS = ("pre", "sandwich", "branch_output")  # model.block_norm (Huginn's sandwich, Ouro's branch-output norms)
 INITIAL_STATES = ("prelude", "noise")  # model.initial_state (Huginn, model/initial_state.py)
 NOISE_STATE_TP_REFUSAL = ("model.initial_state='noise': expected parallel.tensor_model_parallel_size=1 (the noise "
                           "state is drawn whole on each rank, not split over tensor-parallel ranks)")
 OPTIMIZERS = ("muon_adamw", "adamw")
 DATA_ORDERS = ("shuffled", "stream")
 LOOP_SAMPLINGS = ("fixed", "poisson_lognormal", "uniform")  # train.loop_sampling (training/loop_sampling.py)
+LOOP_SAMPLING_UNITS = ("micro_batch", "step")  # train.loop_sampling_per: one draw per micro-batch (Huginn) or step
 EXIT_GATES = ("none", "learned")  # model.exit_gate: Ouro's learned exit gate (model/exit_gate.py)
 EXIT_GATE_OBJECTIVES = ("none", "entropy_regularized", "adaptive_gate")  # train.exit_gate_objective: Stage I, II
 INIT_FROM_MISSING = ("error", "keep_init")  # train.init_from_missing (training/init_from.py)
@@ -48,7 +49,8 @@ CHOICES = {
     "model.loop_gating_reference": LOOP_GATING_REFERENCES, "model.block_norm": BLOCK_NORMS,
     "model.initial_state": INITIAL_STATES, "train.optimizer": OPTIMIZERS,
     "model.exit_gate": EXIT_GATES, "train.exit_gate_objective": EXIT_GATE_OBJECTIVES,
-    "train.loop_sampling": LOOP_SAMPLINGS, "train.precision": ("auto", "bf16", "fp32"),
+    "train.loop_sampling": LOOP_SAMPLINGS, "train.loop_sampling_per": LOOP_SAMPLING_UNITS,
+    "train.precision": ("auto", "bf16", "fp32"),
     "train.nan_policy": ("skip", "stop"), "train.schedule_on_resume": ("continue_decay", "rewarm", "rederive"),
     "train.init_from_missing": INIT_FROM_MISSING,
     "train.muon_scale": ("match_rms_adamw", "original"),
@@ -238,6 +240,7 @@ def validate_train(train: TrainConfig, prefix: str = "train") -> None:
          f"at most {MAX_TIMEOUT_S:,.0f} seconds (7 days)")
     need(0 <= train.seed <= MAX_SEED, "seed", f"an integer in [0, 2^32 - 1 = {MAX_SEED}] (numpy's seed range)")
     need(train.loop_sampling in LOOP_SAMPLINGS, "loop_sampling", f"one of {LOOP_SAMPLINGS}")
+    need(train.loop_sampling_per in LOOP_SAMPLING_UNITS, "loop_sampling_per", f"one of {LOOP_SAMPLING_UNITS}")
     for key in ("shortcut_short_loss_weight", "shortcut_consistency_weight"):  # LoopFormer (model/shortcut.py)
         need(0 <= getattr(train, key) < float("inf"), key, "a finite number >= 0 (LoopFormer: 0.1)")
         need(train.shortcut_consistency or getattr(train, key) == 0.1, key, "its default 0.1 unless "
@@ -257,7 +260,7 @@ def validate_train(train: TrainConfig, prefix: str = "train") -> None:
     need(train.exit_gate_gamma >= 0, "exit_gate_gamma", "a float >= 0 (Ouro's improvement margin gamma, 0.005)")
     if train.loop_sampling == "fixed":  # the sampling settings would be silently unused
         defaults = type(train)()
-        for key in ("loop_sampling_sigma", "loop_sampling_min", "loop_sampling_max"):
+        for key in ("loop_sampling_sigma", "loop_sampling_min", "loop_sampling_max", "loop_sampling_per"):
             need(getattr(train, key) == getattr(defaults, key), key,
                  f"its default {getattr(defaults, key)!r} with loop_sampling='fixed' (every step runs "
                  "model.train_loops; set train.loop_sampling to poisson_lognormal or uniform to use it)")

@@ -16,7 +16,7 @@ and token, which the effective depth does not count (docs/BENCHMARKS.md has deco
 
 ``results["adaptive"]``::
 
-    {"criterion", "max_loops", "thresholds": [t...],
+    {"criterion", "exit_mode", "max_loops", "thresholds": [t...],
      "by_threshold": {"<t>": {"threshold", "loops_per_token", "effective_depth",
                               "heldout_loops_per_token", "task_loops_per_token",
                               "tasks": {task: percent}, "groups": {group: percent},
@@ -26,6 +26,11 @@ and token, which the effective depth does not count (docs/BENCHMARKS.md has deco
 
 With ``q_exit`` (Ouro's Q-exit on a learned exit gate) and a held-out prefix, ``exit_distribution`` is
 the gate's learned depth distribution p(t|x) at r = cap, averaged over the held-out tokens.
+
+``exit_mode`` is how an exit acted (``--exit-mode``; default the export's, which for ``q_exit`` is Ouro's
+``readout``): under ``freeze`` ``loops_per_token`` is the loops each token ran; under ``readout`` every token
+runs the cap and ``loops_per_token`` is the mean loop whose state was read out (Ouro's exit step), the depth the
+prediction comes from, not the compute spent. Exports written before the mode existed freeze.
 """
 
 from __future__ import annotations
@@ -119,8 +124,17 @@ def check_adaptive(session: SweepSession, criterion: str, max_loops: int) -> Non
                               "learned, Ouro); use kl or cosine")
 
 
+def exit_mode_in_effect(model, criterion: str) -> str:
+    """How the export's exit acts (``modeling_looplm.exit_mode_of``; ``freeze`` for an export written before the
+    mode existed, whose modeling file knows no other)."""
+    import sys
+
+    exit_mode_of = getattr(sys.modules[type(model).__module__], "exit_mode_of", None)
+    return "freeze" if exit_mode_of is None else exit_mode_of(criterion, getattr(model.config, "exit_mode", None))
+
+
 def run_adaptive_sweep(session: SweepSession, settings: SweepSettings, criterion: str, thresholds: list[float],
-                       max_loops: int) -> dict:
+                       max_loops: int, exit_mode: str | None = None) -> dict:
     """Scores, held-out loss and loops per token of the export at each threshold (cap ``max_loops``),
     on the model, tasks and lm-eval wrapper the fixed-r sweep loaded (``session``)."""
     from tqdm.auto import tqdm
@@ -129,7 +143,11 @@ def run_adaptive_sweep(session: SweepSession, settings: SweepSettings, criterion
     model, manager, tasks, lm = session.model, session.manager, session.tasks, session.lm
     arch = architecture(model.config)
     p, s, c = arch["prelude_layers"], arch["core_layers"], arch["coda_layers"]
-    out = {"criterion": criterion, "max_loops": max_loops, "thresholds": list(thresholds), "by_threshold": {}}
+    saved_mode = getattr(model.config, "exit_mode", None)
+    if exit_mode is not None:
+        model.config.exit_mode = exit_mode
+    out = {"criterion": criterion, "exit_mode": exit_mode_in_effect(model, criterion), "max_loops": max_loops,
+           "thresholds": list(thresholds), "by_threshold": {}}
     model.config.num_loops, model.config.exit_criterion = max_loops, criterion
     try:
         for threshold in tqdm(thresholds, desc=f"adaptive exit ({criterion})", unit="threshold",
@@ -157,6 +175,8 @@ def run_adaptive_sweep(session: SweepSession, settings: SweepSettings, criterion
             out["exit_distribution"] = learned_depth(model, settings, max_loops)
     finally:
         model.config.num_loops, model.config.exit_criterion, model.config.exit_threshold = None, "none", 0.0
+        if exit_mode is not None:
+            model.config.exit_mode = saved_mode
     return out
 
 

@@ -56,6 +56,8 @@ _BLOCK_RENAMES = {
     "mlp_adaln.bias": "mlp_adaln.bias",
     "attn_residual_norm.weight": "attn_residual_norm.weight",  # Huginn's sandwich norms (model.block_norm)
     "mlp_residual_norm.weight": "mlp_residual_norm.weight",
+    "attn_output_norm.weight": "attn_output_norm.weight",  # Ouro's branch-output norms (block_norm: branch_output)
+    "mlp_output_norm.weight": "mlp_output_norm.weight",
 }
 _QKV = "self_attention.linear_qkv.weight"
 _FC1 = "mlp.linear_fc1.weight"
@@ -72,7 +74,7 @@ _PARTS = ("prelude", "core", "coda")
 def is_native(cfg: ModelConfig) -> bool:
     """NonLoop (one loop) without any conditioning: a plain Llama / Qwen3 stack."""
     return (cfg.train_loops == 1 and cfg.initial_injection == "none" and cfg.history_injection == "none"
-            and cfg.timestep == "none" and cfg.exit_gate == "none" and not huginn_fields(cfg))
+            and cfg.timestep == "none" and cfg.exit_gate == "none" and not huginn_fields(cfg) and not cfg.loop_norm)
 
 
 def huginn_fields(cfg: ModelConfig) -> dict:
@@ -128,7 +130,7 @@ def hf_config(cfg: ModelConfig, token_ids: dict | None = None, train_seq_length:
                         history_injection=cfg.history_injection, history_window=cfg.history_window,
                         timestep=cfg.timestep, timestep_grid=cfg.timestep_grid,
                         loop_gating_reference=cfg.loop_gating_reference, exit_gate=cfg.exit_gate, **huginn_fields(cfg),
-                        **token_ids)
+                        **({"loop_norm": True} if cfg.loop_norm else {}), **token_ids)
 
 
 def model_config_from_hf(config) -> ModelConfig:
@@ -153,7 +155,8 @@ def model_config_from_hf(config) -> ModelConfig:
                       # Huginn's fields, absent from older exports: the defaults
                       block_norm=getattr(config, "block_norm", "pre"),
                       norm_core_output=getattr(config, "norm_core_output", False),
-                      initial_state=getattr(config, "initial_state", "prelude"))
+                      initial_state=getattr(config, "initial_state", "prelude"),
+                      loop_norm=getattr(config, "loop_norm", False))  # Ouro's between-loop norm: older exports, off
         if fields["initial_state"] == "noise":
             fields.update(initial_state_std=config.initial_state_std, initial_state_seed=config.initial_state_seed)
     elif config.model_type in ("llama", "qwen3"):

@@ -47,11 +47,14 @@ t mod m (Huginn's "compress-s"), so the cache holds p + m·s + c slots at any r.
 
 Per-token adaptive exit (``exit_criterion`` ``kl`` | ``cosine`` with ``exit_threshold``; default
 ``none``): ``num_loops`` becomes a cap, and after each loop t a token whose output changed by less
-than the threshold exits (its state is frozen; ``TokenExit``). ``kl`` is KL(p_{t-1} || p_t) of the
+than the threshold exits (``TokenExit``). How an exit acts is ``exit_mode``, two modes side by side:
+``freeze`` (the default of ``kl`` / ``cosine``) stops the exited token's state and serves its last keys/values
+to later tokens (the KV policy below), which saves compute; ``readout`` (the default of ``q_exit``, Ouro's)
+runs every loop for every token and reads out, per token, the state of the loop it exits at. ``kl`` is KL(p_{t-1} || p_t) of the
 next-token distributions read out of successive states with the final norm and the LM head
 (p_0 from h^0; the Coda is skipped so the decision stays per token), ``cosine`` is
 1 - cos(h^{t-1}, h^t). Threshold 0 never exits (fixed r); a huge threshold exits after one loop.
-KV policy for the loops a token skipped, "latest" (Huginn's): later tokens read, at Core layer k of
+KV policy of the freezing exit for the loops a token skipped, "latest" (Huginn's): later tokens read, at Core layer k of
 loop t, the exited token's keys/values of layer k from the last loop it computed. The cache slots
 of skipped loops are written with exactly those keys/values, so the cache stays one rectangular
 slot per block occurrence and cached decoding equals cache-free decoding. Compute is saved when
@@ -61,7 +64,13 @@ Ouro's learned exit gate (``exit_gate="learned"``; Zhu et al. 2025, arXiv 2510.2
 sigmoid(w^T RMSNorm(h^t) + b) after every loop (``ExitGate``), the exit distribution p(t|x) =
 lambda_t prod_{j<t}(1 - lambda_j) with the remainder at r (``exit_distribution``; ``exit_pdf`` of the
 outputs, [b, s, r]) and Q-exit (``exit_criterion="q_exit"``, ``exit_threshold`` q in [0, 1]): a token exits
-at the first loop whose cumulative exit probability reaches q (``ExitCDF``), under the KV policy above.
+at the first loop whose cumulative exit probability reaches q (``ExitCDF``). By default as Ouro computes it
+(``exit_mode="readout"``: every loop for every token, then the per-token readout of the exit loop's state);
+``exit_mode="freeze"`` freezes exited tokens under the KV policy above instead (it saves compute, but an exit
+then changes the other tokens' states, logits and exits). Ouro's own norms, off by default: ``loop_norm`` (the final norm after
+every loop, which the next loop, the gate and the head read; modeling_ouro.py:618) and ``block_norm="branch_output"``
+(a norm on each branch's output before the residual sum; modeling_ouro.py:413-434); and its weighted-exit
+inference, ``weighted_exit`` (the expected logits sum_t p(t|x) head(h^t); modeling_ouro.py:813-814).
 
 One-pass readouts (``LoopLMForCausalLM.loop_readouts``, ``readout_loops`` of ``LoopLMModel.forward``):
 where the trajectory h^1, h^2, ... does not depend on r (no timestep conditioning, or the ``prefix``
@@ -102,10 +111,14 @@ TIMESTEPS = ("none", "loop_gating", "branch_gating", "adaln", "shortcut")  # sho
 TIMESTEP_GRIDS = ("rescaled", "prefix")
 EXIT_CRITERIA = ("none", "kl", "cosine", "q_exit")  # q_exit: Ouro, needs exit_gate="learned"
 EXIT_GATES = ("none", "learned")  # Ouro's learned exit gate (ExitGate)
+# How a per-token exit acts (TokenExit): "readout" runs every loop for every token and reads out, per token, the state
+# of the loop it exits at (Ouro's Q-exit); "freeze" stops an exited token's state and lends its last keys/values to
+# later tokens (Huginn's KV policy; what saves compute). None: the criterion's own (exit_mode_of).
+EXIT_MODES = ("readout", "freeze")
 LOOP_GATING_REFERENCES = ("state", "injected")
 NUM_TIMESTEP_FEATURES = 8
 # Huginn (Geiping et al. 2025; its section below)
-BLOCK_NORMS = ("pre", "sandwich")
+BLOCK_NORMS = ("pre", "sandwich", "branch_output")  # branch_output: Ouro's norm on each branch's output
 INITIAL_STATES = ("prelude", "noise")
 # Huginn's state_init "like-init" under its "takase" init: TruncNormal(0, sigma_e^2, +-3 sigma_e) with the
 # embedding std sigma_e = sqrt(2 / (5d)), then times the embedding scale sqrt(d): std sqrt(2/5) at every width.
@@ -136,12 +149,13 @@ def _checked_num_loops(value, where: str = "LoopLMConfig.num_loops"):
     return int(value)
 
 
-def _checked_call(config, input_ids, cached: bool, num_loops, timestep_grid, exit_criterion, exit_threshold):
+def _checked_call(config, input_ids, cached: bool, num_loops, timestep_grid, exit_criterion, exit_threshold,
+                  exit_mode=None, weighted_exit=None):
     """The arguments of one forward (``generate()`` passes its own to every forward): every per-call override
     checked as the config checks its field, and token ids inside the vocabulary (an id >= vocab_size was a
     bare IndexError on CPU and a device-side assert on CUDA). ``cached``: a decoding step on a filled KV cache,
     whose ids the model produced (not checked again: a host sync per token). Returns (num_loops, criterion,
-    threshold) in effect."""
+    threshold, exit mode) in effect."""
     num_loops = _checked_num_loops(num_loops, "num_loops")
     if timestep_grid is not None and timestep_grid not in TIMESTEP_GRIDS:
         raise ValueError(f"timestep_grid={timestep_grid!r}: expected one of {TIMESTEP_GRIDS}")
@@ -151,6 +165,9 @@ def _checked_call(config, input_ids, cached: bool, num_loops, timestep_grid, exi
         raise ValueError(f"exit_criterion={criterion!r}: expected one of {EXIT_CRITERIA}")
     _check_exit_threshold(threshold)
     check_q_exit(criterion, threshold, getattr(config, "exit_gate", "none"))
+    mode = exit_mode_of(criterion, getattr(config, "exit_mode", None) if exit_mode is None else exit_mode)
+    check_weighted_exit(config, getattr(config, "weighted_exit", False) if weighted_exit is None else weighted_exit,
+                        criterion)
     if input_ids is not None:
         if (not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype == torch.bool
                 or input_ids.is_floating_point() or input_ids.is_complex() or input_ids.shape[1] == 0):
@@ -165,7 +182,7 @@ def _checked_call(config, input_ids, cached: bool, num_loops, timestep_grid, exi
                 raise ValueError(f"input_ids: token id {bad} is outside the vocabulary (vocab_size="
                                  f"{config.vocab_size}); expected ids in [0, {config.vocab_size - 1}] from the "
                                  "tokenizer the model was trained with")
-    return num_loops, criterion, threshold
+    return num_loops, criterion, threshold, mode
 
 
 # The numeric fields of the config: (smallest, largest or None, integer?) -> checked on every assignment (a size
@@ -246,6 +263,9 @@ class LoopLMConfig(PretrainedConfig):
         initial_state_seed: int | None = 0,
         kv_cache_loops: int | None = None,
         exit_gate: str = "none",
+        exit_mode: str | None = None,
+        loop_norm: bool = False,
+        weighted_exit: bool = False,
         initializer_range: float = 0.02,
         hidden_act: str = "silu",
         use_cache: bool = True,
@@ -288,6 +308,14 @@ class LoopLMConfig(PretrainedConfig):
         self.kv_cache_loops = kv_cache_loops
         # Ouro's learned exit gate (``ExitGate``; absent from exports written before it existed: none)
         self.exit_gate = exit_gate
+        # How the per-token exit acts (EXIT_MODES; None, and exports written before it existed: the criterion's own,
+        # readout for q_exit, freeze for kl / cosine)
+        self.exit_mode = exit_mode
+        # Ouro (absent from exports written before they existed: off): the final norm after every loop
+        # (``loop_norm``, modeling_ouro.py:618) and the expected logits over the exit distribution
+        # (``weighted_exit``, modeling_ouro.py:813-814; ``expected_logits``)
+        self.loop_norm = loop_norm
+        self.weighted_exit = weighted_exit
         self.initializer_range = initializer_range
         self.hidden_act = hidden_act
         self.use_cache = use_cache
@@ -309,6 +337,8 @@ class LoopLMConfig(PretrainedConfig):
             raise ValueError(f"LoopLMConfig.exit_criterion={value!r}: expected one of {EXIT_CRITERIA}")
         elif key == "exit_threshold":
             _check_exit_threshold(value)
+        elif key == "exit_mode":
+            _check_exit_mode(value)
         elif key == "kv_cache_loops":
             _check_kv_cache_loops(value)
         if key in ("num_loops", "timestep_grid", "timestep"):
@@ -326,8 +356,12 @@ class LoopLMConfig(PretrainedConfig):
             if getattr(self, key) not in allowed:
                 raise ValueError(f"LoopLMConfig.{key}={getattr(self, key)!r}: expected one of {allowed}")
         _check_exit_threshold(self.exit_threshold)
+        _check_exit_mode(self.exit_mode)
         _check_huginn(self)
         check_q_exit(self.exit_criterion, self.exit_threshold, self.exit_gate)
+        check_weighted_exit(self, self.weighted_exit, self.exit_criterion)
+        if not isinstance(self.loop_norm, bool):
+            raise ValueError(f"LoopLMConfig.loop_norm={self.loop_norm!r}: expected True or False (Ouro's between-loop norm)")
         if self.hidden_act != "silu":
             raise ValueError(f"LoopLMConfig.hidden_act={self.hidden_act!r}: only 'silu' (SwiGLU) is supported")
 
@@ -357,6 +391,19 @@ class LoopLMConfig(PretrainedConfig):
 def _check_exit_threshold(threshold) -> None:
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
         raise ValueError(f"exit_threshold={threshold!r}: expected a number >= 0 (0: never exit)")
+
+
+def _check_exit_mode(mode) -> None:
+    if mode is not None and mode not in EXIT_MODES:
+        raise ValueError(f"exit_mode={mode!r}: expected one of {EXIT_MODES}, or None (the criterion's own: readout "
+                         "for q_exit, freeze for kl and cosine)")
+
+
+def exit_mode_of(criterion: str, mode: str | None) -> str:
+    """The exit mode in effect (:class:`TokenExit`): ``mode``, or when None the criterion's own -- ``readout`` for
+    Ouro's Q-exit (as Ouro computes it), ``freeze`` for the ``kl`` / ``cosine`` distances (Huginn's exit)."""
+    _check_exit_mode(mode)
+    return mode if mode is not None else ("readout" if criterion == "q_exit" else "freeze")
 
 
 _warned_versions: set[tuple[str, str]] = set()
@@ -797,40 +844,70 @@ def exit_distance(criterion: str, previous: torch.Tensor, current: torch.Tensor)
 
 
 class TokenExit:
-    """State of one adaptive forward: ``active`` [b, s] (tokens still looping), ``loops`` [b, s]
-    (loops each token ran) and the latest keys/values of every Core layer.
+    """State of one adaptive forward: ``active`` [b, s] (tokens that have not exited), ``loops`` [b, s] (the
+    loop each token exits at: the loops it ran when frozen, the loop whose state is read out otherwise) and,
+    when freezing, the latest keys/values of every Core layer.
 
     ``readout`` maps states to logits (final norm + LM head) for the ``kl`` criterion, to the exit
     gate's logit for ``q_exit`` (Ouro's Q-exit, ``ExitCDF``).
+
+    ``mode`` (:data:`EXIT_MODES`, :func:`exit_mode_of`) is how an exit acts, the two side by side:
+
+    * ``readout`` -- Ouro's Q-exit as Ouro computes it (ByteDance's modeling_ouro.py, OuroForCausalLM.forward,
+      lines 792-812 of the Ouro-1.4B file: ``exit_steps = argmax(cumsum(pdf) >= q)``, the last step where never
+      reached, then ``gather(stack(hidden_states_list), exit_steps)``): every token runs every loop, so no token's
+      exit changes another token's state, its logits or its decision; each token's final state is the state of
+      the loop it exits at (:meth:`final`). No compute is saved; the KV cache is the fixed-r model's.
+    * ``freeze`` -- an exited token's state stops (its later states stay h^{t_exit}) and later tokens read its
+      last keys/values (the "latest" KV policy, Huginn's): the other tokens' states, logits and exit decisions
+      then depend on who exited, and when every token of a forward has exited the remaining loops are skipped.
     """
 
-    def __init__(self, criterion: str, threshold: float, h0: torch.Tensor, readout):
+    def __init__(self, criterion: str, threshold: float, h0: torch.Tensor, readout, mode: str = "freeze"):
         self.criterion, self.threshold, self.readout = criterion, threshold, readout
+        self.freeze = exit_mode_of(criterion, mode) == "freeze"
         self.active = torch.ones(h0.shape[:-1], dtype=torch.bool, device=h0.device)
         self.loops = torch.zeros(h0.shape[:-1], dtype=torch.long, device=h0.device)
         # q_exit (Ouro): ``readout`` is the exit gate's logit, accumulated into CDF(t) (``ExitCDF``)
         self.cdf = ExitCDF(h0.shape[:-1], h0.device) if criterion == "q_exit" else None
         self.previous = None if self.cdf is not None else self._output(h0)
         self.latest: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.chosen = None if self.freeze else h0  # readout: the state of the loop each exited token exits at
 
     def _output(self, h: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.readout(h).float(), dim=-1) if self.criterion == "kl" else h
 
-    def step(self, h: torch.Tensor, h_next: torch.Tensor) -> torch.Tensor:
-        """After one loop: exited tokens keep ``h``; the others advance, and exit if converged."""
-        h_next = torch.where(self.active[..., None], h_next, h)
-        self.loops += self.active
+    def _exits(self, h_next: torch.Tensor) -> torch.Tensor:
+        """Which tokens' exit condition holds after this loop (for every token; the caller masks)."""
         if self.cdf is not None:  # Q-exit: CDF(t) >= q
-            self.active &= ~(self.cdf.update(self.readout(h_next)) >= self.threshold)
-            return h_next
+            return self.cdf.update(self.readout(h_next)) >= self.threshold
         current = self._output(h_next)
-        self.active &= ~(exit_distance(self.criterion, self.previous, current) < self.threshold)
+        exits = exit_distance(self.criterion, self.previous, current) < self.threshold
         self.previous = current
+        return exits
+
+    def step(self, h: torch.Tensor, h_next: torch.Tensor) -> torch.Tensor:
+        """After one loop: the next state of every token (freezing: exited tokens keep ``h``); tokens whose
+        condition holds exit."""
+        if self.freeze:
+            h_next = torch.where(self.active[..., None], h_next, h)
+        self.loops += self.active
+        exiting = self.active & self._exits(h_next)
+        if not self.freeze:
+            self.chosen = torch.where(exiting[..., None], h_next, self.chosen)
+        self.active &= ~exiting
         return h_next
+
+    def final(self, h: torch.Tensor) -> torch.Tensor:
+        """The state read out of each token after the loops so far: ``h`` when freezing (exited tokens' states
+        stopped there); in readout mode the state of the loop each token exited at, ``h`` for the others."""
+        return h if self.freeze else torch.where(self.active[..., None], h, self.chosen)
 
     @property
     def done(self) -> bool:
-        return not bool(self.active.any())
+        """Every token exited and froze: the remaining loops would change nothing (readout mode runs them all,
+        as Ouro: a later token attends to every token's keys/values of every loop)."""
+        return self.freeze and not bool(self.active.any())
 
     def applied(self):
         """A context around the loops of the forward: nothing here (this file's attention takes the KV policy
@@ -843,7 +920,9 @@ class TokenExit:
 
     def merge(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values of Core layer ``layer`` with the exited tokens' replaced by their latest
-        (every token computes the first loop, which seeds them)."""
+        (every token computes the first loop, which seeds them). Readout mode: unchanged (no token froze)."""
+        if not self.freeze:
+            return k, v
         if layer in self.latest:
             mask = self.kv_mask()
             k = torch.where(mask, k, self.latest[layer][0])
@@ -940,6 +1019,36 @@ def check_q_exit(criterion: str, threshold, exit_gate: str) -> None:
                          "(a cumulative exit probability)")
 
 
+def check_weighted_exit(config, weighted: bool, criterion: str) -> None:
+    """Ouro's weighted exit reads the head on every loop's state with the learned gate's p(t|x), and nothing
+    else decides the depth."""
+    if isinstance(weighted, bool) and not weighted:
+        return
+    if not isinstance(weighted, bool):
+        raise ValueError(f"weighted_exit={weighted!r}: expected True or False")
+    if getattr(config, "exit_gate", "none") != "learned":
+        raise ValueError("weighted_exit=True weighs every loop's logits by the learned exit gate's p(t|x): expected "
+                         f"exit_gate='learned', got {getattr(config, 'exit_gate', 'none')!r}")
+    if config.coda_layers:
+        raise ValueError(f"weighted_exit=True with coda_layers={config.coda_layers}: Ouro's expected logits read the "
+                         "head on every loop's state, which a Coda (one KV cache slot per block) cannot serve; "
+                         "expected coda_layers=0")
+    if criterion != "none":
+        raise ValueError(f"weighted_exit=True with exit_criterion={criterion!r}: the expected logits run every loop "
+                         "for every token; expected exit_criterion='none'")
+
+
+def expected_logits(head, states, exit_pdf: torch.Tensor) -> torch.Tensor:
+    """Ouro's weighted exit (modeling_ouro.py:813-814, ``compute_expected_logits``): the logits of every loop's
+    state weighed by the exit distribution, sum_t p(t|x) head(h^t), accumulated over t = 1..r as Ouro does."""
+    logits = None
+    for t, h in enumerate(states):
+        step = head(h)
+        weighted = step * exit_pdf[..., t, None].to(step.dtype)
+        logits = weighted if logits is None else logits + weighted
+    return logits
+
+
 # ======================================================================================
 # ---- Huginn (Geiping et al. 2025): sandwich blocks, a recurrent state drawn from noise, KV-cache sharing ----
 # ======================================================================================
@@ -954,6 +1063,12 @@ def block_residual_norms(config) -> bool:
     """Whether blocks carry Huginn's sandwich norms (``block_norm="sandwich"``; exports written before
     the field existed: pre-norm)."""
     return getattr(config, "block_norm", "pre") == "sandwich"
+
+
+def block_output_norms(config) -> bool:
+    """Whether blocks carry Ouro's norms on each branch's output before the residual sum (``block_norm=
+    "branch_output"``; modeling_ouro.py:413-434, ``input_layernorm_2`` / ``post_attention_layernorm_2``)."""
+    return getattr(config, "block_norm", "pre") == "branch_output"
 
 
 def initial_state_noise(shape, std: float, generator: torch.Generator | None = None,
@@ -1075,9 +1190,11 @@ def loop_transition(model, h: torch.Tensor, h0: torch.Tensor, psi, past, core) -
         y_l     = Core(u_l; psi_l)                                      history_state_injection)
         h_{l+1} = x_l + g_l (y_l - x_l) with LG,   y_l otherwise    Eq. (loop_level_timestep_gating)
 
-    with x_l = h_l, or u_l under ``loop_gating_reference="injected"``. ``core(u, psi)`` runs the Core's
-    blocks (this file's, with their KV-cache slots; the training model's own blocks); ``past`` is
-    the history window h_{l-1}, ..., h_{l-m_l} (:func:`history_window`). The conditioning modules are
+    with x_l = h_l, or u_l under ``loop_gating_reference="injected"``, then h_{l+1} <- Norm(h_{l+1}) under Ouro's
+    between-loop norm (``loop_norm``: the model's final norm, as Ouro's ``self.norm`` after every UT step).
+    ``core(u, psi)`` runs the Core's blocks (this file's, with their KV-cache slots; the training model's
+    own blocks); ``past`` is the history window h_{l-1}, ..., h_{l-m_l} (:func:`history_window`). The
+    conditioning modules are
     ``model``'s attributes, absent (or None) when not configured."""
     injection = getattr(model, "initial_injection", None)
     u = h if injection is None else injection(h, h0)
@@ -1088,7 +1205,22 @@ def loop_transition(model, h: torch.Tensor, h0: torch.Tensor, psi, past, core) -
     gating = getattr(model, "loop_gating", None)
     if gating is not None:
         y = gating(u if getattr(model.config, "loop_gating_reference", "state") == "injected" else h, y, psi)
+    if getattr(model.config, "loop_norm", False):  # Ouro: every loop ends in the final norm (modeling_ouro.py:618)
+        y = model.norm(y)
     return y
+
+
+def state_norm(model, h: torch.Tensor) -> torch.Tensor:
+    """The final norm of a recurrent state, what the exit gate and the ``kl`` readout read: ``h`` itself under
+    Ouro's between-loop norm (``loop_norm``: every loop ends in the final norm, so the state is its output and
+    Ouro's gate and head read it as it is, modeling_ouro.py:618-620), else Norm(h)."""
+    return h if getattr(model.config, "loop_norm", False) else model.norm(h)
+
+
+def output_norm(model, h: torch.Tensor) -> torch.Tensor:
+    """The final norm after the Coda: none where there is no Coda and the state already ends in the final norm
+    (``loop_norm``; Ouro's head reads the last normed state), else Norm(h)."""
+    return h if getattr(model.config, "loop_norm", False) and not len(model.coda) else model.norm(h)
 
 
 class Recurrence:
@@ -1156,14 +1288,14 @@ class Recurrence:
                 self.trajectory.append(h)
             done = token_exit is not None and token_exit.done
             if self.readout_loops is not None and (loop + 1 in self.readout_loops or done):
-                out = self.readout(h, loop + 1)
+                out = self.readout(h if token_exit is None else token_exit.final(h), loop + 1)
                 # every token exited: the state stays h, so every later r reads the same
                 self.read.update({t: out for t in self.readout_loops if t == loop + 1 or (done and t > loop + 1)})
             if done:  # every token exited: the remaining loops would change nothing
                 if self.on_exit is not None:
                     self.on_exit(loop)
                 break
-        return h
+        return h if token_exit is None else token_exit.final(h)  # readout mode: each token's exit loop's state
 
     def exit_logits(self) -> torch.Tensor | None:
         """Ouro's gate logits of every loop, stacked on a last dimension of ``num_loops`` (None without a
@@ -1185,7 +1317,8 @@ def coda_input(model, h: torch.Tensor) -> torch.Tensor:
 # ======================================================================================
 
 
-def modulated_residual(u: torch.Tensor, norm, branch, modulation, psi, residual_norm=None) -> torch.Tensor:
+def modulated_residual(u: torch.Tensor, norm, branch, modulation, psi, residual_norm=None,
+                       output_norm=None) -> torch.Tensor:
     """One residual branch with its timestep modulation, Eq. (branch_timestep_modulation):
 
         u+ = u + g * Branch((1 + s) * Norm(u)),
@@ -1193,15 +1326,18 @@ def modulated_residual(u: torch.Tensor, norm, branch, modulation, psi, residual_
     (g, s) from ``modulation(psi)`` (BranchGating: s = 0, AdaLN); g = 1, s = 0 without modulation.
     ``residual_norm`` (Huginn's sandwich block, ``block_norm="sandwich"``): u+ = Norm'(u + g * Branch(...)),
     the residual stream normalised after the branch is added (SandwichBlock: x = norm_2(attn(norm_1(x)) + x)).
+    ``output_norm`` (Ouro's block, ``block_norm="branch_output"``): u+ = u + g * Norm'(Branch(...)), the branch's
+    output normalised before it is added (modeling_ouro.py:413-434: ``residual + input_layernorm_2(attn(...))``).
     The training model's block applies the same function."""
     x = norm(u)
+    run = branch if output_norm is None else (lambda v: output_norm(branch(v)))
     if modulation is None:
-        out = u + branch(x)
+        out = u + run(x)
     else:
         gate, scale = modulation(psi)
         if scale is not None:
             x = x * (1 + scale.to(x.dtype))
-        out = u + gate.to(u.dtype) * branch(x)
+        out = u + gate.to(u.dtype) * run(x)
     return out if residual_norm is None else residual_norm(out)
 
 
@@ -1219,6 +1355,9 @@ class LoopLMBlock(nn.Module):
         # Huginn's sandwich block: norm_2 / norm_4 of SandwichBlock, after each residual sum
         self.attn_residual_norm = LoopLMRMSNorm(d, config.rms_norm_eps) if block_residual_norms(config) else None
         self.mlp_residual_norm = LoopLMRMSNorm(d, config.rms_norm_eps) if block_residual_norms(config) else None
+        # Ouro's block: input_layernorm_2 / post_attention_layernorm_2, on each branch's output
+        self.attn_output_norm = LoopLMRMSNorm(d, config.rms_norm_eps) if block_output_norms(config) else None
+        self.mlp_output_norm = LoopLMRMSNorm(d, config.rms_norm_eps) if block_output_norms(config) else None
         if timestep == "branch_gating":
             self.attn_gate, self.mlp_gate = BranchGating(), BranchGating()
         elif timestep in ("adaln", "shortcut"):  # shortcut: LoopFormer's parametrisation of the same AdaLN
@@ -1236,9 +1375,9 @@ class LoopLMBlock(nn.Module):
                 psi: torch.Tensor | None = None, kv_merge=None) -> torch.Tensor:
         h = modulated_residual(h, self.input_layernorm,
                                lambda x: self.self_attn(x, rope, mask, cache, slot, kv_merge),
-                               self._branch_modulation("attn"), psi, self.attn_residual_norm)
+                               self._branch_modulation("attn"), psi, self.attn_residual_norm, self.attn_output_norm)
         return modulated_residual(h, self.post_attention_layernorm, self.mlp, self._branch_modulation("mlp"), psi,
-                                  self.mlp_residual_norm)
+                                  self.mlp_residual_norm, self.mlp_output_norm)
 
 
 @dataclass
@@ -1443,8 +1582,8 @@ class LoopLMModel(LoopLMPreTrainedModel):
                 num_loops: int | None = None, timestep_grid: str | None = None,
                 output_hidden_states: bool | None = None, exit_criterion: str | None = None,
                 exit_threshold: float | None = None, exit_readout=None, readout_loops=None, loop_steps=None,
-                **kwargs) -> LoopLMModelOutput:
-        """``exit_criterion`` / ``exit_threshold`` override the config per call; ``exit_readout``
+                exit_mode: str | None = None, weighted_exit: bool | None = None, **kwargs) -> LoopLMModelOutput:
+        """``exit_criterion`` / ``exit_threshold`` / ``exit_mode`` override the config per call; ``exit_readout``
         maps normed states to logits for the ``kl`` criterion (``LoopLMForCausalLM`` passes its head).
 
         ``readout_loops`` (loop counts r_1 < ... < r_n): one forward at r_n that also runs the Coda and
@@ -1453,9 +1592,14 @@ class LoopLMModel(LoopLMPreTrainedModel):
         on r: :func:`readout_obstacle`). No KV cache: a cache has one layout per r."""
         cfg = self.config
         given = _take_cache(past_key_values, dict(kwargs))
-        num_loops, criterion, threshold = _checked_call(cfg, input_ids, given is not None and given.get_seq_length() > 0,
-                                                        num_loops, timestep_grid, exit_criterion, exit_threshold)
+        num_loops, criterion, threshold, mode = _checked_call(
+            cfg, input_ids, given is not None and given.get_seq_length() > 0, num_loops, timestep_grid, exit_criterion,
+            exit_threshold, exit_mode, weighted_exit)
+        weighted = cfg.weighted_exit if weighted_exit is None else weighted_exit  # Ouro: every loop's head input kept
         readouts = None
+        if readout_loops is not None and weighted:
+            raise ValueError("readout_loops reads the logits of given loop counts; weighted_exit reads their expectation: "
+                             "pass one of them")
         if readout_loops is not None:
             readouts = _checked_readout_loops(readout_loops, num_loops)
             obstacle = readout_obstacle(cfg, readouts, timestep_grid)
@@ -1492,9 +1636,10 @@ class LoopLMModel(LoopLMPreTrainedModel):
         if cache is not None and past and len(cache.layers) != cfg.kv_cache_slots(r):
             raise ValueError(f"the KV cache has {len(cache.layers)} block slots but num_loops={r} uses "
                              f"{cfg.kv_cache_slots(r)}; keep num_loops fixed while decoding")
-        if cache is not None and criterion != "none" and kv_cache_loops(cfg, r) < r:
+        if cache is not None and criterion != "none" and mode == "freeze" and kv_cache_loops(cfg, r) < r:
             raise ValueError(f"kv_cache_loops={cfg.kv_cache_loops} with exit_criterion={criterion!r}: KV-cache "
-                             "sharing and per-token exit are not combined; set kv_cache_loops=None or use_cache=False")
+                             "sharing and the freezing exit are not combined; set kv_cache_loops=None, "
+                             "exit_mode='readout' or use_cache=False")
 
         if position_ids is None:
             if attention_mask is not None and attention_mask.dim() == 2:  # left padding: count real tokens
@@ -1510,13 +1655,15 @@ class LoopLMModel(LoopLMPreTrainedModel):
         for i, block in enumerate(self.prelude):
             h = block(h, rope, mask, cache, i)
         gate = getattr(self, "exit_gate", None)  # Ouro: lambda_t of every loop -> exit_pdf
-        reading = (lambda x: gate(self.norm(x))) if criterion == "q_exit" else (lambda x: exit_readout(self.norm(x)))
+        reading = ((lambda x: gate(state_norm(self, x))) if criterion == "q_exit"
+                   else (lambda x: exit_readout(state_norm(self, x))))
         loops = Recurrence(
             cfg, lambda loop, x, x0, psi, hist: self._loop_iteration(loop, x, x0, psi, hist, rope, mask, cache,
                                                                       loops.token_exit),
             r, psi=psi_all, start=lambda x0: noise_initial_state(cfg, x0, position_ids),
-            exit_rule=None if criterion == "none" else (lambda x: TokenExit(criterion, threshold, x, reading)),
-            gate=None if gate is None else (lambda x: gate(self.norm(x))), keep_trajectory=bool(output_hidden_states),
+            exit_rule=None if criterion == "none" else (lambda x: TokenExit(criterion, threshold, x, reading, mode)),
+            gate=None if gate is None else (lambda x: gate(state_norm(self, x))), keep_trajectory=bool(output_hidden_states),
+            keep_states=bool(weighted),
             readout=lambda x, t: self._coda(x, rope, mask, None, t), readout_loops=readouts,
             on_exit=None if cache is None else (
                 lambda loop: loops.token_exit.fill(cache, self._first_core_slot, range(loop + 1, r))))
@@ -1530,7 +1677,8 @@ class LoopLMModel(LoopLMPreTrainedModel):
         return LoopLMModelOutput(last_hidden_state=h, **{CACHE_FIELD: cache},
                                  hidden_states=tuple(loops.trajectory) if loops.trajectory is not None else None,
                                  exit_loops=None if token_exit is None else token_exit.loops, exit_pdf=exit_pdf,
-                                 readout_states=None if readouts is None else tuple(loops.read[t] for t in readouts))
+                                 readout_states=(tuple(output_norm(self, x) for x in loops.states) if weighted else
+                                                 None if readouts is None else tuple(loops.read[t] for t in readouts)))
 
     def _coda(self, h: torch.Tensor, rope, mask, cache: Cache | None, r: int) -> torch.Tensor:
         """C(h^r) and the final norm; the Coda's cache slots follow the r loops' (p + r·s + j; p + m·s + j
@@ -1539,7 +1687,7 @@ class LoopLMModel(LoopLMPreTrainedModel):
         h = coda_input(self, h)
         for j, block in enumerate(self.coda):
             h = block(h, rope, mask, cache, coda_slot + j)
-        return self.norm(h)
+        return output_norm(self, h)
 
 
 class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
@@ -1571,24 +1719,36 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
                 use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
                 num_loops: int | None = None, timestep_grid: str | None = None,
                 output_hidden_states: bool | None = None, exit_criterion: str | None = None,
-                exit_threshold: float | None = None, loop_steps=None, **kwargs) -> LoopLMCausalLMOutput:
+                exit_threshold: float | None = None, loop_steps=None, exit_mode: str | None = None,
+                weighted_exit: bool | None = None, **kwargs) -> LoopLMCausalLMOutput:
         """Logits ``[b, s, V]``; with ``labels`` the mean next-token cross-entropy (labels[:, t] is
         token t; -100 ignored). ``num_loops`` / ``timestep_grid`` / ``exit_criterion`` /
         ``exit_threshold`` override the config per call; ``exit_loops`` [b, s] holds the loops each
-        token ran under adaptive exit. ``loop_steps`` (LoopFormer's step schedules: positive integers
+        token ran under adaptive exit (the loop whose state each token reads, ``exit_mode``: :class:`TokenExit`).
+        ``loop_steps`` (LoopFormer's step schedules: positive integers
         n_l summing to K, step sizes n_l / K) runs len(loop_steps) loops at t_l = (n_0 + ... +
-        n_{l-1}) / K, dt_l = n_l / K instead of the grid of ``num_loops``."""
+        n_{l-1}) / K, dt_l = n_l / K instead of the grid of ``num_loops``. ``weighted_exit`` (Ouro's, config field
+        or per call): the logits are the expectation over the exit distribution, sum_t p(t|x) head(h^t)
+        (:func:`expected_logits`), for the loss as well, as Ouro's."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=_take_cache(past_key_values, kwargs), inputs_embeds=inputs_embeds, use_cache=use_cache,
                          num_loops=num_loops, timestep_grid=timestep_grid,
                          output_hidden_states=output_hidden_states, exit_criterion=exit_criterion,
-                         exit_threshold=exit_threshold, exit_readout=self.lm_head, loop_steps=loop_steps)
+                         exit_threshold=exit_threshold, exit_readout=self.lm_head, loop_steps=loop_steps,
+                         exit_mode=exit_mode, weighted_exit=weighted_exit)
         h = out.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(h[:, keep, :])
+        weighted = self.config.weighted_exit if weighted_exit is None else weighted_exit
+
+        def head(keep):
+            if weighted:  # Ouro's expected logits over the exit distribution
+                return expected_logits(self.lm_head, [x[:, keep, :] for x in out.readout_states], out.exit_pdf[:, keep])
+            return self.lm_head(h[:, keep, :])
+
+        logits = head(keep)
         loss = None
         if labels is not None:
-            full = logits if (isinstance(logits_to_keep, int) and logits_to_keep == 0) else self.lm_head(h)
+            full = logits if (isinstance(logits_to_keep, int) and logits_to_keep == 0) else head(slice(None))
             shift = full[:, :-1].float()
             loss = F.cross_entropy(shift.reshape(-1, shift.shape[-1]), labels[:, 1:].reshape(-1).to(shift.device),
                                    ignore_index=-100)
@@ -1600,7 +1760,8 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
         """``GenerationMixin.generate`` after :func:`_checked_call` of its arguments: transformers indexes the
         token ids before the first forward (1-d ids were an IndexError inside it)."""
         _checked_call(self.config, kwargs.get("input_ids", inputs), False, kwargs.get("num_loops"),
-                      kwargs.get("timestep_grid"), kwargs.get("exit_criterion"), kwargs.get("exit_threshold"))
+                      kwargs.get("timestep_grid"), kwargs.get("exit_criterion"), kwargs.get("exit_threshold"),
+                      kwargs.get("exit_mode"), kwargs.get("weighted_exit"))
         return super().generate(inputs, *args, **kwargs)
 
     def readout_obstacle(self, loops, timestep_grid: str | None = None) -> str | None:
@@ -1609,7 +1770,7 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
 
     def loop_readouts(self, input_ids: torch.LongTensor, loops, attention_mask: torch.Tensor | None = None,
                       timestep_grid: str | None = None, exit_criterion: str | None = None,
-                      exit_threshold: float | None = None) -> dict[int, torch.Tensor]:
+                      exit_threshold: float | None = None, exit_mode: str | None = None) -> dict[int, torch.Tensor]:
         """Logits [b, s, V] of every r in ``loops`` from one forward at max(loops), each bitwise equal to
         ``forward(input_ids, num_loops=r).logits``: the Coda and the head read h^r after loop r (a loop
         sweep r = 1..R then costs R loops, not R(R+1)/2). Refused (ValueError) where the trajectory
@@ -1619,7 +1780,7 @@ class LoopLMForCausalLM(LoopLMPreTrainedModel, GenerationMixin):
             loops = sorted(set(loops))  # any order; anything else is refused by the forward, naming readout_loops
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                          timestep_grid=timestep_grid, exit_criterion=exit_criterion, exit_threshold=exit_threshold,
-                         exit_readout=self.lm_head, readout_loops=loops)
+                         exit_readout=self.lm_head, readout_loops=loops, exit_mode=exit_mode)
         return {int(r): self.lm_head(h) for r, h in zip(loops, out.readout_states)}
 
 

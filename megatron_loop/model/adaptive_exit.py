@@ -1,8 +1,11 @@
 """Per-token adaptive exit at inference, for ``LoopLM.forward``.
 
 ``num_loops`` r becomes a cap: after every loop t (t = 1..r) each token compares its output
-with the previous one and *exits* once they agree to within ``exit_threshold``; an exited
-token's state is frozen, so its final state is h^{t_exit} and the Coda and the head read that.
+with the previous one and *exits* once they agree to within ``exit_threshold``; its final state is
+h^{t_exit}, which the Coda and the head read. ``exit_mode`` says how (``modeling_looplm.TokenExit``):
+``freeze`` (the default of ``kl`` / ``cosine``) stops the exited token's state and serves its last keys/values
+to later tokens (the KV policy below; saves compute); ``readout`` (the default of ``q_exit``, as Ouro computes
+it) runs every loop for every token and reads out each token's state of its exit loop.
 
 Criteria (``exit_criterion``):
 
@@ -35,7 +38,7 @@ A token exits (kl, cosine) when the distance is *strictly* below the threshold (
 every token after its first loop. Every token runs at least one loop; the timestep grid stays
 that of the cap r.
 
-KV policy for the loops a token skipped ("latest", Huginn's ``latest-m4`` lookup): when a later
+KV policy of the freezing exit for the loops a token skipped ("latest", Huginn's ``latest-m4`` lookup): when a later
 token attends at core layer k in loop t to a token that exited at loop t_e < t, it reads that
 token's keys and values of core layer k from loop t_e, the last it computed. Here the policy is
 applied to the keys/values of every core attention call (:meth:`TokenExit.merge`); the HF export
@@ -56,17 +59,18 @@ from torch import nn
 
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.hf.modeling_looplm import EXIT_CRITERIA
-from megatron_loop.hf.modeling_looplm import check_q_exit
+from megatron_loop.hf.modeling_looplm import check_q_exit, exit_mode_of
 from megatron_loop.hf.modeling_looplm import TokenExit as _TokenExit
 
 
-def check_exit(criterion: str, threshold: float, exit_gate: str = "none") -> None:
+def check_exit(criterion: str, threshold: float, exit_gate: str = "none", mode: str | None = None) -> None:
     if criterion not in EXIT_CRITERIA:
         raise LoopConfigError(f"exit_criterion={criterion!r}: expected one of {EXIT_CRITERIA}")
     if not threshold >= 0:  # also refuses NaN
         raise LoopConfigError(f"exit_threshold={threshold!r}: expected a number >= 0")
     try:
         check_q_exit(criterion, threshold, exit_gate)  # Ouro's Q-exit: a learned gate, q <= 1
+        exit_mode_of(criterion, mode)
     except ValueError as e:
         raise LoopConfigError(str(e)) from None
 
@@ -76,8 +80,9 @@ class TokenExit(_TokenExit):
     ``[s, b, groups, head_dim]``; the KV policy reaches the core attention through pre-hooks, applied for the
     loops of the forward (:meth:`applied`, which the export's ``Recurrence`` enters)."""
 
-    def __init__(self, criterion: str, threshold: float, h0: torch.Tensor, readout, core: nn.ModuleList | None = None):
-        super().__init__(criterion, threshold, h0, readout)
+    def __init__(self, criterion: str, threshold: float, h0: torch.Tensor, readout, core: nn.ModuleList | None = None,
+                 mode: str | None = None):
+        super().__init__(criterion, threshold, h0, readout, mode)
         self.core = core  # the blocks whose attention the KV policy reaches (applied)
 
     def kv_mask(self) -> torch.Tensor:
@@ -88,8 +93,9 @@ class TokenExit(_TokenExit):
         return (query, *self.merge(layer, key, value), *args[3:])
 
     def applied(self):
-        """The KV policy on this model's core blocks for the loops of one forward (:meth:`latest_kv`)."""
-        return self.latest_kv(self.core)
+        """The KV policy on this model's core blocks for the loops of one forward (:meth:`latest_kv`); none in
+        readout mode (no token freezes)."""
+        return self.latest_kv(self.core) if self.freeze else super().applied()
 
     @contextmanager
     def latest_kv(self, core: nn.ModuleList):

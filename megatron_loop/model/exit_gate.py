@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from megatron_loop.config import TrainConfig
 from megatron_loop.hf.modeling_looplm import ExitGate as _ExitGate
 from megatron_loop.hf.modeling_looplm import exit_distribution, exit_log_distribution  # noqa: F401 (re-exported)
+from megatron_loop.hf.modeling_looplm import check_weighted_exit, expected_logits, output_norm, state_norm
 from megatron_loop.model import roles
 from megatron_loop.model.loss import IGNORE_INDEX, token_linear_cross_entropy, weighted_linear_cross_entropy
 
@@ -110,7 +111,7 @@ class ExitObjective:
             inputs = [step_head_input(model, h, rope) for h in states]
             losses = torch.stack([token_linear_cross_entropy(x[:, :-1].reshape(-1, d), weight, targets,
                                                              model.loss_chunk_tokens) for x in inputs], dim=-1)
-        logits = torch.stack([model.exit_gate(model.norm(h).detach()) for h in states], dim=-1)
+        logits = torch.stack([model.exit_gate(state_norm(model, h).detach()) for h in states], dim=-1)
         logits = logits.transpose(0, 1)[:, :-1].reshape(-1, len(states))
         return adaptive_gate_loss(losses, logits, targets != IGNORE_INDEX, self.k, self.gamma), inputs[-1]
 
@@ -121,7 +122,7 @@ def step_head_input(model, h: torch.Tensor, rope) -> torch.Tensor:
     h = model.coda_input(h)
     for block in model.coda:
         h = block(h, rope)
-    return model.tensor_parallel.head_input(model.norm(h)).transpose(0, 1)
+    return model.tensor_parallel.head_input(output_norm(model, h)).transpose(0, 1)
 
 
 def entropy_regularized_loss(hidden: list[torch.Tensor], weight: torch.Tensor, targets: torch.Tensor,
@@ -154,3 +155,18 @@ def adaptive_gate_loss(step_losses: torch.Tensor, gate_logits: torch.Tensor, val
     bce = -(w * F.logsigmoid(-a) + (1 - w) * F.logsigmoid(a)).mean(-1)
     mask = valid.to(bce.dtype)
     return (bce * mask).sum() / mask.sum()
+
+
+def weighted_exit_output(model, states: list[torch.Tensor], gate_logits: torch.Tensor, labels: torch.Tensor | None):
+    """Ouro's weighted-exit inference on ``LoopLM`` (the export's ``expected_logits``, modeling_ouro.py:813-814):
+    (logits [b, s, V] = sum_t p(t|x) head(Norm(h^t)), p(t|x) [b, s, r], the next-token cross-entropy of those
+    logits when ``labels`` are given, as Ouro's loss). ``states``: h^1..h^r [s, b, d]; ``gate_logits`` [s, b, r]."""
+    check_weighted_exit(model.config, True, "none")
+    pdf = exit_distribution(gate_logits.transpose(0, 1))
+    heads = [model.tensor_parallel.head_input(output_norm(model, h)).transpose(0, 1) for h in states]
+    logits = expected_logits(lambda x: model.tensor_parallel.logits(x, model.head_weight()), heads, pdf)
+    loss = None
+    if labels is not None:
+        shift = logits[:, :-1].float()
+        loss = F.cross_entropy(shift.reshape(-1, shift.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX)
+    return logits, pdf, loss

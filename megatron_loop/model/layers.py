@@ -23,6 +23,13 @@ a norm after each residual sum as well as before each branch:
 
 (``attn_residual_norm`` = norm_2, ``mlp_residual_norm`` = norm_4; the spec names them with the path's
 norm class, so the fast path and megatron-core's reference path agree).
+
+``model.block_norm: branch_output`` gives every block Ouro's norms on each branch's output before the residual
+sum (Zhu et al. 2025, modeling_ouro.py:413-434, ``input_layernorm_2`` / ``post_attention_layernorm_2``):
+
+    u' = u + Norm_2(Attn(Norm_1(u))),    u+ = u' + Norm_4(MLP(Norm_3(u')))
+
+(``attn_output_norm``, ``mlp_output_norm``).
 """
 
 from __future__ import annotations
@@ -59,9 +66,13 @@ class LoopBlockSubmodules:
     # Huginn's sandwich norms after each residual sum (model.block_norm: sandwich); IdentityOp: none
     attn_residual_norm: ModuleSpec | type = IdentityOp
     mlp_residual_norm: ModuleSpec | type = IdentityOp
+    # Ouro's norms on each branch's output (model.block_norm: branch_output); IdentityOp: none
+    attn_output_norm: ModuleSpec | type = IdentityOp
+    mlp_output_norm: ModuleSpec | type = IdentityOp
 
 
-def loop_block_spec(qk_norm: bool, fast_path: bool = True, sandwich: bool = False) -> ModuleSpec:
+def loop_block_spec(qk_norm: bool, fast_path: bool = True, sandwich: bool = False,
+                    branch_output: bool = False) -> ModuleSpec:
     """megatron-core local spec of one block: fused QKV, SDPA core attention, fused SwiGLU fc1.
 
     With ``fast_path`` (the default, ``fast_path.py``) the linears follow the TP size of the config
@@ -70,7 +81,8 @@ def loop_block_spec(qk_norm: bool, fast_path: bool = True, sandwich: bool = Fals
     k with the model's precomputed rotary tables, the MLP runs one SwiGLU Function on the fused fc1
     output and the norms are :class:`fast_path.RMSNorm`. ``fast_path=False``: megatron-core's modules
     only (the reference path; the same parameters, names, layouts and initial values). ``sandwich``:
-    Huginn's norms after each residual sum (``model.block_norm``), of the same norm class.
+    Huginn's norms after each residual sum (``model.block_norm``), of the same norm class; ``branch_output``:
+    Ouro's norms on each branch's output.
     """
     column = ColumnLinear if fast_path else ColumnParallelLinear
     row = RowLinear if fast_path else RowParallelLinear
@@ -95,6 +107,8 @@ def loop_block_spec(qk_norm: bool, fast_path: bool = True, sandwich: bool = Fals
                            submodules=MLPSubmodules(linear_fc1=column, linear_fc2=row)),
             attn_residual_norm=norm if sandwich else IdentityOp,
             mlp_residual_norm=norm if sandwich else IdentityOp,
+            attn_output_norm=norm if branch_output else IdentityOp,
+            mlp_output_norm=norm if branch_output else IdentityOp,
         ),
     )
 
@@ -112,9 +126,10 @@ class LoopBlock(nn.Module):
         self.pre_mlp_layernorm = build_module(submodules.pre_mlp_layernorm, config=config, hidden_size=d, eps=eps)
         self.mlp = build_module(submodules.mlp, config=config)
         # None without sandwich norms: no parameters, and the pre-norm block's arithmetic unchanged
-        self.attn_residual_norm, self.mlp_residual_norm = (
+        self.attn_residual_norm, self.mlp_residual_norm, self.attn_output_norm, self.mlp_output_norm = (
             None if spec is IdentityOp else build_module(spec, config=config, hidden_size=d, eps=eps)
-            for spec in (submodules.attn_residual_norm, submodules.mlp_residual_norm))
+            for spec in (submodules.attn_residual_norm, submodules.mlp_residual_norm, submodules.attn_output_norm,
+                         submodules.mlp_output_norm))
         # megatron-core's own attention takes the rotary angles; ours the precomputed tables
         self._rope_tables = isinstance(self.self_attention, RopeSelfAttention)
         # Timestep modulation of the two residual branches (set by the model for core blocks).
@@ -133,7 +148,7 @@ class LoopBlock(nn.Module):
         roles.set_role(self.mlp.linear_fc1.weight, roles.MATRIX, roles.GateUpSplit(config.ffn_hidden_size // tp))
         roles.set_role(self.mlp.linear_fc2.weight, roles.MATRIX)
         for norm in (self.input_layernorm, self.pre_mlp_layernorm, attn.q_layernorm, attn.k_layernorm,
-                     self.attn_residual_norm, self.mlp_residual_norm):
+                     self.attn_residual_norm, self.mlp_residual_norm, self.attn_output_norm, self.mlp_output_norm):
             for p in norm.parameters() if norm is not None else ():
                 roles.set_role(p, roles.NORM)
 
@@ -156,6 +171,6 @@ class LoopBlock(nn.Module):
         hidden = modulated_residual(
             hidden, self.input_layernorm,
             lambda x: self.self_attention(x, attention_mask=None, rotary_pos_emb=rotary_pos_emb)[0],
-            self.attn_gate or self.attn_adaln, psi, self.attn_residual_norm)
+            self.attn_gate or self.attn_adaln, psi, self.attn_residual_norm, self.attn_output_norm)
         return modulated_residual(hidden, self.pre_mlp_layernorm, lambda x: self.mlp(x)[0],
-                                  self.mlp_gate or self.mlp_adaln, psi, self.mlp_residual_norm)
+                                  self.mlp_gate or self.mlp_adaln, psi, self.mlp_residual_norm, self.mlp_output_norm)

@@ -41,10 +41,10 @@ from megatron_loop.config import ModelConfig
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.model import roles
 from megatron_loop.model.adaptive_exit import TokenExit, check_exit
-from megatron_loop.model.exit_gate import ExitGate, exit_distribution
+from megatron_loop.model.exit_gate import ExitGate, exit_distribution, weighted_exit_output
 from megatron_loop.model.compat import (RotaryTables, rope_freqs, rope_inv_freq, rope_tables,
                                         transformer_config)
-from megatron_loop.hf.modeling_looplm import Recurrence, coda_input, loop_transition
+from megatron_loop.hf.modeling_looplm import Recurrence, coda_input, loop_transition, output_norm, state_norm
 from megatron_loop.model.conditioning import (HistoryStateInjection, InitialStateInjection, LoopGating,
                                               ShortcutEmbedding, branch_modulation, timestep_features)
 from megatron_loop.model.initial_state import check_tensor_parallel, huginn_adapter_init_, noise_state
@@ -105,7 +105,8 @@ class LoopLM(nn.Module):
             initializer_range=config.initializer_range, tensor_model_parallel_size=placement.tp_size,
             sequence_parallel=placement.sequence_parallel)
         # fast_path=False: megatron-core's modules throughout (the reference of layers.loop_block_spec)
-        spec = loop_block_spec(config.qk_norm, fast_path, sandwich=config.block_norm == "sandwich")
+        spec = loop_block_spec(config.qk_norm, fast_path, sandwich=config.block_norm == "sandwich",
+                               branch_output=config.block_norm == "branch_output")
         numbers = iter(range(1, config.physical_depth + 1))
 
         def blocks(n: int) -> nn.ModuleList:
@@ -250,7 +251,8 @@ class LoopLM(nn.Module):
         ``backprop_loops`` N: only the last N loops build a graph (``None``: all of them).
         ``exit_criterion`` (``none`` | ``kl`` | ``cosine`` | ``q_exit``) with ``exit_threshold``: per-token
         adaptive exit with r as the cap (inference only, ``adaptive_exit.py``; the forward runs without a
-        graph); ``exit_loops`` of the output then holds each token's loop count.
+        graph); ``exit_loops`` of the output then holds each token's exit loop. ``exit_mode`` (``readout`` |
+        ``freeze``; None: readout for q_exit, as Ouro, freeze otherwise) is how an exit acts (``TokenExit``).
         With Ouro's exit gate, ``exit_pdf`` holds p(t|x) and, in training mode with ``labels`` and an
         :class:`~megatron_loop.model.exit_gate.ExitObjective` as ``objective``, the loss is Ouro's Stage I or
         II objective (``exit_gate.py``).
@@ -272,7 +274,7 @@ class LoopLM(nn.Module):
             return LoopLMOutput(logits=logits, loss=loss)
         if run.exit_criterion != "none":
             self.tensor_parallel.check_exit(run.exit_criterion)
-            check_exit(run.exit_criterion, run.exit_threshold, self.config.exit_gate)
+            check_exit(run.exit_criterion, run.exit_threshold, self.config.exit_gate, run.exit_mode)
             with torch.no_grad():  # exit decisions are not differentiable
                 return self._forward(input_ids, labels, run)
         return self._forward(input_ids, labels, run)
@@ -312,22 +314,30 @@ class LoopLM(nn.Module):
 
         exit_rule = None
         if run.exit_criterion != "none":
-            reading = ((lambda x: self.exit_gate(self.norm(x))) if run.exit_criterion == "q_exit"
-                       else (lambda x: F.linear(self.norm(x), self.head_weight())))
-            exit_rule = lambda x: TokenExit(run.exit_criterion, run.exit_threshold, x, reading, core=self.core)  # noqa: E731
+            reading = ((lambda x: self.exit_gate(state_norm(self, x))) if run.exit_criterion == "q_exit"
+                       else (lambda x: F.linear(state_norm(self, x), self.head_weight())))
+            exit_rule = lambda x: TokenExit(run.exit_criterion, run.exit_threshold, x, reading, core=self.core,  # noqa: E731
+                                            mode=run.exit_mode)
         # Ouro: the gate's logit after every loop; Stage I/II read every state h^1..h^r
         objective = run.objective if labels is not None and self.training else None
         loops = Recurrence(cfg, step, r, psi=psi_all, start=lambda x0: noise_state(cfg, x0, run.initial_state_seed),
-                           exit_rule=exit_rule, keep_trajectory=run.return_trajectory, keep_states=objective is not None,
-                           gate=None if self.exit_gate is None else (lambda x: self.exit_gate(self.norm(x))))
+                           exit_rule=exit_rule, keep_trajectory=run.return_trajectory,
+                           keep_states=objective is not None or run.weighted_exit,
+                           gate=None if self.exit_gate is None else (lambda x: self.exit_gate(state_norm(self, x))))
         h = self.coda_input(loops.run(h))
+        if run.weighted_exit and objective is None:  # Ouro's expected logits over p(t|x) (exit_gate.py)
+            try:
+                logits, exit_pdf, loss = weighted_exit_output(self, loops.states, loops.exit_logits(), labels)
+            except ValueError as e:
+                raise LoopConfigError(str(e)) from None
+            return LoopLMOutput(logits=logits, loss=loss, exit_pdf=exit_pdf)
         loss = None
         if objective is not None:  # Ouro's training objective; h: the head input at r
             loss, h = objective.loss(self, loops.states, loops.gate_logits, rope, labels)
         else:
             for block in self.coda:
                 h = block(h, rope)
-            h = self.tensor_parallel.head_input(self.norm(h)).transpose(0, 1)  # [b, s, d]
+            h = self.tensor_parallel.head_input(output_norm(self, h)).transpose(0, 1)  # [b, s, d]
             if labels is not None:
                 loss = self.loss(h, labels)
         logits = self.tensor_parallel.logits(h, self.head_weight()) if run.compute_logits else None

@@ -28,6 +28,8 @@ class LoopOptions:
     loop_steps: tuple[int, ...] | None = None  # LoopFormer: step sizes n_l / K, positive integers summing to K
     exit_criterion: str = "none"  # none | kl | cosine | q_exit: per-token exit with r as the cap (inference)
     exit_threshold: float = 0.0
+    exit_mode: str | None = None  # readout | freeze (TokenExit; None: the criterion's own, readout for q_exit)
+    weighted_exit: bool = False  # Ouro: the expected logits over the exit distribution (inference, exit_gate.py)
     initial_state_seed: int | None = None  # Huginn: a training step's seed (None: position-keyed noise)
     return_trajectory: bool = False  # [h^0, h^1, ..., h^r], each [b, s, d]
     return_hidden: bool = False  # the head input [b, s, d]

@@ -57,22 +57,24 @@ class CollectiveFailure(RuntimeError):
 # ----------------------------------------------------------------------------- steps
 
 
-def train_step(run: Run, k: int | None = None, step: int = 0) -> tuple[float, float, dict[str, float | None], bool]:
+def train_step(run: Run, k: int | list[int] | None = None,
+               step: int = 0) -> tuple[float, float, dict[str, float | None], bool]:
     """One global batch: (mean loss over ranks and micro-batches, raw grad norm, lr per group, applied).
 
-    ``k``: this step's loop count (``run.step.loops``; default K), the same for every micro-batch; ``step``
+    ``k``: the loop count of each micro-batch (``run.step.step_loops``), or one for all of them (default K); ``step``
     (0-based) is the optimizer step. What each micro-batch's forward computes -- the grid of a sampled r,
     truncated backpropagation, Huginn's noise seed, LoopFormer's short trajectory, Ouro's objective -- is
     :class:`~megatron_loop.training.step.TrainStep`'s: this loop knows no design.
     """
     engine, k = run.engine, run.cfg.model.train_loops if k is None else k
+    loops = k if isinstance(k, list) else [k] * run.accumulation
     lrs = {f"lr_{g.get('name', i)}": g["lr"] for i, g in enumerate(run.optimizer.param_groups)}
     losses = []
     for micro in range(run.accumulation):
         # pinned by the loader on CUDA (data/loaders.py): the copy is queued, the host does not wait
         tokens = next(run.train_iter)["tokens"].to(engine.device, non_blocking=True)
         run.last_tokens = tokens  # what a non-finite stop checks the weights on without validation data
-        loss = engine(tokens, labels=tokens, options=run.step.options(k, step, micro)).loss
+        loss = engine(tokens, labels=tokens, options=run.step.options(loops[micro], step, micro)).loss
         engine.backward(loss)  # divides by the accumulation steps (App. C.2)
         engine.step()  # optimizer + schedule only at the accumulation boundary
         losses.append(loss.detach().float())
@@ -111,9 +113,11 @@ def _save(run: Run, state: TrainState, logger: MetricsLogger) -> str:
 
 
 def _log_step(run: Run, state: TrainState, logger: MetricsLogger, loss: float, grad_norm: float,
-              lrs: dict, applied: bool, step_s: float, loops: int | None = None) -> None:
+              lrs: dict, applied: bool, step_s: float, loops: list[int] | int | None = None) -> None:
     t = run.cfg.train
-    loops = run.cfg.model.train_loops if loops is None else loops
+    loops = [run.cfg.model.train_loops] if loops is None else loops if isinstance(loops, list) else [loops]
+    # one depth per micro-batch (Huginn's draw): the step's work is the mean of its micro-batches'
+    mean_loops = loops[0] if len(set(loops)) == 1 else sum(loops) / len(loops)
     tokens_per_s = t.global_batch_size * t.seq_length / step_s
     logger.log({
         "event": "train", "step": state.step, "consumed_samples": state.consumed_samples,
@@ -121,10 +125,11 @@ def _log_step(run: Run, state: TrainState, logger: MetricsLogger, loss: float, g
         "lr_muon": lrs.get("lr_muon"), "lr_adamw": lrs.get("lr_adamw"), "tokens_per_s": tokens_per_s,
         # MFU per device over the executed work of this step: forward of its `loops` loops, backward
         # of the graphed ones (megatron_loop/flops.py); null where no peak is known (training/setup.py)
-        "mfu": None if run.peak_flops is None else mfu(tokens_per_s / run.info.world_size, run.cfg.model,
-                                                       t.seq_length, run.peak_flops, loops, t.backprop_loops),
+        "mfu": None if run.peak_flops is None else sum(
+            mfu(tokens_per_s / run.info.world_size, run.cfg.model, t.seq_length, run.peak_flops, k, t.backprop_loops)
+            for k in loops) / len(loops),
         "step_time_s": step_s, **memory_stats(), "update_applied": applied,
-        "skipped_updates": state.skipped_updates, "train_loops": loops})
+        "skipped_updates": state.skipped_updates, "train_loops": mean_loops, "micro_batch_loops": loops})
 
 
 def _on_nonfinite(run: Run, state: TrainState, before: TrainState, logger: MetricsLogger, loss: float,
@@ -174,7 +179,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
         while state.step < run.total_steps:
             step_start = time.perf_counter()
             before = TrainState(**vars(state))
-            loops = run.step.loops(state.step)  # from (seed, step): the same on every rank
+            loops = run.step.step_loops(state.step, run.accumulation)  # from (seed, step, micro): every rank's
             loss, grad_norm, lrs, applied = train_step(run, loops, state.step)
             step_s = time.perf_counter() - step_start
             for note in new_loop_schedules(run.engine.module):  # auto: each new schedule and its assumptions

@@ -27,7 +27,7 @@ ranks). A resume compares them with the new config before DeepSpeed reads a byte
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -118,10 +118,13 @@ def decide_resume(point: SelectedCheckpoint, cfg: Config, world_size: int, zero_
     tp = cfg.parallel.tensor_model_parallel_size
     check_tensor_parallel_resume(point.manifest, where, tp, world_size // tp)
     saved_model = manifest.get("model", {})
+    # a key newer than the checkpoint (model.loop_norm, ...): the checkpoint ran its default
+    defaults = {f.name: f.default for f in fields(cfg.model) if f.default is not MISSING}
     for key, value in model_signature(cfg).items():
-        if saved_model.get(key) != value:
+        saved_value = saved_model.get(key, defaults.get(key)) if saved_model else saved_model.get(key)
+        if saved_value != value:
             raise LoopConfigError(
-                f"{where}: checkpoint is for a different architecture: model.{key}={saved_model.get(key)!r} "
+                f"{where}: checkpoint is for a different architecture: model.{key}={saved_value!r} "
                 f"in the checkpoint, {value!r} in the config")
     saved_stage = manifest.get("zero_stage", 0)
     if saved_stage != zero_stage:

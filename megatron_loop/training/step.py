@@ -4,9 +4,10 @@ The loop (:mod:`megatron_loop.training.loop`) asks it for the step's loop count 
 forward's :class:`~megatron_loop.model.options.LoopOptions`; it knows no design. Everything a design changes
 about a training step is here, read from the config once:
 
-* the loop count of the step: K, or drawn from (``train.seed``, step) by ``train.loop_sampling``
-  (:mod:`megatron_loop.training.loop_sampling`), with psi on the grid of the drawn r (``rescaled``), and
-  ``train.backprop_loops`` (truncated backpropagation);
+* the loop count of each micro-batch: K, or drawn by ``train.loop_sampling`` from (``train.seed``, step,
+  micro-batch) -- Huginn's draw per micro-batch -- or from (``train.seed``, step) with ``train.loop_sampling_per:
+  step`` (:mod:`megatron_loop.training.loop_sampling`), the same on every rank, with psi on the grid of the
+  drawn r (``rescaled``), and ``train.backprop_loops`` (truncated backpropagation);
 * Huginn (``model.initial_state: noise``, :mod:`megatron_loop.model.initial_state`): the micro-batch's noise
   seed, a pure function of (``train.seed``, step, micro-batch, rank);
 * LoopFormer (``train.shortcut_consistency``, :mod:`megatron_loop.model.shortcut`): the micro-batch's short
@@ -47,9 +48,14 @@ class TrainStep:
         if self.exit_objective is not None:
             self.exit_objective.prepare(model)
 
-    def loops(self, step: int) -> int:
-        """This step's loop count (0-based ``step``), the same on every rank."""
-        return sample_train_loops(self.train, self.model.train_loops, step)
+    def loops(self, step: int, micro: int = 0) -> int:
+        """The loop count of micro-batch ``micro`` of step ``step`` (0-based), the same on every rank (per step
+        with ``train.loop_sampling_per: step``: ``micro`` is then not read)."""
+        return sample_train_loops(self.train, self.model.train_loops, step, micro)
+
+    def step_loops(self, step: int, accumulation: int) -> list[int]:
+        """The loop counts of the ``accumulation`` micro-batches of step ``step``."""
+        return [self.loops(step, micro) for micro in range(accumulation)]
 
     def options(self, loops: int, step: int, micro: int) -> LoopOptions:
         """The forward of micro-batch ``micro`` of step ``step`` at ``loops`` loops."""

@@ -67,6 +67,7 @@ def test_eval_json_has_loops_per_token_per_threshold(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("extra,message", [
     (["--exit-thresholds", "1e-3"], "--exit-thresholds: expected --exit-criterion kl, cosine or q_exit with it"),
+    (["--exit-mode", "freeze"], "--exit-mode: expected --exit-criterion kl, cosine or q_exit with it"),
     (["--exit-criterion", "kl", "--exit-thresholds", "small"], "--exit-thresholds 'small': expected comma-separated"),
     (["--exit-criterion", "cosine"], "--exit-thresholds '': expected comma-separated"),
     (["--exit-criterion", "kl", "--exit-thresholds", "1e-3", "--exit-max-loops", "0"],

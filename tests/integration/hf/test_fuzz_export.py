@@ -101,7 +101,8 @@ def test_readout_loops(models):
 
 FIELDS = ["num_loops", "timestep_grid", "exit_criterion", "exit_threshold", "kv_cache_loops", "initial_state_seed",
           "history_window", "train_loops", "hidden_size", "num_attention_heads", "vocab_size", "rms_norm_eps",
-          "initial_state_std", "timestep", "initial_injection", "block_norm", "exit_gate"]
+          "initial_state_std", "timestep", "initial_injection", "block_norm", "exit_gate", "exit_mode", "loop_norm",
+          "weighted_exit"]
 
 
 WIDTHS = ("hidden_size", "num_attention_heads", "vocab_size")
@@ -115,7 +116,8 @@ def test_export_config_fields(models):
     @given(field=st.sampled_from(FIELDS), value=st.one_of(small, TEXT, st.none(), st.booleans(), FLOATS,
                                                           st.sampled_from([10**9, [1], {"a": 1}]),
                                                           st.sampled_from(["rescaled", "prefix", "kl", "dense",
-                                                                           "loop_gating", "sandwich", "learned"])))
+                                                                           "loop_gating", "sandwich", "learned", "readout",
+                                                                           "freeze", "branch_output"])))
     def fuzzed(field, value):
         if field in WIDTHS and isinstance(value, numbers.Real) and abs(value) > 64:
             return  # a model too large for memory is the plan's memory check (not a value check of the config)

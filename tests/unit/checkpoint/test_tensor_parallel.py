@@ -59,3 +59,18 @@ def test_export_of_tp_shards_needs_every_rank_and_the_manifest(tmp_path):
     (tag / "mp_rank_01_model_states.pt").write_bytes(b"")
     with pytest.raises(LoopDataError, match=r"tensor-parallel shards \(mp_rank_01_\*\) without manifest.json"):
         read_weights(SelectedCheckpoint(tmp_path, "global_step4", None))
+
+
+def test_a_model_key_newer_than_the_checkpoint_reads_as_its_default(tmp_path):
+    """A checkpoint written before model.loop_norm existed resumes under a config at the default; the key set
+    away from its default is another architecture (one line naming it)."""
+    from megatron_loop.checkpoint.manifest import model_signature
+
+    cfg = config_from_dict({"model": {"backbone": "tiny-llama"}})
+    older = {k: v for k, v in model_signature(cfg).items() if k != "loop_norm"}
+    point = SelectedCheckpoint(tmp_path, "global_step10", {**manifest(1, 1), "model": older})
+    decide_resume(point, cfg, world_size=1, zero_stage=1)
+    with pytest.raises(LoopConfigError, match=r"checkpoint is for a different architecture: model\.loop_norm=False "
+                                              r"in the checkpoint, True in the config"):
+        decide_resume(point, config_from_dict({"model": {"backbone": "tiny-llama", "loop_norm": True}}),
+                      world_size=1, zero_stage=1)

@@ -121,10 +121,12 @@ def _model(**model):
     return build_model(cfg)
 
 
-def test_the_training_objective_of_the_forward_reads_the_prediction_at_every_r():
+@pytest.mark.parametrize("ouro_norms", [{}, {"loop_norm": True, "block_norm": "branch_output", "coda_layers": 0}])
+def test_the_training_objective_of_the_forward_reads_the_prediction_at_every_r(ouro_norms):
     """Stage I from LoopLM.forward (train mode, labels) == sum_t p(t) CE(forward at r = t) - beta H(p), per token:
-    the per-step readouts are the model's own predictions at r = t (Coda included)."""
-    model = _model()
+    the per-step readouts are the model's own predictions at r = t (Coda included); also with Ouro's norms
+    (the between-loop norm: the gate and the head read the normed state once)."""
+    model = _model(**ouro_norms)
     with torch.no_grad():
         model.exit_gate.weight.normal_(0, 0.5)
     x = torch.randint(0, 96, (2, 8))

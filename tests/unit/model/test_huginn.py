@@ -176,7 +176,7 @@ def test_adapter_has_huginns_initialisation():
     assert w.std().item() == pytest.approx(std * 0.9866, rel=0.02)
 
 
-@pytest.mark.parametrize("loops", [1, 3, 5])
+@pytest.mark.parametrize("loops", [1, 3, 6])  # r = 1, K, 2K
 def test_hf_export_equals_training_model(models, loops):
     cfg, model, _, hf = models
     ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(loops))
@@ -284,7 +284,7 @@ def test_kv_cache_sharing_with_a_budget_of_every_loop_is_the_full_cache(models):
         hf.config.kv_cache_loops = 3
         try:
             assert torch.equal(hf.generate(ids, max_new_tokens=3, do_sample=False, num_loops=3), full)
-            with pytest.raises(ValueError, match="KV-cache sharing and per-token exit are not combined"):
+            with pytest.raises(ValueError, match="KV-cache sharing and the freezing exit are not combined"):
                 hf.config.kv_cache_loops = 2
                 hf(ids, num_loops=3, use_cache=True, exit_criterion="cosine", exit_threshold=0.1)
         finally:
@@ -325,7 +325,7 @@ def test_dry_run_counts_the_sandwich_norms_and_the_export_round_trips(models):
      "model.initial_state='noise' with train.shortcut_consistency=true: expected one of them"),
     ({"initial_injection": "none"}, {}, "model.initial_state='noise': expected 'prelude' unless an initial-state "
                                         "injection carries the Prelude output"),
-    ({"block_norm": "post"}, {}, "model.block_norm='post': expected one of ('pre', 'sandwich')"),
+    ({"block_norm": "post"}, {}, "model.block_norm='post': expected one of ('pre', 'sandwich', 'branch_output')"),
     ({"initial_state_std": 0.0}, {}, "model.initial_state_std=0.0: expected null"),
     ({"initial_state": "prelude", "initial_state_seed": 3}, {}, "model.initial_state_seed=3: expected its default"),
     ({}, {"tensor_model_parallel_size": 2}, "model.initial_state='noise': expected "

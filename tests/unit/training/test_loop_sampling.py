@@ -28,6 +28,10 @@ def _cfg(model=None, **train):
 @pytest.mark.parametrize("model,train,message", [
     ({}, {"loop_sampling": "gamma"}, "train.loop_sampling='gamma': expected one of ('fixed', 'poisson_lognormal', 'uniform')"),
     ({}, {"loop_sampling_sigma": 0.0}, "train.loop_sampling_sigma=0.0: expected a positive float"),
+    ({}, {"loop_sampling": "uniform", "loop_sampling_per": "update"},
+     "train.loop_sampling_per='update': expected one of ('micro_batch', 'step')"),
+    ({}, {"loop_sampling_per": "step"}, "train.loop_sampling_per='step': expected its default 'micro_batch' with "
+                                        "loop_sampling='fixed'"),
     ({}, {"loop_sampling_min": 0}, "train.loop_sampling_min=0: expected an integer >= 1"),
     ({}, {"loop_sampling_min": 3, "loop_sampling_max": 2}, "train.loop_sampling_max=2: expected null or an integer >= loop_sampling_min=3"),
     ({}, {"backprop_loops": 0}, "train.backprop_loops=0: expected null (backpropagate through every loop) or an integer >= 1"),
@@ -53,6 +57,25 @@ def test_truncation_without_injection_is_allowed_when_nothing_is_truncated():
                                               r"loops that run without a graph cut the embedding .* or "
                                               r"train.backprop_loops null or >= 7 \(the largest loop count\)"):
         _cfg({"initial_injection": "none"}, loop_sampling="uniform", loop_sampling_max=7, backprop_loops=6)
+
+
+def test_huginn_draws_per_micro_batch_in_lockstep_and_the_per_step_draw_stays_by_name():
+    """``loop_sampling_per: micro_batch`` (the default; Huginn's train.py:397-398 draws per micro-batch): the
+    micro-batches of one update run different depths, every rank the same ones (TrainStep of rank 0 and 1;
+    Huginn's released run sets lockstep_n); ``step``: one depth per update, the draw of (seed, step)."""
+    from megatron_loop.training.step import TrainStep
+
+    cfg = _cfg(loop_sampling="poisson_lognormal")
+    updates = [TrainStep(cfg.train, cfg.model, rank=0).step_loops(s, 8) for s in range(20)]
+    assert updates == [TrainStep(cfg.train, cfg.model, rank=1).step_loops(s, 8) for s in range(20)]
+    assert all(len(set(u)) > 1 for u in updates)  # 8 micro-batches: several depths in every update
+    assert statistics.mean(n for u in updates for n in u) == pytest.approx(4, abs=0.4)
+    per_step = _cfg(loop_sampling="poisson_lognormal", loop_sampling_per="step")
+    steps = [TrainStep(per_step.train, per_step.model).step_loops(s, 8) for s in range(20)]
+    assert all(len(set(u)) == 1 for u in steps) and len({u[0] for u in steps}) > 1
+    rng = np.random.default_rng([0x100F, 42, 3])  # the per-step stream: (seed, step), as before micro-batches
+    sigma = per_step.train.loop_sampling_sigma
+    assert steps[3][0] == 1 + int(rng.poisson(rng.lognormal(mean=math.log(3) - sigma**2 / 2, sigma=sigma)))
 
 
 def test_draws_are_a_function_of_seed_and_step_only():
