@@ -42,13 +42,12 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_loop.atomic import clean_leftovers  # noqa: E402
-from megatron_loop.cli import parse_loop_counts, run_cli  # noqa: E402
-from megatron_loop.config.validation import MAX_LOOPS  # noqa: E402
-from megatron_loop.console import show_progress  # noqa: E402
-from megatron_loop.errors import LoopConfigError  # noqa: E402
+from megatron_loop.atomic import clean_leftovers
+from megatron_loop.cli import parse_loop_counts, run_cli
+from megatron_loop.config.validation import MAX_LOOPS
+from megatron_loop.console import show_progress
+from megatron_loop.errors import LoopConfigError
 
 
 def _limit(text: str | None) -> int | float | None:
