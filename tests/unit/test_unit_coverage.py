@@ -13,9 +13,6 @@ from testpaths import REPO
 PACKAGE = REPO / "megatron_loop"
 
 WITHOUT_UNIT_TEST = {
-    # checkpoint/
-    "checkpoint/universal.py": "needs real ZeRO 1/2 shards of a DeepSpeed run: tests/integration/training/"
-                               "test_checkpoint_format.py resumes on another data-parallel size through it",
     # config/
     "config/sections.py": "the config dataclasses; their checks and loading are tests/unit/config/test_validation.py "
                           "and test_loading.py",
@@ -67,7 +64,6 @@ WITHOUT_UNIT_TEST = {
     "registry/recipes.py": "the families' recipes: tests/unit/registry/test_registry.py",
     "registry/render.py": "the YAML text: tests/unit/registry/test_registry.py and "
                           "integration/training/test_tiny_designs.py",
-    "registry/runs.py": "every run: tests/unit/registry/test_registry.py",
     "registry/studies.py": "every study: tests/unit/registry/test_registry.py",
     # studies/
     "studies/archive.py": "study archives: tests/unit/studies/test_report.py and test_reanalysis.py",
