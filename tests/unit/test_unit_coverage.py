@@ -32,8 +32,6 @@ WITHOUT_UNIT_TEST = {
     # model/
     "model/initial_state.py": "Huginn's noise start: tests/unit/model/test_huginn.py",
     "model/layers.py": "megatron-core block specs: tests/unit/model/test_fast_path.py and the TP runs",
-    "model/loss_chunk.py": "one constant (the chunked loss's chunk): tests/unit/model/test_loss.py and "
-                           "training/test_memory_plan.py",
     "model/roles.py": "parameter roles: tests/unit/optim/test_muon.py, test_muon_tp.py and parallel/test_zero.py",
     # optim/
     "optim/engine.py": "build_engine's signature is being changed by issue 41 item 5 (one resolved DeepSpeed "
@@ -49,7 +47,6 @@ WITHOUT_UNIT_TEST = {
     "plotting.py": "matplotlib helpers: tests/integration/figures/test_figures.py",
     # probes/
     "probes/cli.py": "tools/probe_geometry.py's command line: tests/integration/probes/test_probe_geometry.py",
-    "probes/hooks.py": "forward hooks of the probe runner: tests/unit/probes/test_runner.py",
     "probes/positions.py": "token positions of the probes: tests/unit/probes/test_metrics.py",
     "probes/report.py": "the probe report: tests/unit/probes/test_plots.py and figures/test_figures.py",
     "probes/sampling.py": "the probes' text sampling: tests/unit/probes/test_runner.py and "
@@ -57,11 +54,8 @@ WITHOUT_UNIT_TEST = {
     "probes/summaries.py": "probe summaries: tests/unit/probes/test_metrics.py",
     # registry/
     "registry/architectures.py": "the registry as a whole: tests/unit/registry/test_registry.py",
-    "registry/example_files.py": "generated example files: tests/unit/registry/test_registry.py and "
-                                 "tools/generate_configs.py --check in tests/integration/docs/",
     "registry/listing.py": "--list-configs: tests/unit/registry/test_registry.py",
     "registry/pilot.py": "the pilot runs: tests/unit/registry/test_registry.py",
-    "registry/recipes.py": "the families' recipes: tests/unit/registry/test_registry.py",
     "registry/render.py": "the YAML text: tests/unit/registry/test_registry.py and "
                           "integration/training/test_tiny_designs.py",
     "registry/studies.py": "every study: tests/unit/registry/test_registry.py",
@@ -73,8 +67,6 @@ WITHOUT_UNIT_TEST = {
     "studies/plan.py": "study plans: tests/unit/studies/test_plans.py, test_analysis.py and test_report.py",
     "studies/post_hoc.py": "an empty table of post hoc readings: tests/unit/studies/test_report.py",
     # training/
-    "training/agreement.py": "ranks that disagree, needs several ranks: "
-                             "tests/integration/reliability/test_rank_agreement.py",
     "training/banner.py": "being changed by issue 41 item 5 (the resolved DeepSpeed settings): "
                           "tests/integration/training/test_console.py and tests/unit/test_dryrun.py",
     "training/distributed.py": "launcher and world helpers: tests/integration/reliability/test_runfolder.py and "
