@@ -23,7 +23,6 @@ WITHOUT_UNIT_TEST = {
     "data/loaders.py": "the training DataLoaders: tests/integration/training/test_train_loop.py and "
                        "reliability/test_errors.py",
     # eval/
-    "eval/sweep.py": "the sweep over an export: tests/integration/eval/ (test_eval_loops.py, test_one_pass_sweep.py)",
     "eval/sweep_lm.py": "lm-eval's HFLM subclass, needs an export: tests/integration/eval/test_one_pass_sweep.py "
                         "(bitwise against one pass per r)",
     # measure/
