@@ -20,8 +20,6 @@ WITHOUT_UNIT_TEST = {
     "data/corpus_knowledge.py": "the generated corpus's fact part: tests/unit/data/test_corpus.py",
     "data/corpus_templates.py": "the generated corpus's templates: tests/unit/data/test_corpus.py and "
                                 "tests/unit/studies/test_items.py",
-    "data/loaders.py": "the training DataLoaders: tests/integration/training/test_train_loop.py and "
-                       "reliability/test_errors.py",
     # eval/
     "eval/sweep_lm.py": "lm-eval's HFLM subclass, needs an export: tests/integration/eval/test_one_pass_sweep.py "
                         "(bitwise against one pass per r)",
