@@ -25,7 +25,6 @@ WITHOUT_UNIT_TEST = {
                         "(bitwise against one pass per r)",
     # measure/
     "measure/loss_check.py": "the GPU first-run loss check: tests/integration/tools/test_gpu_first.py",
-    "measure/memory.py": "memory reads of a built model: tests/unit/model/test_recompute.py",
     # model/
     "model/initial_state.py": "Huginn's noise start: tests/unit/model/test_huginn.py",
     "model/layers.py": "megatron-core block specs: tests/unit/model/test_fast_path.py and the TP runs",
@@ -33,7 +32,6 @@ WITHOUT_UNIT_TEST = {
     # optim/
     "optim/engine.py": "build_engine's signature is being changed by issue 41 item 5 (one resolved DeepSpeed "
                        "settings object): tests/integration/training/test_zero_engine.py and test_precision_bf16.py",
-    "optim/memory.py": "optimizer-state memory: tests/unit/model/test_recompute.py",
     # parallel/
     "parallel/mpu.py": "queries of megatron-core's parallel state, needs process groups: the optimizer's and the "
                        "TP checkpoint's (tests/unit/optim/test_muon_tp.py) and the multi-rank runs in "
