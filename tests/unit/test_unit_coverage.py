@@ -38,11 +38,8 @@ WITHOUT_UNIT_TEST = {
                        "tests/integration/parallel/",
     "parallel/shards.py": "TP shard layout, needs ranks: tests/support/dist_scripts/tp_*.py via "
                           "tests/integration/parallel/",
-    # top level
-    "plotting.py": "matplotlib helpers: tests/integration/figures/test_figures.py",
     # probes/
     "probes/cli.py": "tools/probe_geometry.py's command line: tests/integration/probes/test_probe_geometry.py",
-    "probes/positions.py": "token positions of the probes: tests/unit/probes/test_metrics.py",
     "probes/report.py": "the probe report: tests/unit/probes/test_plots.py and figures/test_figures.py",
     "probes/sampling.py": "the probes' text sampling: tests/unit/probes/test_runner.py and "
                           "integration/probes/test_probe_geometry.py",
