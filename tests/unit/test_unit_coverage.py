@@ -28,7 +28,6 @@ WITHOUT_UNIT_TEST = {
     # model/
     "model/initial_state.py": "Huginn's noise start: tests/unit/model/test_huginn.py",
     "model/layers.py": "megatron-core block specs: tests/unit/model/test_fast_path.py and the TP runs",
-    "model/roles.py": "parameter roles: tests/unit/optim/test_muon.py, test_muon_tp.py and parallel/test_zero.py",
     # optim/
     "optim/engine.py": "build_engine's signature is being changed by issue 41 item 5 (one resolved DeepSpeed "
                        "settings object): tests/integration/training/test_zero_engine.py and test_precision_bf16.py",
