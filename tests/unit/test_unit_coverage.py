@@ -45,7 +45,6 @@ WITHOUT_UNIT_TEST = {
     "probes/summaries.py": "probe summaries: tests/unit/probes/test_metrics.py",
     # registry/
     "registry/listing.py": "--list-configs: tests/unit/registry/test_registry.py",
-    "registry/pilot.py": "the pilot runs: tests/unit/registry/test_registry.py",
     "registry/render.py": "the YAML text: tests/unit/registry/test_registry.py and "
                           "integration/training/test_tiny_designs.py",
     "registry/studies.py": "every study: tests/unit/registry/test_registry.py",
