@@ -44,7 +44,6 @@ WITHOUT_UNIT_TEST = {
                           "integration/probes/test_probe_geometry.py",
     "probes/summaries.py": "probe summaries: tests/unit/probes/test_metrics.py",
     # registry/
-    "registry/listing.py": "--list-configs: tests/unit/registry/test_registry.py",
     "registry/render.py": "the YAML text: tests/unit/registry/test_registry.py and "
                           "integration/training/test_tiny_designs.py",
     "registry/studies.py": "every study: tests/unit/registry/test_registry.py",
