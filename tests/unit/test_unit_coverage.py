@@ -49,7 +49,6 @@ WITHOUT_UNIT_TEST = {
     "registry/studies.py": "every study: tests/unit/registry/test_registry.py",
     # studies/
     "studies/archive.py": "study archives: tests/unit/studies/test_report.py and test_reanalysis.py",
-    "studies/baselines.py": "chance baselines: tests/unit/studies/test_items.py",
     "studies/docs.py": "the studies' generated docs: tests/unit/studies/test_reanalysis.py",
     "studies/pilots.py": "pilot summaries behind the plans' seed counts: tests/unit/studies/test_plans.py",
     "studies/plan.py": "study plans: tests/unit/studies/test_plans.py, test_analysis.py and test_report.py",
