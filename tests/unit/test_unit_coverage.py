@@ -13,9 +13,6 @@ from testpaths import REPO
 PACKAGE = REPO / "megatron_loop"
 
 WITHOUT_UNIT_TEST = {
-    # config/
-    "config/sections.py": "the config dataclasses; their checks and loading are tests/unit/config/test_validation.py "
-                          "and test_loading.py",
     # data/
     "data/corpus_knowledge.py": "the generated corpus's fact part: tests/unit/data/test_corpus.py",
     "data/corpus_templates.py": "the generated corpus's templates: tests/unit/data/test_corpus.py and "
