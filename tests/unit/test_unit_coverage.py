@@ -53,8 +53,6 @@ WITHOUT_UNIT_TEST = {
     # training/
     "training/banner.py": "being changed by issue 41 item 5 (the resolved DeepSpeed settings): "
                           "tests/integration/training/test_console.py and tests/unit/test_dryrun.py",
-    "training/distributed.py": "launcher and world helpers: tests/integration/reliability/test_runfolder.py and "
-                               "test_rank_agreement.py",
     "training/loop.py": "the training loop: tests/integration/training/test_train_loop.py and test_train_resume.py",
     "training/preflight.py": "being changed by issue 41 item 5: tests/integration/training/test_console.py and "
                              "tests/unit/training/test_setup.py",
