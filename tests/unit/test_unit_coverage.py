@@ -32,8 +32,6 @@ WITHOUT_UNIT_TEST = {
     "parallel/mpu.py": "queries of megatron-core's parallel state, needs process groups: the optimizer's and the "
                        "TP checkpoint's (tests/unit/optim/test_muon_tp.py) and the multi-rank runs in "
                        "tests/integration/parallel/",
-    "parallel/shards.py": "TP shard layout, needs ranks: tests/support/dist_scripts/tp_*.py via "
-                          "tests/integration/parallel/",
     # probes/
     "probes/cli.py": "tools/probe_geometry.py's command line: tests/integration/probes/test_probe_geometry.py",
     "probes/report.py": "the probe report: tests/unit/probes/test_plots.py and figures/test_figures.py",
