@@ -23,7 +23,6 @@ WITHOUT_UNIT_TEST = {
     # measure/
     "measure/loss_check.py": "the GPU first-run loss check: tests/integration/tools/test_gpu_first.py",
     # model/
-    "model/initial_state.py": "Huginn's noise start: tests/unit/model/test_huginn.py",
     "model/layers.py": "megatron-core block specs: tests/unit/model/test_fast_path.py and the TP runs",
     # optim/
     "optim/engine.py": "build_engine's signature is being changed by issue 41 item 5 (one resolved DeepSpeed "
