@@ -36,7 +36,6 @@ WITHOUT_UNIT_TEST = {
     "probes/report.py": "the probe report: tests/unit/probes/test_plots.py and figures/test_figures.py",
     "probes/sampling.py": "the probes' text sampling: tests/unit/probes/test_runner.py and "
                           "integration/probes/test_probe_geometry.py",
-    "probes/summaries.py": "probe summaries: tests/unit/probes/test_metrics.py",
     # registry/
     "registry/render.py": "the YAML text: tests/unit/registry/test_registry.py and "
                           "integration/training/test_tiny_designs.py",
