@@ -37,8 +37,6 @@ WITHOUT_UNIT_TEST = {
     "probes/sampling.py": "the probes' text sampling: tests/unit/probes/test_runner.py and "
                           "integration/probes/test_probe_geometry.py",
     # registry/
-    "registry/render.py": "the YAML text: tests/unit/registry/test_registry.py and "
-                          "integration/training/test_tiny_designs.py",
     "registry/studies.py": "every study: tests/unit/registry/test_registry.py",
     # studies/
     "studies/archive.py": "study archives: tests/unit/studies/test_report.py and test_reanalysis.py",
