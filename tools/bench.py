@@ -50,10 +50,11 @@ import sys
 import time
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parent
-for path in (TOOLS.parent, TOOLS):  # the repository (megatron_loop) and tools/ (the benchmarks package)
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+# tools/ holds the benchmarks package, which is not installed (megatron_loop is): already first on the path
+# when this file runs as a script, not when a test loads it by its path
+TOOLS = str(Path(__file__).resolve().parent)
+if TOOLS not in sys.path:
+    sys.path.insert(0, TOOLS)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -15,10 +15,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from megatron_loop.config import BACKBONES, SECTIONS
 
-from megatron_loop.config import BACKBONES, SECTIONS  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DESCRIPTIONS: dict[str, str] = {
     # ---- model (HF export vocabulary, SPEC.md)

@@ -28,7 +28,6 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 VOCAB_SIZE = 2048  # tools/pipeline.sh trains the bundled tokenizer with --vocab-size 2048
 LAYOUTS = {"fixed_k3": "0+2x3+0", "sampled_k3_bp2": "0+2x3+0"}  # docs/REPRODUCE.md "Variable depth": BaseLoop 2x3

@@ -22,10 +22,9 @@ import shlex
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from megatron_loop import registry as R
 
-from megatron_loop import registry as R  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 EXAMPLES = ROOT / R.EXAMPLES
 PAPER_EXAMPLES = ROOT / R.PAPER_EXAMPLES

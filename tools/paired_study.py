@@ -25,11 +25,10 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from megatron_loop.cli import parse_loop_counts, run_cli
+from megatron_loop.errors import LoopConfigError
 
-from megatron_loop.cli import parse_loop_counts, run_cli  # noqa: E402
-from megatron_loop.errors import LoopConfigError  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _paired_study(name: str):

@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Sequence
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,12 +18,11 @@ import math
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from megatron_loop import registry as R
+from megatron_loop.atomic import atomic_path, write_atomic
+from megatron_loop.errors import LoopConfigError
 
-from megatron_loop import registry as R  # noqa: E402
-from megatron_loop.atomic import atomic_path, write_atomic  # noqa: E402
-from megatron_loop.errors import LoopConfigError  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 GROUPS = (("knowledge", "Knowledge"), ("reasoning", "Reasoning"))
 

@@ -22,11 +22,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from megatron_loop.cli import run_cli
+from megatron_loop.errors import LoopConfigError
 
-from megatron_loop.cli import run_cli  # noqa: E402
-from megatron_loop.errors import LoopConfigError  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(argv: Sequence[str] | None) -> int:

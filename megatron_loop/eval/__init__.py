@@ -5,7 +5,8 @@
 * ``heldout`` -- held-out loss / perplexity on an indexed validation prefix;
 * ``sweep``   -- load once, run every r;
 * ``report``  -- results.json, results.csv, per_depth.csv and the task x r console table;
-* ``plots``   -- Fig. 2 / Fig. 1 b,c style PNGs and loss vs r.
+* ``plots``   -- Fig. 2 / Fig. 1 b,c style PNGs and loss vs r;
+* ``cli``     -- the command line of ``tools/eval_loops.py``: settings, resume, the sweep, the outputs.
 The shipped lm-eval YAMLs (ProofWriter, CLUTRR, 14 BBH subtasks) live in ``eval/tasks/``.
 """
 

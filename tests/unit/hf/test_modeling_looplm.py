@@ -75,7 +75,7 @@ def test_one_list_of_each_option_and_every_place_that_names_them_agrees():
     from megatron_loop.eval import adaptive
 
     assert ("none", *adaptive.EXIT_CRITERIA) == export.EXIT_CRITERIA
-    tree = ast.parse((REPO / "tools" / "eval_loops.py").read_text())
+    tree = ast.parse((REPO / "megatron_loop" / "eval" / "cli.py").read_text())  # tools/eval_loops.py runs it
     choices = [ast.literal_eval(k.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
                and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "--exit-criterion"
                for k in node.keywords if k.arg == "choices"]
