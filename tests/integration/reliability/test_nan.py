@@ -90,7 +90,8 @@ def test_a_divergence_saves_no_blown_up_weights_and_the_requeue_resumes_the_good
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run().run_dir, run_dir)
     ckpt = run_dir / "checkpoints"
-    lr = load_config(reference_run().config).train.lr
+    settings = load_config(reference_run().config).train
+    lr = settings.lr
     sets = ["train.max_steps=14", "train.nan_policy=stop"]
     args = ["--config", str(reference_run().config), "--set", f"train.output_dir={run_dir}",
             *[a for o in sets for a in ("--set", o)]]
@@ -113,4 +114,6 @@ def test_a_divergence_saves_no_blown_up_weights_and_the_requeue_resumes_the_good
     assert f"resuming from {ckpt / 'global_step10'} (step 10" in requeue.stderr
     train = [r for r in records(run_dir, "train") if r["step"] > 10]
     assert [r["step"] for r in train][-4:] == [11, 12, 13, 14] and all(math.isfinite(r["loss"]) for r in train[-4:])
-    assert abs(train[-4]["lr_muon"] - lr * 0.5) < 1e-9 and (ckpt / "latest").read_text() == "global_step14"
+    # global_step10 ended the reference run's decay (at min_lr_ratio x peak); the extension continues the decay
+    # from there (train.schedule_on_resume: continue_decay), now from the lowered peak
+    assert abs(train[-4]["lr_muon"] - lr * 0.5 * settings.min_lr_ratio) < 1e-9 and (ckpt / "latest").read_text() == "global_step14"
