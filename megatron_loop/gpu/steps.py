@@ -1,14 +1,16 @@
 """Steps under time limits that end their whole process tree, each result recorded the moment it exists.
 
-A step runs as the leader of a process session of its own (``Popen(start_new_session=True)``), so its
-whole tree -- the deepspeed runner, its worker, the worker's compile threads -- is one process group:
-at the limit the group gets SIGTERM, then, after :attr:`Runner.grace_s`, SIGKILL, whether or not the
+A step runs as the leader of a process group of its own (``Popen(process_group=0)``), so its whole
+tree -- the deepspeed runner, its worker, the worker's compile threads -- is one group: at the limit
+``os.killpg`` sends the group SIGTERM, then, after :attr:`Runner.grace_s`, SIGKILL, whether or not the
 step's first process is still there (the deepspeed runner dies at once on SIGTERM while its worker
 traps it to save; a watchdog on the runner alone never sends the KILL, and the next step would start
 beside the last one's GPU memory). A step that ends by itself but leaves processes behind has them
 ended the same way. If the driver is stopped (SIGTERM, SIGINT, SIGHUP), the running step's group is
-ended first. A step in a session of its own outlives a driver killed by SIGKILL; the device gives the
-machine back after the command either way.
+ended first. A group, not a session of its own (``start_new_session``, used only on Python 3.10,
+which lacks ``process_group``): the device ends what a command leaves running when it returns, except
+processes in another session, so a driver killed outright leaves no training worker holding the GPU
+into the next command.
 
 ``steps.tsv`` holds one line per step: id, status, exit code, seconds, limit, command (the reports read it).
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 TIMED_OUT = 124  # the exit code a step ended at its limit is recorded with (as timeout(1) has it)
+OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 
 
 def group_alive(pgid: int) -> bool:
@@ -151,7 +154,7 @@ class Runner:
         with open(log_path, "wb") as log, open(log_path, "rb") as tail:
             try:
                 proc = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, env=env)
+                                        env=env, **OWN_GROUP)
             except OSError as e:  # a command that does not exist: a failed step, its reason in its log
                 log.write(f"error: cannot start {command[0]}: {e.strerror or e}\n".encode())
                 log.flush()
