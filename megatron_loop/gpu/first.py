@@ -4,36 +4,12 @@ OUT_DIR the moment it exists, so a command killed at its limit still returns wha
     bash tools/gpu_first.sh "$OUT"            # the device (one H100/H200; carry .gpu: tools/gpu_wheels.sh)
     bash tools/gpu_first.sh OUT_DIR --smoke   # CPU, tiny sizes, the same steps (tests/integration/tools/test_gpu_first.py)
 
-OUT_DIR (new or empty: the device's $OUT) receives at most these 7 files, each as soon as it exists:
-  first.log       everything printed, each step's output streamed while it runs
-  summary.md      the figures so far, rewritten after every step; printed again as the last thing said
-  steps.tsv       per step: id, status, exit code, seconds, limit, command
-  kernel.json     the kernel check (megatron_loop/measure/loss_check.py)
-  headline.jsonl  the headline run's metrics.jsonl; second.jsonl the second run's
-  loss.json       bench.py --mode loss
-The rest (step logs, data, run folders) stays in GPU_FIRST_WORK (default: a new folder in /tmp).
-
-Steps, in this order, each under its own limit (megatron_loop/gpu/steps.py: the whole process group
-ends at the limit, SIGTERM then SIGKILL) and the whole command under GPU_FIRST_BUDGET_S (540 s):
-  install   the kit's wheels (.gpu/whl) into a folder on PYTHONPATH, pip's errors shown; none there:
-            the packages already installed are used
-  preamble  real imports of torch, triton, deepspeed, megatron.core, transformers, the Liger kernel
-            module and megatron_loop's training path; versions, nvidia-smi, free disk. A failure here
-            ends the command (exit 1) with the failed import named last
-  data      the corpus, tokenizer and indexed dataset carried in .gpu/data, else built here (~20 s)
-  kernel    fused vs chunked loss and both gradients in bf16 against an fp32 reference at the Llama
-            and Qwen vocabularies, host syncs counted; if it fails, the training runs use
-            model.loss_implementation=chunked and the summary says so
-  headline  deepspeed --num_gpus 1 pretrain_loop.py --config examples/llama_4x5.yaml as shipped,
-            data overridden, micro-batch 38 x accumulation 2, 12 steps, no final checkpoint
-  second    the same with model.recompute=per_loop (step train-per_loop), or, if the headline
-            failed, with model.compile=false (step train-eager); fail-fast: no other training run
-            starts after a failed one
-  loss      bench.py --mode loss (fused vs chunked speed, host syncs)
-Exit status: 0 when every step that ran succeeded, 1 otherwise (the summary is written either way),
-2 on bad usage. Knobs: GPU_FIRST_BUDGET_S, GPU_FIRST_TRAIN_STEPS (12), GPU_FIRST_WORK, GPU_KIT (.gpu),
-GPU_FIRST_DATA (a prepared data folder), GPU_REPORT_COMMIT (the commit, for a copy of the tree without
-.git), PYTHON (python3).
+OUT_DIR receives first.log (everything printed), summary.md (rewritten after every step), steps.tsv,
+kernel.json, headline.jsonl, second.jsonl and loss.json; the rest stays in GPU_FIRST_WORK (a new folder
+in /tmp). The steps (install, preamble, data, kernel, headline, train-per_loop or train-eager, loss),
+their limits, the knobs (GPU_FIRST_BUDGET_S, GPU_FIRST_TRAIN_STEPS, GPU_FIRST_WORK, GPU_KIT,
+GPU_FIRST_DATA, GPU_REPORT_COMMIT, PYTHON) and what a failure does: docs/BENCHMARKS.md, "The first GPU
+session". Exit status: 0 when every step that ran succeeded, 1 otherwise, 2 on bad usage.
 """
 
 from __future__ import annotations

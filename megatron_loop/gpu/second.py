@@ -4,33 +4,13 @@ headline, the kernel check, the loss bench) leaves, in ONE markdown report.
     bash tools/gpu_report.sh OUT_DIR             # one H100/H200 (carry .gpu: tools/gpu_wheels.sh): under 9 minutes
     bash tools/gpu_report.sh OUT_DIR --smoke     # CPU, tiny sizes, the same steps (a test runs it)
 
-OUT_DIR (new or empty) receives REPORT.md (device, torch, commit, date; tables of tokens/s, MFU, step
-time, peak memory, host syncs and the ratio of each figure to its target, each beside the device it
-came from and, for the training runs, the checkpointing plan they logged), artifacts.tar.gz (every
-step's log and JSON, the runs' metrics.jsonl) and the working files. At most 8 files come back from
-the device's $OUT: write OUT_DIR in /tmp and copy REPORT.md and artifacts.tar.gz there. On a copy of
-the repository without .git, set GPU_REPORT_COMMIT to the commit it is.
-
-Steps, in this order (each under its own limit that ends its whole process group, steps.py):
-  install     the kit's wheels (.gpu/whl) into a folder on PYTHONPATH
-  preamble    real imports of the training path, versions, nvidia-smi, free disk; a failure ends the
-              report at once (exit 2), the failed import named
-  data        the corpus carried in .gpu/data or GPU_REPORT_DATA, else built: generated corpus ->
-              byte-level BPE tokenizer trained on it (2048 ids) -> indexed dataset
-  train-*     the shipped examples/qwen_4x7.yaml through the deepspeed launcher on that data,
-              GPU_REPORT_TRAIN_STEPS steps (12), global batch = the config's micro-batch x
-              GPU_REPORT_ACCUMULATION (2), no final checkpoint: as shipped (checkpointing auto) and with
-              per_loop. Fail-fast: after a failed training run the next one is skipped (the benchmarks
-              still run). The Llama 4x5 runs are the first session's (GPU_REPORT_ONLY=train-llama,... here)
-  ckpt        checkpointing modes at micro-batch 38 (the paper's), none at micro-batch 8 as reference
-  peers       our step vs HF transformers Llama at equal widths/depth/micro-batch, eager and compiled
-  recompute   recompute cost of selective and per_loop loops, in loop forwards (the auto planner's unit)
-  profile     torch.profiler table of one step of the shipped Llama 4x5 model
-  kept        loop vs NonLoop, recompiles across r and the Muon share (targets kept from earlier rounds)
-The whole run is bounded by GPU_REPORT_BUDGET_S (default 540 s; a step that would start with less than
-20 s left is skipped); a step that fails or runs out of time is reported as such and the rest still run.
-GPU_REPORT_ONLY=id,id,... runs only those steps (install and preamble always run). GPU_REPORT_DEVICE=cpu
-is --smoke. Exit status: 0 when every step that ran succeeded, 1 otherwise (the report is written either
+OUT_DIR receives REPORT.md, artifacts.tar.gz (every step's log and JSON, the runs' metrics.jsonl) and the
+working files; at most 8 files come back from the device's $OUT, so write OUT_DIR in /tmp and copy the two.
+The steps (install, preamble, data, train-qwen and train-qwen-per_loop, ckpt, peers, recompute, profile,
+kept; train-llama and its per_loop twin with GPU_REPORT_ONLY), their commands and the knobs
+(GPU_REPORT_BUDGET_S, GPU_REPORT_TRAIN_STEPS, GPU_REPORT_ACCUMULATION, GPU_REPORT_ONLY, GPU_REPORT_DATA,
+GPU_REPORT_DEVICE=cpu for --smoke, GPU_KIT, GPU_REPORT_COMMIT, PYTHON): docs/BENCHMARKS.md, "The GPU
+report". Exit status: 0 when every step that ran succeeded, 1 otherwise (the report is written either
 way), 2 on bad usage or a failed preamble.
 """
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import random
 import re
 import socket
 import subprocess
@@ -68,7 +69,21 @@ class Tee:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A free port for the launcher's rendezvous, below the kernel's ephemeral range: a port the kernel
+    hands out (bind to 0) can be taken by another process in the seconds the launch takes to start
+    listening (seen on a shared machine: EADDRINUSE); one outside that range is not handed out."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for port in random.sample(range(10000, max(low, 10001)), min(50, max(low - 10000, 1))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # none free below the range: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
