@@ -1,22 +1,12 @@
 #!/usr/bin/env python
-"""The markdown reports of the GPU scripts: every GPU target's figure, its device and its ratio to the target.
+"""The markdown reports of the GPU sessions, written again from what their steps left:
 
-    python tools/bench_report.py OUT_DIR [--smoke] [--skip-steps N]                     # gpu_report.sh: REPORT.md
-    python tools/bench_report.py OUT_DIR --first --logs LOGS [--smoke] [--skip-steps N]  # gpu_first.sh: summary.md
+    python tools/bench_report.py OUT_DIR [--smoke] [--skip-steps N]                     # REPORT.md (gpu_report.sh)
+    python tools/bench_report.py OUT_DIR --first --logs LOGS [--smoke] [--skip-steps N]  # summary.md (gpu_first.sh)
 
-Reads what the steps left -- ``steps.tsv`` (per step: id, status, exit code, seconds, limit,
-command), each ``tools/bench.py`` step's JSON, each training run's ``metrics.jsonl`` and log, the
-device (``device.txt`` beside the logs) -- and writes ``OUT_DIR/REPORT.md`` or, with ``--first``,
-``OUT_DIR/summary.md`` (through a temporary file). A step that failed, ran out of time or was
-skipped is reported as such, with the last error line of its log. Every training figure is printed
-beside the device it came from and the activation-recomputation plan the run logged (``auto`` plans
-differently on an H100 and an H200); the targets are for one H100, so a figure from another device
-gets no verdict.
-
-The report is built by the bench package (``tools/benchmarks/report_inputs.py``: what the steps
-left and the targets; ``report_sections.py``: the markdown); what ``tools/bench.py`` and the reports
-share is ``tools/benchmarks/tables.py``. Nothing here imports torch: the report is written even when
-a step broke.
+The sessions write them themselves (megatron_loop/gpu); this re-renders a folder brought back from the
+device. The renderer is ``megatron_loop.gpu.report_sections`` (what the steps left:
+``report_inputs``; the tables, shared with ``tools/bench.py``: ``tables``). No torch import.
 """
 
 from __future__ import annotations
@@ -26,9 +16,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.report_inputs import Inputs  # tools/benchmarks, beside this script
-from benchmarks.report_sections import render, render_first
-from benchmarks.tables import cpu_name, git_commit, markdown_table, train_summary  # noqa: F401  (shared)
+from megatron_loop.cli import run_cli
+from megatron_loop.gpu.report_sections import write_report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,17 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.skip_steps < 0:
         print(f"error: --skip-steps {args.skip_steps}: expected 0 or more", file=sys.stderr)
         return 2
-    inp = Inputs(out, args.skip_steps, Path(args.logs) if args.logs else None, in_file_order=args.first)
-    name = "summary.md" if args.first else "REPORT.md"
-    text = (render_first if args.first else render)(inp, args.smoke, args.budget_s, args.started)
-    tmp = out / f"{name}.tmp"
-    tmp.write_text(text)
-    tmp.replace(out / name)
-    print(f"report written to {out / name}")
+    path = write_report(out, args.first, args.smoke, args.skip_steps, Path(args.logs) if args.logs else None,
+                        args.budget_s, args.started)
+    print(f"report written to {path}")
     return 0
 
 
 if __name__ == "__main__":
-    from megatron_loop.cli import run_cli  # a full disk or Ctrl-C: one line
-
     sys.exit(run_cli(main))

@@ -17,7 +17,8 @@
 #   DEST/data/  corpus.bin/.idx (~1.5M tokens of the generated corpus) and tokenizer/ (byte-level BPE,
 #             2048 ids): the training runs' data, so the device spends no time making it
 #   DEST/MANIFEST.txt  the commit, each wheel's size and sha256
-#   DEST/device_env.sh `source .gpu/device_env.sh`: tools/gpu_env.sh with this kit (a device shell of one's own)
+#   DEST/device_env.sh `source .gpu/device_env.sh`: the kit installed and the environment exported
+#             (megatron_loop/gpu/env.py; a device shell of one's own)
 #
 # The dependency check: every Requires-Dist of every carried wheel (markers evaluated for CPython 3.12
 # on Linux x86-64, extras left out) must be met by a carried wheel or by a package of the device image
@@ -155,22 +156,23 @@ print(f"dependency check: every requirement of the {len(carried)} carried wheels
 PY
 [ $CHECK_ONLY = 0 ] || exit 0
 
-# the data the training runs read (as tools/gpu_first.sh would build it, larger)
-PY=$VENV_PY
-# shellcheck source=tools/gpu_steps.sh
-source "$ROOT/tools/gpu_steps.sh"
-if ! prepared_data "$DEST/data"; then
+# the data the training runs read (as the first session would build it, larger: megatron_loop/gpu/env.py)
+if ! [ -f "$DEST/data/corpus.idx" ] || ! [ -f "$DEST/data/corpus.bin" ] || ! [ -f "$DEST/data/tokenizer/tokenizer.json" ]; then
   tmp=$(mktemp -d)
   rm -rf "$DEST/data"
-  OMP_NUM_THREADS=1 build_data "$DEST/data" "$tmp" 2 --prose-docs 12000 --reasoning-docs-per-task 4000 \
-      --valid-docs 10 --eval-items-per-depth 1 > "$tmp/data.log" 2>&1 || { cat "$tmp/data.log" >&2; exit 1; }
+  OMP_NUM_THREADS=1 PYTHON=$VENV_PY PYTHONPATH=$ROOT "$VENV_PY" -m megatron_loop.gpu.env data "$DEST/data" "$tmp" 2 \
+      --prose-docs 12000 --reasoning-docs-per-task 4000 --valid-docs 10 --eval-items-per-depth 1 \
+      > "$tmp/data.log" 2>&1 || { cat "$tmp/data.log" >&2; exit 1; }
   rm -rf "$tmp"
 fi
 
 # for a device shell of one's own: `source .gpu/device_env.sh` installs the kit and exports the environment
 cat > "$DEST/device_env.sh" <<'SH'
-# source .gpu/device_env.sh: install this kit's wheels and export the environment (tools/gpu_env.sh)
-source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tools/gpu_env.sh" "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# source .gpu/device_env.sh: install this kit's wheels and export the environment (megatron_loop/gpu/env.py)
+_kit=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+_repo=$(cd "$_kit/.." && pwd)
+PYTHONPATH=$_repo python3 -m megatron_loop.gpu.env install "$_kit" --site "${GPU_SITE:-/tmp/site}" \
+    && eval "$(PYTHONPATH=$_repo python3 -m megatron_loop.gpu.env exports --site "${GPU_SITE:-/tmp/site}")"
 SH
 
 {

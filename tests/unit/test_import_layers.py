@@ -47,6 +47,8 @@ FLOORS: dict[str, tuple[int, str]] = {
     "megatron_loop.eval": (10, "loop-sweep evaluation of HF exports"),
     "megatron_loop.studies": (11, "registered studies: plans, the gate, per-item analysis, archives and the docs "
                                   "generated from them; above registry (the CPU twins) and eval (per-item scoring)"),
+    "megatron_loop.gpu": (11, "the GPU sessions: steps under process-tree limits, the device's environment, the "
+                             "reports (whose tables tools/bench.py renders with); runs training and eval as commands"),
     "megatron_loop.probes": (11, "representation probes of checkpoints or HF exports (the sweep's one-pass rule)"),
     "megatron_loop": (12, "the package root (__init__.py): re-exports load_config, build_model"),
     "tools": (13, "command-line tools: import anything, imported by nothing in the package"),
@@ -224,7 +226,9 @@ def test_only_the_bootstrap_module_creates_process_groups():
     makers = sorted(p.relative_to(REPO).as_posix() for p in package if _calls(p) & set(GROUP_CREATION))
     assert makers == [GROUP_OWNER]
     ports = sorted(p.relative_to(REPO).as_posix() for p in package if "socket.socket" in p.read_text())
-    assert ports == [GROUP_OWNER]
+    # and the GPU sessions' driver, which picks the deepspeed launcher's --master_port for the commands it
+    # runs (it imports no torch: bootstrap's free_port would load megatron-core before the kit is installed)
+    assert ports == sorted([GROUP_OWNER, "megatron_loop/gpu/session.py"])
 
 
 def test_one_module_calls_deepspeed_initialize():

@@ -10,17 +10,14 @@ from dataclasses import asdict
 import torch
 
 from megatron_loop.atomic import write_atomic
+from megatron_loop.gpu.tables import cpu_name, git_commit, render_rows
 
 from .harness import Row, Setup
-from .tables import cpu_name, git_commit, markdown_table
 
 
 def render(rows: list[Row]) -> str:
-    """A markdown table per mode: case, then every metric the mode's rows carry."""
-    out = []
-    for mode in dict.fromkeys(r.mode for r in rows):
-        out += [f"\n### {mode}\n", *markdown_table([(r.case, r.metrics) for r in rows if r.mode == mode])]
-    return "\n".join(out)
+    """A markdown table per mode: case, then every metric the mode's rows carry (the GPU reports' renderer)."""
+    return "\n".join(["", *render_rows([asdict(r) for r in rows])])
 
 
 def provenance(setup: Setup, argv: list[str]) -> dict:

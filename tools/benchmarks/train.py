@@ -8,7 +8,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from .tables import train_summary
+from megatron_loop.gpu.tables import train_summary
 
 from megatron_loop.config import load_config
 from megatron_loop.training.loop import train

@@ -1,7 +1,8 @@
-"""tools/gpu_first.sh, the first GPU session in one command, run end to end on CPU (--smoke, tiny sizes),
-and the parts it stands on: the step runner (tools/gpu_steps.sh: limits that end the whole process
-tree, fail-fast), the preamble and the kit install (tools/gpu_env.sh), the kernel check
-(megatron_loop/measure/loss_check.py) and the summary (tools/bench_report.py --first).
+"""tools/gpu_first.sh, the first GPU session in one command (megatron_loop/gpu/first.py), run end to end
+on CPU (--smoke, tiny sizes), and the parts it stands on: the step runner (megatron_loop/gpu/steps.py:
+limits that end the whole process group, fail-fast), the preamble, the kit install and the data
+(megatron_loop/gpu/env.py), the kernel check (megatron_loop/measure/loss_check.py) and the summary
+(megatron_loop/gpu/report_sections.py).
 No timing is asserted (GPU figures: docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
@@ -21,19 +22,24 @@ import torch
 from gpu_fixtures import make_smoke_data, markdown_table, report_sections
 from testpaths import REPO
 
-ROOT = REPO
-sys.path.insert(0, str(ROOT / "tools"))
+from megatron_loop.gpu import env as gpu_env
+from megatron_loop.gpu import session
+from megatron_loop.gpu.report_inputs import Inputs
+from megatron_loop.gpu.report_sections import write_report
+from megatron_loop.gpu.steps import Runner
+from megatron_loop.gpu.tables import cpu_name
+from megatron_loop.measure import loss_check
+from megatron_loop.model.loss import CHUNK_LOSSES
 
-import bench_report  # noqa: E402
-from megatron_loop.measure import loss_check  # noqa: E402
-from megatron_loop.model.loss import CHUNK_LOSSES  # noqa: E402
+ROOT = REPO
 
 pytestmark = pytest.mark.slow
 
 
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", WANDB_MODE="disabled", HF_HUB_OFFLINE="1",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **extra)
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env.update(extra)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     return env
@@ -110,7 +116,7 @@ def test_smoke_headline_figures_are_the_medians_of_the_run(smoke):
     plan = next(line for line in log.splitlines() if line.startswith("activation recomputation auto over 5 loops"))
     assert f"* precision: `{precision}`" in section and f"* checkpointing plan: `{plan}`" in section
     assert f"device **{(work / 'logs' / 'device.txt').read_text().strip()}**" in section
-    resolved = bench_report.Inputs(out, 1, work / "logs").resolved_config("headline")
+    resolved = Inputs(out, 1, work / "logs").resolved_config("headline")
     assert resolved["train"]["global_batch_size"] == 2 * resolved["train"]["micro_batch_size"] == 4
     assert resolved["model"]["recompute"] == "auto" and resolved["train"]["save_final"] is False
 
@@ -131,8 +137,8 @@ def test_smoke_second_run_is_per_loop_and_compared_with_the_headline(smoke):
     title, section = next((k, v) for k, v in report_sections(summary).items() if k.startswith("Second run"))
     assert "recompute=per_loop" in title and "checkpointing plan: `per_loop (fixed)`" in section
     rows = {r["figure"]: r for r in markdown_table(section)}
-    head = bench_report.Inputs(out, 1).train("headline")
-    second = bench_report.Inputs(out, 1).train("train-per_loop")
+    head = Inputs(out, 1).train("headline")
+    second = Inputs(out, 1).train("train-per_loop")
     assert _number(rows["tokens/s"]["vs headline (same device)"]) == pytest.approx(
         second["tokens_per_s"] / head["tokens_per_s"], rel=1e-3)
 
@@ -192,12 +198,9 @@ def test_bad_usage_is_one_error_line(tmp_path):
 # ----------------------------------------------------------------------------- the step runner
 
 
-def _runner(tmp_path: Path, script: str, timeout: int = 60) -> subprocess.CompletedProcess:
-    """``script`` in bash after sourcing tools/gpu_steps.sh, steps.tsv and logs in tmp_path."""
-    prologue = (f"source {ROOT}/tools/gpu_steps.sh; STEPS_TSV={tmp_path}/steps.tsv STEP_LOGS={tmp_path} "
-                "START=$(date +%s) BUDGET=100 RESERVE=0 MIN_STEP_S=1 CAP_SCALE=1; : > $STEPS_TSV\n")
-    return subprocess.run(["bash", "-c", prologue + script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+def _runner(tmp_path: Path, budget: float = 100, **kw) -> Runner:
+    return Runner("test", tmp_path / "steps.tsv", tmp_path, budget_s=budget, reserve_s=0, min_step_s=1,
+                  stream=False, **kw)
 
 
 def _alive(pid: int) -> bool:
@@ -208,47 +211,52 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def test_a_step_past_its_limit_is_ended_with_all_its_processes(tmp_path):
+def _wait_for(path: Path, words: int) -> list[int]:
+    deadline = time.monotonic() + 30
+    while not (path.exists() and len(path.read_text().split()) == words) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [int(p) for p in path.read_text().split()]
+
+
+def test_a_step_past_its_limit_is_ended_with_all_its_processes(tmp_path, capsys):
     """The fake step traps SIGTERM (as a training worker does, to save) and keeps a child that ignores it:
     at the limit every process of the step gets SIGTERM, after the grace period SIGKILL; none is left
-    when the runner returns (the old `timeout -k` on the launcher alone left the worker running)."""
+    when the runner returns (a `timeout -k` on the launcher alone left the worker running)."""
     pids = tmp_path / "pids"
     fake = tmp_path / "fake.sh"
     fake.write_text(f"trap 'echo fake: SIGTERM ignored' TERM\n(trap '' TERM; exec sleep 300) &\n"
                     f"echo $$ $! > {pids}\nwhile true; do sleep 0.1; done\n")
+    runner = _runner(tmp_path, grace_s=1)
     start = time.monotonic()
-    result = _runner(tmp_path, f"GS_GRACE_S=1; run_step fake 1 bash {fake}; echo rc=$?")
+    assert runner.step("fake", 1, ["bash", str(fake)]) is False
     took = time.monotonic() - start
-    assert "rc=1" in result.stdout, result.stdout + result.stderr
-    step = _steps(tmp_path)["fake"]
-    assert step[:2] == ["timed out", "124"]
+    assert _steps(tmp_path)["fake"][:2] == ["timed out", "124"]
     assert 1.9 <= took < 15  # limit 1 s + grace 1 s, then the KILL
-    assert "SIGKILL" in result.stdout
+    assert "SIGKILL" in capsys.readouterr().out
     assert (tmp_path / "fake.log").read_text().count("fake: SIGTERM ignored") >= 1
-    leftover = [int(p) for p in pids.read_text().split()]
+    leftover = _wait_for(pids, 2)
     assert len(leftover) == 2 and not any(_alive(p) for p in leftover)
 
 
-def test_processes_a_step_leaves_behind_are_ended(tmp_path):
+def test_processes_a_step_leaves_behind_are_ended(tmp_path, capsys):
     pids = tmp_path / "pids"
-    result = _runner(tmp_path, f"GS_GRACE_S=1; run_step quick 30 bash -c 'sleep 300 & echo $! > {pids}'; echo rc=$?")
-    assert "rc=0" in result.stdout and "left processes" in result.stdout, result.stdout
+    runner = _runner(tmp_path, grace_s=1)
+    assert runner.step("quick", 30, ["bash", "-c", f"sleep 300 & echo $! > {pids}"])
+    assert "left processes" in capsys.readouterr().out
     assert _steps(tmp_path)["quick"][0] == "ok"
     assert not _alive(int(pids.read_text()))
 
 
-def test_a_stopped_script_ends_the_running_step(tmp_path):
-    """SIGTERM to the script (a caller's own time limit): the running step's processes end with it."""
+def test_a_stopped_driver_ends_the_running_step(tmp_path):
+    """SIGTERM to the driver (a caller's own time limit): the running step's processes end with it, exit 143."""
     pids = tmp_path / "pids"
-    prologue = (f"source {ROOT}/tools/gpu_steps.sh; STEPS_TSV={tmp_path}/steps.tsv STEP_LOGS={tmp_path} "
-                "START=$(date +%s) BUDGET=100 RESERVE=0 MIN_STEP_S=1 CAP_SCALE=1\n")
-    script = prologue + f"run_step long 60 bash -c '(exec sleep 300) & echo $$ $! > {pids}; wait'\n"
-    proc = subprocess.Popen(["bash", "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    deadline = time.monotonic() + 30
-    while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    step = [int(p) for p in pids.read_text().split()]
+    script = (f"from pathlib import Path; from megatron_loop.gpu.steps import Runner\n"
+              f"r = Runner('t', Path({str(tmp_path / 'steps.tsv')!r}), Path({str(tmp_path)!r}), 100, 0, 1, stream=False)\n"
+              f"r.on_signals()\n"
+              f"r.step('long', 60, ['bash', '-c', '(exec sleep 300) & echo $$ $! > {pids}; wait'])\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    step = _wait_for(pids, 2)
     assert all(_alive(p) for p in step)
     proc.terminate()
     output, _ = proc.communicate(timeout=30)
@@ -257,15 +265,29 @@ def test_a_stopped_script_ends_the_running_step(tmp_path):
 
 
 def test_fail_fast_skips_the_next_training_step_not_the_others(tmp_path):
-    result = _runner(tmp_path, "train_step first 10 bash -c 'echo error: broken >&2; exit 3'\n"
-                               "train_step second 10 true\nrun_step bench 10 true\n"
-                               "GPU_STEPS_ONLY=other run_step unselected 10 true\nBUDGET=0 run_step late 10 true\n")
-    assert result.returncode == 0, result.stderr
+    runner = _runner(tmp_path)
+    assert not runner.train("first", 10, ["bash", "-c", "echo error: broken >&2; exit 3"])
+    assert not runner.train("second", 10, ["true"])
+    assert runner.step("bench", 10, ["true"])
+    assert runner.step("missing", 10, ["no-such-command-here"]) is False
+    assert _runner(tmp_path / "sel", only=("other",)).step("unselected", 10, ["true"])
+    assert _runner(tmp_path / "late", budget=0).step("late", 10, ["true"])
     steps = _steps(tmp_path)
-    assert steps["first"][:2] == ["failed", "3"]
+    assert steps["first"][:2] == ["failed", "3"] and (tmp_path / "first.log").read_text() == "error: broken\n"
     assert steps["second"][0] == "skipped: training step first failed (fail-fast)"
-    assert steps["bench"][0] == "ok"
-    assert steps["unselected"][0] == "skipped: not selected" and steps["late"][0] == "skipped: out of time"
+    assert steps["bench"][0] == "ok" and steps["missing"][:2] == ["failed", "127"]
+    assert "error: cannot start no-such-command-here" in (tmp_path / "missing.log").read_text()
+    assert _steps(tmp_path / "sel")["unselected"][0] == "skipped: not selected"
+    assert _steps(tmp_path / "late")["late"][0] == "skipped: out of time"
+    assert runner.failed()
+
+
+def test_a_step_streams_its_output_while_it_runs(tmp_path, capfd):
+    """stream=True (the device): the step's output reaches stdout before the step ends."""
+    runner = Runner("test", tmp_path / "steps.tsv", tmp_path, 100, 0, 1, stream=True)
+    assert runner.step("talk", 30, ["bash", "-c", "echo first line; sleep 0.6; echo second line"])
+    out = capfd.readouterr().out
+    assert out.index("first line") < out.index("second line") < out.index("talk: ok")
 
 
 # ----------------------------------------------------------------------------- install and kernel check
@@ -275,14 +297,39 @@ def test_a_failed_wheel_install_shows_pips_error(tmp_path):
     kit = tmp_path / "kit"
     (kit / "whl").mkdir(parents=True)
     (kit / "whl" / "broken-1.0-py3-none-any.whl").write_bytes(b"not a zip archive")
-    result = subprocess.run(["bash", "tools/gpu_env.sh", "install", str(kit)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120, env=_env(GPU_SITE=str(tmp_path / "site")))
+
+    def install(folder: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "megatron_loop.gpu.env", "install", str(folder), "--site",
+                               str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                              env=_env())
+
+    result = install(kit)
     assert result.returncode == 1
     assert "broken-1.0-py3-none-any.whl" in result.stderr.split("error: pip install")[0]  # pip's own words first
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: pip install of {kit}/whl into")
-    empty = subprocess.run(["bash", "tools/gpu_env.sh", "install", str(tmp_path)], cwd=ROOT, capture_output=True,
-                           text=True, timeout=60)
+    empty = install(tmp_path)
     assert empty.returncode == 1 and "no wheels" in empty.stderr
+
+
+def test_the_device_branches_on_cpu(tmp_path, capsys, monkeypatch):
+    """What only the device runs, on a machine without a GPU: the preamble's --cuda refuses a machine
+    nvidia-smi does not see (at once, before any import), the device's name falls back to the CPU's, and
+    the device's training command is the shipped config at micro-batch 38 x 2, unshrunk."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    assert gpu_env.check(cuda=True) == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "error: nvidia-smi failed: no GPU visible"
+    assert session.device_name(smoke=False) == cpu_name()
+    (tmp_path / "out").mkdir()
+    s = session.Session("t", tmp_path / "out", tmp_path / "work", smoke=False, budget_s=540, reserve_s=8,
+                        min_step_s=10)
+    cmd = s.train_command("headline", "examples/llama_4x5.yaml", tmp_path / "data", 38, 2, 12, [])
+    sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+    assert cmd[1:3] == ["--num_gpus", "1"] and cmd[5:8] == ["pretrain_loop.py", "--config", "examples/llama_4x5.yaml"]
+    assert {"train.micro_batch_size=38", "train.global_batch_size=76", "train.max_steps=12",
+            "train.save_final=false", "train.save_interval=1000000"} <= set(sets)
+    assert not any(x.startswith("model.") for x in sets)  # as shipped: compile, fused loss, recompute auto
+    assert s.runner.cap_scale == 1 and s.env["PYTHONPATH"].split(os.pathsep)[:2] == [str(tmp_path / "work" / "site"),
+                                                                                     str(ROOT)]
 
 
 def _scaled(factor_loss: float, factor_grad: float):
@@ -345,7 +392,7 @@ def test_a_figure_from_another_gpu_gets_no_verdict(tmp_path):
     verdicts = {}
     for device in ("NVIDIA H200, 143771 MiB", "NVIDIA H100 80GB HBM3, 81559 MiB"):
         (logs / "device.txt").write_text(device + "\n")
-        assert bench_report.main([str(tmp_path), "--first", "--logs", str(logs), "--skip-steps", "3"]) == 0
+        write_report(tmp_path, first=True, smoke=False, skip=3, logs=logs)
         summary = (tmp_path / "summary.md").read_text()
         assert f"device **{device}**" in summary and "plan `auto over 5 loops: selective x2, none x3; " \
                                                      "predicted peak 61.20 GiB`" in summary
@@ -356,11 +403,11 @@ def test_a_figure_from_another_gpu_gets_no_verdict(tmp_path):
     assert h100["MFU"] == "met" and h100["tokens/s"] == "met" and h100["peak memory"] == "met"
 
 
-def test_the_data_step_runs_the_three_tools_into_the_layout_the_scripts_read(tmp_path):
-    """data_step (the device's fallback when the kit carries no data; the kit's own build): the real corpus
-    generator and tokenizer trainer, then preprocess_data.py -- stood in for here (it imports megatron-core:
-    seconds), checked for its arguments and made to write the indexed files -- into DATA/corpus.{bin,idx}
-    and DATA/tokenizer."""
+def test_the_data_step_runs_the_three_tools_into_the_layout_the_sessions_read(tmp_path):
+    """The data step (the device's fallback when the kit carries no data; the kit's own build): the real
+    corpus generator and tokenizer trainer, then preprocess_data.py -- stood in for here (it imports
+    megatron-core: seconds), checked for its arguments and made to write the indexed files -- into
+    DATA/corpus.{bin,idx} and DATA/tokenizer."""
     fake = tmp_path / "py"
     fake.write_text(f"""#!/bin/bash
 case "$1" in
@@ -373,11 +420,12 @@ esac
 """)
     fake.chmod(0o755)
     data = tmp_path / "data"
-    result = _runner(tmp_path, f"PY={fake}; data_step 60 {data} {tmp_path}/scratch 1 --prose-docs 20 "
-                               "--reasoning-docs-per-task 5 --valid-docs 2 --eval-items-per-depth 1 "
-                               f"&& prepared_data {data} && echo prepared", timeout=120)
-    assert "prepared" in result.stdout, (result.stdout, (tmp_path / "data.log").read_text())
-    assert _steps(tmp_path)["data"][0] == "ok"
+    result = subprocess.run([sys.executable, "-m", "megatron_loop.gpu.env", "data", str(data),
+                             f"{tmp_path}/scratch", "1", "--prose-docs", "20", "--reasoning-docs-per-task", "5",
+                             "--valid-docs", "2", "--eval-items-per-depth", "1"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120, env=_env(PYTHON=str(fake)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert gpu_env.prepared_data(data)
     assert (data / "tokenizer" / "tokenizer.json").is_file() and (tmp_path / "scratch/corpus/train.jsonl").is_file()
     assert (tmp_path / "preprocess.args").read_text().split() == [
         "tools/preprocess_data.py", "--input", f"{tmp_path}/scratch/corpus/train.jsonl", "--tokenizer",

@@ -1,5 +1,5 @@
-"""tools/gpu_report.sh, the second GPU session (every target tools/gpu_first.sh leaves), run end to end on
-CPU (--smoke): each step (preamble; the shipped Qwen config through the deepspeed launcher as shipped and
+"""tools/gpu_report.sh, the second GPU session (megatron_loop/gpu/second.py: every target the first session
+leaves), run end to end on CPU (--smoke): each step (preamble; the shipped Qwen config through the deepspeed launcher as shipped and
 with per_loop, no final checkpoint; checkpointing at a given micro-batch, peers, recompute cost, profile,
 kept targets) runs at tiny sizes and the one markdown report carries every section with numeric figures
 that are the medians of what the runs logged, each beside its device and checkpointing plan. The per_loop

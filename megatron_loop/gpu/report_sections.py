@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .report_inputs import (STEP_TITLES, TARGET_DEVICE, TRAIN_RUNS, Inputs, Target, device_of, short_plan, targets,
                             verdict_for)
-from .tables import cpu_name, fmt, git_commit, markdown_table
+from .tables import cpu_name, fmt, git_commit, markdown_table, render_rows
 
 
 # ----------------------------------------------------------------------------- sections
@@ -175,15 +175,7 @@ def bench_section(inp: Inputs, sid: str, title: str, text: str) -> list[str]:
     p = data["provenance"]
     lines += [text, "", f"`{p['command']}` ({p['dtype']}, seq {p['seq']}, micro-batch {p['micro_batch']}, "
                         f"{p['steps']} steps after {p['warmup']} warm-up)", ""]
-    for mode in dict.fromkeys(r["mode"] for r in data["rows"]):
-        group = [r for r in data["rows"] if r["mode"] == mode]
-        if len({r["mode"] for r in data["rows"]}) > 1:
-            lines += [f"### {mode}", ""]
-        lines += markdown_table([(r["case"], {k: v for k, v in r["metrics"].items() if k != "host_sync_sites"})
-                                 for r in group]) + [""]
-        sites = sorted({s for r in group for s in r["metrics"].get("host_sync_sites", [])})
-        if sites:
-            lines += ["Host sync sites:", "", *[f"* `{s}`" for s in sites[:20]], ""]
+    lines += render_rows(data["rows"], every_heading=False)
     return lines
 
 
@@ -309,3 +301,15 @@ def render_first(inp: Inputs, smoke: bool, budget: float | None = None, started:
                                BENCH_SECTIONS[0][2])
     lines += steps_section(inp)
     return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, first: bool, smoke: bool, skip: int, logs: Path | None = None,
+                 budget: float | None = None, started: float | None = None) -> Path:
+    """REPORT.md (the report session) or, with ``first``, summary.md (the first session) into ``out``,
+    from what the steps left there (through a temporary file: a reader never sees half a report)."""
+    inp = Inputs(out, skip, logs, in_file_order=first)
+    path = out / ("summary.md" if first else "REPORT.md")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text((render_first if first else render)(inp, smoke, budget, started))
+    tmp.replace(path)
+    return path

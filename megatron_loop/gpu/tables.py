@@ -1,6 +1,7 @@
 """What ``tools/bench.py`` and the GPU reports share, without torch (a report is written even when a
-step broke): the summary of a run's ``metrics.jsonl`` (:func:`train_summary`), the markdown table
-(:func:`markdown_table`) and the provenance helpers (:func:`cpu_name`, :func:`git_commit`)."""
+step broke): the summary of a run's ``metrics.jsonl`` (:func:`train_summary`), the one renderer of
+benchmark rows (:func:`render_rows`, over :func:`markdown_table`: bench.py's printed tables and the
+reports' sections are the same markdown) and the provenance helpers (:func:`cpu_name`, :func:`git_commit`)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,25 @@ def markdown_table(rows: Sequence[tuple[str, dict]], keys: Sequence[str] | None 
     out = ["| case | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for case, m in rows:
         out.append(f"| {case} | " + " | ".join(fmt(m.get(k, "")) for k in keys) + " |")
+    return out
+
+
+def render_rows(rows: Sequence[dict], every_heading: bool = True) -> list[str]:
+    """Benchmark rows (``mode``, ``case``, ``metrics``: bench.py's ``Row`` as its ``--json`` holds it) as
+    one markdown table per mode under ``### MODE`` (with ``every_heading=False`` only when the rows hold
+    several modes: a report section of one mode has its own title); ``host_sync_sites`` (where a step
+    read the host) is listed under its table instead of a column."""
+    out: list[str] = []
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    for mode in modes:
+        group = [r for r in rows if r["mode"] == mode]
+        if every_heading or len(modes) > 1:
+            out += [f"### {mode}", ""]
+        out += markdown_table([(r["case"], {k: v for k, v in r["metrics"].items() if k != "host_sync_sites"})
+                               for r in group]) + [""]
+        sites = sorted({s for r in group for s in r["metrics"].get("host_sync_sites", [])})
+        if sites:
+            out += ["Host sync sites:", "", *[f"* `{s}`" for s in sites[:20]], ""]
     return out
 
 
