@@ -13,6 +13,17 @@ from testpaths import REPO
 PACKAGE = REPO / "megatron_loop"
 
 WITHOUT_UNIT_TEST = {
+    # gpu/: the GPU session's driver (issue 41 item 8a); its CPU smoke runs every step
+    "gpu/__main__.py": "the driver's command line: tests/integration/tools/test_gpu_first.py (bash tools/gpu_first.sh)",
+    "gpu/env.py": "the kit install, preamble and data build: tests/integration/tools/test_gpu_first.py",
+    "gpu/first.py": "the first session's steps: tests/integration/tools/test_gpu_first.py (--smoke on CPU)",
+    "gpu/second.py": "the report session's steps: tests/integration/tools/test_gpu_report.py (--smoke on CPU)",
+    "gpu/session.py": "a session's output folder, summary and port: tests/integration/tools/test_gpu_first.py",
+    "gpu/steps.py": "steps in process groups with timeouts: tests/integration/tools/test_gpu_first.py",
+    "gpu/tables.py": "the one renderer of bench.py and the report: tests/integration/tools/test_gpu_report.py and "
+                     "tests/integration/tools/test_bench.py",
+    "gpu/report_inputs.py": "the report's inputs read back: tests/integration/tools/test_gpu_report.py",
+    "gpu/report_sections.py": "the report's sections: tests/integration/tools/test_gpu_report.py",
     # data/
     "data/corpus_knowledge.py": "the generated corpus's fact part: tests/unit/data/test_corpus.py",
     "data/corpus_templates.py": "the generated corpus's templates: tests/unit/data/test_corpus.py and "
