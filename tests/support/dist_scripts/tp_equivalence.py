@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tp_fixtures as fx  # noqa: E402
 
+from megatron_loop.config.deepspeed import DeepSpeedSettings, read_ds_config  # noqa: E402
 from megatron_loop.model import build_model  # noqa: E402
 from megatron_loop.parallel.bootstrap import init_model_parallel  # noqa: E402
 from megatron_loop.optim import OptimizerSettings, build_engine  # noqa: E402
@@ -55,8 +56,10 @@ def main() -> None:
                 p.register_hook(lambda grad, n=n: seen.__setitem__(n, grad.detach().clone()))
             parallelize(model, zero_stage=0)
             model.loss_chunk_tokens = fx.CHUNK
-            engine = build_engine(model, OptimizerSettings(lr=0.0), micro_batch_size=fx.MICRO, grad_accum=1,
-                                  total_steps=1, bf16=False, zero_stage=0).engine
+            settings = OptimizerSettings(lr=0.0)
+            ds = DeepSpeedSettings.resolve(read_ds_config(zero_stage=0), micro_batch_size=fx.MICRO, grad_accum=1,
+                                           data_parallel_size=layout.dp_size, bf16=False, grad_clip=settings.grad_clip)
+            engine = build_engine(model, settings, ds, total_steps=1).engine
             tokens, labels = fx.batch(layout.dp_rank)
             result = engine(tokens, labels=labels, **fx.forward_kwargs(model))
             engine.backward(result.loss)  # the TP sum in backward, then the engine's DP mean
