@@ -38,7 +38,6 @@ from megatron_loop.config.deepspeed import DeepSpeedSettings, read_ds_config  # 
 from megatron_loop.optim import muon  # noqa: E402
 from megatron_loop.parallel.bootstrap import init_model_parallel  # noqa: E402
 from megatron_loop.parallel.parallelize import parallelize  # noqa: E402
-from megatron_loop.parallel.shards import gather_whole  # noqa: E402
 from megatron_loop.model.placement import data_parallel_group  # noqa: E402
 from megatron_loop.training import checkpoint as C  # noqa: E402
 from megatron_loop.training.distributed import DistInfo  # noqa: E402
@@ -104,7 +103,7 @@ def whole_weights(model) -> dict[str, torch.Tensor]:
 
     params = dict(model.named_parameters())
     with deepspeed.zero.GatheredParameters(list(params.values()), enabled=hasattr(next(iter(params.values())), "ds_id")):
-        return gather_whole(model, {n: p.detach().clone() for n, p in params.items()})
+        return fx.gather_whole(model, {n: p.detach().clone() for n, p in params.items()})
 
 
 def main() -> None:
