@@ -46,7 +46,7 @@ def forward_kwargs(model) -> dict:
         return {}
     from megatron_loop.model.shortcut import ShortcutTrajectory
 
-    return {"shortcut": ShortcutTrajectory((1, 2))}
+    return {"objective": ShortcutTrajectory((1, 2))}
 
 
 def model_config(name: str):
