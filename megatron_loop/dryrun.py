@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from megatron_loop.config import Config
-from megatron_loop.config.deepspeed import check_deepspeed_config
+from megatron_loop.config.deepspeed import DeepSpeedSettings
 from megatron_loop.config.launch_env import launch_world_size
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.plan import accumulation_steps, check_train_steps, training_plan
@@ -46,7 +46,7 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None, check_dat
 
     Raises :class:`~megatron_loop.errors.LoopConfigError` / ``LoopDataError`` (one ``error:``
     line, exit 2) for a batch that does not divide, a missing DeepSpeed JSON or one that contradicts
-    the YAML (:func:`megatron_loop.config.deepspeed.check_deepspeed_config`), a missing data
+    the YAML (:class:`megatron_loop.config.deepspeed.DeepSpeedSettings`, read and resolved once), a missing data
     prefix or tokenizer, a tokenizer larger than the model's vocabulary, or a budget below one
     step. Prints a ``warning:`` line on stderr per train prefix read more than
     :data:`DATA_REUSE_WARN_EPOCHS` times; ``data_epochs`` and ``eval_loops`` are in the JSON.
@@ -62,11 +62,12 @@ def dry_run_report(cfg: Config, data_parallel_size: int | None = None, check_dat
         raise LoopConfigError(f"--data-parallel-size={dp}: expected a positive number of data-parallel ranks")
     accumulation = accumulation_steps(cfg, dp)
     preflight.check_eval_loops(cfg)
+    deepspeed = DeepSpeedSettings.of_run(cfg, accumulation, dp)  # no device known: an all-auto precision stays auto
     if check_data:
-        files = preflight.check_input_files(cfg, accumulation, dp)
+        files = preflight.check_input_files(cfg, deepspeed)
     else:
         cfg.data.train_blend()  # an empty train list is still an error
-        files = {**check_deepspeed_config(cfg, accumulation, dp), "train_prefixes": list(cfg.data.train_prefixes),
+        files = {**deepspeed.report(), "train_prefixes": list(cfg.data.train_prefixes),
                  "valid_prefixes": cfg.data.validation_prefixes() if cfg.train.eval_interval else [],
                  "tokenizer": cfg.data.tokenizer}
     files["data_checked"] = check_data

@@ -1,10 +1,11 @@
 """The DeepSpeed JSON (``train.deepspeed_config``): its one owner. Where the file is
-(:func:`locate`), reading it (:func:`read_ds_config`), checking it against the YAML and filling its
-``"auto"`` values (:func:`resolve_ds_config`, App. C.2 batch arithmetic and clipping), the checks of a
-run before it starts (:func:`check_deepspeed_config`), its ZeRO stage (:func:`zero_stage`) and the
-copy that loads a universal checkpoint (:func:`with_universal_load`). This module imports no torch:
-``pretrain_loop.py --dry-run`` runs the same checks the engine does at launch
-(:func:`megatron_loop.optim.build_engine`).
+(:func:`locate`), reading it (:func:`read_run_json`; the shipped stages: :func:`read_ds_config`),
+checking it against the YAML and filling its ``"auto"`` values (:func:`resolve_ds_config`, App. C.2
+batch arithmetic and clipping), the settings of one start, read and resolved once
+(:class:`DeepSpeedSettings`, what the preflight checks, the start-up statement, the dry run, the memory
+check, the ranks' agreement and :func:`megatron_loop.optim.build_engine` are given), its ZeRO stage (:func:`zero_stage`) and the copy that loads a universal checkpoint
+(:func:`with_universal_load`). This module imports no torch: ``pretrain_loop.py --dry-run`` runs the
+same resolution the engine is given.
 
 Who decides what, when both files speak:
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from megatron_loop.errors import LoopConfigError
@@ -224,29 +226,91 @@ def with_universal_load(config: dict) -> dict:
     return {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
 
 
-def check_deepspeed_config(cfg, accumulation: int, data_parallel_size: int) -> dict:
-    """``train.deepspeed_config`` read and checked against the YAML by the function the engine uses at
-    launch (:func:`resolve_ds_config`: batch sizes, optimizer and scheduler blocks, clipping, ZeRO
-    stage, offload, fp16/bf16 against ``train.precision``); ``accumulation`` is the run's gradient
-    accumulation over ``data_parallel_size`` ranks. Returns what ``--dry-run`` reports: the file, the
-    ZeRO stage, the precision and which side chose it."""
-    t = cfg.train
-    ds = t.deepspeed_config
-    if not os.path.isfile(ds):
-        raise LoopConfigError(f"train.deepspeed_config={ds!r}: file not found (relative paths are taken from "
+def read_run_json(path: str) -> dict:
+    """``train.deepspeed_config`` as the JSON object it holds; a missing file or one that is not a JSON
+    object is one ``error:`` line naming the key. A start reads it here once
+    (:meth:`DeepSpeedSettings.of_run`)."""
+    if not os.path.isfile(path):
+        raise LoopConfigError(f"train.deepspeed_config={path!r}: file not found (relative paths are taken from "
                               f"{os.getcwd()}, then the repository); expected e.g. deepspeed_configs/zero1.json")
     try:
-        with open(ds) as f:
+        with open(path) as f:
             raw = json.load(f)
         if not isinstance(raw, dict):
             raise ValueError(f"a JSON {type(raw).__name__}")
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
-        raise LoopConfigError(f"train.deepspeed_config={ds!r}: not a DeepSpeed JSON config ({e}); expected a JSON "
+        raise LoopConfigError(f"train.deepspeed_config={path!r}: not a DeepSpeed JSON config ({e}); expected a JSON "
                               "object like deepspeed_configs/zero1.json") from None
-    bf16 = None if t.precision == "auto" else t.precision == "bf16"
-    resolved = resolve_ds_config(raw, micro_batch_size=t.micro_batch_size, grad_accum=accumulation,
-                                 data_parallel_size=data_parallel_size, bf16=bf16, grad_clip=t.grad_clip,
-                                 source=f"train.deepspeed_config={ds!r}")
-    chosen, by = precision_choice(raw, bf16, cuda=None)
-    return {"deepspeed_config": ds, "zero_stage": zero_stage(resolved),
-            "precision": "auto" if chosen is None else "bf16" if chosen else "fp32", "precision_from": by}
+    return raw
+
+
+def _precision_name(bf16: bool | None) -> str:
+    return "auto" if bf16 is None else "bf16" if bf16 else "fp32"
+
+
+@dataclass(frozen=True)
+class DeepSpeedSettings:
+    """The DeepSpeed settings of one start: the JSON read once and resolved once against the run
+    (:func:`resolve_ds_config`), then handed whole to the preflight checks, the start-up statement, the
+    dry run, the memory check, the ranks' agreement and :func:`megatron_loop.optim.build_engine` (which
+    takes nothing else). Made by :meth:`of_run` (a run's YAML) or :meth:`resolve` (a JSON in hand: the
+    shipped stages of tests and benchmarks). ``raw`` and ``resolved`` are private copies; read
+    :meth:`engine_config` for a dict to hand on."""
+
+    path: str | None  # train.deepspeed_config as given (made absolute by load_config); None: a dict in hand
+    raw: dict  # the JSON as read (what every rank must hold the same of: training/agreement.py)
+    resolved: dict  # DeepSpeed's config with every "auto" filled: batch sizes, clipping, precision, ZeRO
+    micro_batch_size: int
+    grad_accum: int
+    data_parallel_size: int
+    grad_clip: float
+    precision: str  # "bf16" or "fp32"; "auto" only when no device was known (the dry run imports no torch)
+    precision_from: str  # which side chose it (train.precision, the JSON's bf16.enabled, or auto)
+
+    @property
+    def zero_stage(self) -> int:
+        return zero_stage(self.resolved)
+
+    @property
+    def bf16(self) -> bool:
+        return self.precision == "bf16"
+
+    @classmethod
+    def resolve(cls, raw: dict, *, micro_batch_size: int, grad_accum: int, data_parallel_size: int,
+                bf16: bool | None, grad_clip: float, cuda: bool | None = None,
+                path: str | None = None) -> "DeepSpeedSettings":
+        """``raw`` checked against the run and resolved (:func:`resolve_ds_config`); ``cuda`` None (the dry
+        run) leaves a precision that nothing decides ``"auto"``."""
+        source = f"train.deepspeed_config={path!r}" if path is not None else "DeepSpeed config"
+        raw = json.loads(json.dumps(raw))  # a private copy: the caller's dict may change later
+        resolved = resolve_ds_config(raw, micro_batch_size=micro_batch_size, grad_accum=grad_accum,
+                                     data_parallel_size=data_parallel_size, bf16=bf16, grad_clip=grad_clip,
+                                     source=source, cuda=cuda)
+        chosen, by = precision_choice(raw, bf16, cuda)
+        return cls(path=path, raw=raw, resolved=resolved, micro_batch_size=micro_batch_size, grad_accum=grad_accum,
+                   data_parallel_size=data_parallel_size, grad_clip=float(grad_clip),
+                   precision=_precision_name(chosen), precision_from=by)
+
+    @classmethod
+    def of_run(cls, cfg, accumulation: int, data_parallel_size: int, cuda: bool | None = None) -> "DeepSpeedSettings":
+        """``train.deepspeed_config`` of the run ``cfg`` read (:func:`read_run_json`) and resolved against its
+        YAML at ``accumulation`` micro-batches per rank over ``data_parallel_size`` ranks. ``cuda``: whether
+        this process trains on a GPU (None: the dry run, which imports no torch)."""
+        t = cfg.train
+        return cls.resolve(read_run_json(t.deepspeed_config), micro_batch_size=t.micro_batch_size,
+                           grad_accum=accumulation, data_parallel_size=data_parallel_size,
+                           bf16=None if t.precision == "auto" else t.precision == "bf16", grad_clip=t.grad_clip,
+                           cuda=cuda, path=t.deepspeed_config)
+
+    def engine_config(self) -> dict:
+        """A copy of the resolved config: what ``deepspeed.initialize`` is given."""
+        return json.loads(json.dumps(self.resolved))
+
+    def with_universal_load(self) -> "DeepSpeedSettings":
+        """These settings loading a universal checkpoint (:func:`with_universal_load`)."""
+        return replace(self, resolved=with_universal_load(self.resolved))
+
+    def report(self) -> dict:
+        """What ``--dry-run`` reports of it: the file, the ZeRO stage, the precision and which side chose it."""
+        return {"deepspeed_config": self.path, "zero_stage": self.zero_stage, "precision": self.precision,
+                "precision_from": self.precision_from}

@@ -35,14 +35,13 @@ accumulation (``_do_optimizer_sanity_check``) and would otherwise wrap bf16 in i
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from megatron_loop.config import OptimizerSettings
-from megatron_loop.config.deepspeed import read_ds_config, resolve_ds_config
+from megatron_loop.config.deepspeed import DeepSpeedSettings
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.optim.partitions import ZeroPartition
 from megatron_loop.optim.optimizer import MuonAdamW, role_param_groups
@@ -146,42 +145,41 @@ def attach_zero_layouts(zero_optimizer: Any, optimizer: MuonAdamW) -> int:
 def build_engine(
     model: torch.nn.Module,
     settings: OptimizerSettings,
+    deepspeed_settings: DeepSpeedSettings,
     *,
-    micro_batch_size: int,
-    grad_accum: int,
     total_steps: int,
-    bf16: bool | None = None,
-    zero_stage: int | None = None,
-    ds_config: str | Path | dict | None = None,
 ) -> EngineParts:
     """The DeepSpeed engine, base optimizer and WSD scheduler for ``model``.
 
     Training loop contract: ``loss = ...engine(batch)...; engine.backward(loss); engine.step()``
-    per micro-batch. ``engine.backward`` divides the loss by ``grad_accum`` (App. C.2), the engine
+    per micro-batch. ``engine.backward`` divides the loss by the accumulation (App. C.2), the engine
     steps the optimizer and scheduler at each accumulation boundary
     (``engine.is_gradient_accumulation_boundary()``), and ``engine.get_global_grad_norm()`` is the
     raw-gradient norm before clipping. ``engine.save_checkpoint`` / ``load_checkpoint`` carry the
     Muon momentum, AdamW moments and the scheduler.
 
-    ``model`` comes prepared for training (:func:`megatron_loop.parallel.parallelize.parallelize`, for
-    the same ZeRO stage), in a world that exists (:func:`megatron_loop.parallel.bootstrap.init_world`).
-    This is the one place ``deepspeed.initialize`` is called.
+    ``deepspeed_settings`` is the start's DeepSpeed JSON, read and resolved once
+    (:class:`~megatron_loop.config.deepspeed.DeepSpeedSettings`: batch sizes, clipping, precision,
+    ZeRO stage); nothing here reads or re-resolves it. ``model`` comes prepared for training
+    (:func:`megatron_loop.parallel.parallelize.parallelize`, for the same ZeRO stage), in a world that
+    exists (:func:`megatron_loop.parallel.bootstrap.init_world`) whose data-parallel size is the one the
+    settings were resolved for. This is the one place ``deepspeed.initialize`` is called.
     """
+    if not isinstance(deepspeed_settings, DeepSpeedSettings):
+        raise TypeError(f"build_engine takes the DeepSpeed settings as one DeepSpeedSettings (read and resolved "
+                        f"once: megatron_loop.config.deepspeed.DeepSpeedSettings.of_run or .resolve), not "
+                        f"{type(deepspeed_settings).__name__}")
     if not dist.is_initialized():
         raise LoopConfigError("build_engine needs torch.distributed initialised first "
                               "(megatron_loop.parallel.bootstrap.init_world)")
-    config = read_ds_config(ds_config, zero_stage)
-    config = resolve_ds_config(
-        config,
-        micro_batch_size=micro_batch_size,
-        grad_accum=grad_accum,
-        data_parallel_size=data_parallel_size(),  # world / TP: ZeRO shards over the DP group only
-        bf16=bf16,
-        grad_clip=settings.grad_clip,
-        source=(f"train.deepspeed_config={str(ds_config)!r}" if isinstance(ds_config, (str, Path))
-                else "DeepSpeed config"),
-        cuda=torch.cuda.is_available(),  # bf16.enabled "auto" (with train.precision auto): bf16 on GPU
-    )
+    ds = deepspeed_settings
+    # ZeRO shards over the data-parallel group only (world / TP): the batch arithmetic was resolved for it
+    if ds.data_parallel_size != data_parallel_size() or float(settings.grad_clip) != ds.grad_clip:
+        raise ValueError(  # a caller's mistake, not a config's: training resolves them for its own world
+            f"build_engine: the DeepSpeed settings were resolved for data-parallel size {ds.data_parallel_size} "
+            f"and grad_clip {ds.grad_clip}; this world has {data_parallel_size()} and the optimizer clips at "
+            f"{settings.grad_clip}")
+    config = ds.engine_config()
     stage = config["zero_optimization"]["stage"]
     optimizer = build_optimizer(model, settings, clip_in_optimizer=stage == 0)
     scheduler = wsd_scheduler(optimizer, total_steps, settings.warmup_fraction, settings.stable_fraction,

@@ -5,17 +5,15 @@ the whole tensor is cut along ``partition_dim`` into ``N * stride`` equal blocks
 blocks ``t, t + N, ...`` concatenated (stride 2 for the fused SwiGLU ``fc1``, whose rows are
 ``[gate; up]``: rank t holds ``[gate_t; up_t]``; stride 1 everywhere else: QKV query groups,
 output-projection and ``fc2`` columns, vocabulary rows). Replicated tensors are identical on
-every rank.
+every rank. (Gathering a live model's shards over the TP group is the TP tests' own
+``tp_fixtures.gather_whole``; checkpoints join saved shards with :func:`whole_of`.)
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-from torch import nn
 
 from megatron_loop.parallel.grads import is_tensor_parallel
-from megatron_loop.model.placement import tensor_parallel_group
 
 
 def shard_of(full: torch.Tensor, param: torch.Tensor, rank: int, size: int) -> torch.Tensor:
@@ -35,19 +33,3 @@ def whole_of(shards: list[torch.Tensor], param: torch.Tensor) -> torch.Tensor:
     pieces = [torch.chunk(s, stride, dim=dim) for s in shards]
     return torch.cat([pieces[r][k] for k in range(stride) for r in range(len(shards))], dim=dim)
 
-
-def gather_whole(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``tensors`` (per parameter name: the parameter's value, gradient, ... on this rank) gathered
-    over the TP group into whole tensors (collective: every TP rank calls it)."""
-    group = tensor_parallel_group()
-    size = dist.get_world_size(group)
-    out = {}
-    for name, p in model.named_parameters():
-        t = tensors[name].contiguous()
-        if not is_tensor_parallel(p) or size == 1:
-            out[name] = t
-            continue
-        shards = [torch.empty_like(t) for _ in range(size)]
-        dist.all_gather(shards, t, group=group)
-        out[name] = whole_of(shards, p)
-    return out

@@ -13,11 +13,10 @@ differs and the ranks that differ.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from megatron_loop.config import Config
-from megatron_loop.config.deepspeed import read_ds_config
+from megatron_loop.config.deepspeed import DeepSpeedSettings
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.training import distributed as D
 from megatron_loop.training.distributed import DistInfo
@@ -25,13 +24,13 @@ from megatron_loop.training.resume import data_fingerprint
 from megatron_loop.data.tokenizer import tokenizer_fingerprint
 
 
-def run_fingerprint(cfg: Config, ds_config: Path | str | None) -> dict[str, Any]:
+def run_fingerprint(cfg: Config, deepspeed: DeepSpeedSettings | None) -> dict[str, Any]:
     """What a rank runs, key by key: the resolved config, the DeepSpeed JSON's contents (the same path
     may hold another file on another node), and the training data and tokenizer as the resume check
     sees them (size and sampled content hash of each prefix, the sha256 of the tokenizer's files)."""
     flat = {f"{section}.{key}": value for section, values in cfg.to_dict().items() for key, value in values.items()}
-    if ds_config is not None:
-        flat[f"the contents of train.deepspeed_config={str(ds_config)!r}"] = read_ds_config(ds_config)
+    if deepspeed is not None:  # as this rank read it, once (config/deepspeed.py)
+        flat[f"the contents of train.deepspeed_config={deepspeed.path!r}"] = deepspeed.raw
     for i, data in enumerate(data_fingerprint(cfg)):
         flat[f"data.train_prefixes[{i}] (size and sampled content of {data['prefix']})"] = \
             [data["bytes"], data["content_sha256"]]
@@ -53,12 +52,12 @@ def first_difference(reference: dict[str, Any], mine: dict[str, Any]) -> tuple[s
     return None
 
 
-def check_ranks_agree(cfg: Config, ds_config: Path | str | None, info: DistInfo) -> None:
+def check_ranks_agree(cfg: Config, deepspeed: DeepSpeedSettings | None, info: DistInfo) -> None:
     """Refuse (every rank, the same :class:`LoopConfigError`) a job whose ranks run different configs,
     data or tokenizers: ``error: the ranks run different settings: KEY=A on rank 0, B on rank 1; ...``."""
     if info.world_size == 1:
         return
-    mine = run_fingerprint(cfg, ds_config)
+    mine = run_fingerprint(cfg, deepspeed)
     reference = D.broadcast_object(mine if info.is_main else None)
     found = first_difference(reference, mine)
     report = D.all_gather_object(None if found is None else (found[0], _show(found[1])))

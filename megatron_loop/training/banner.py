@@ -16,6 +16,7 @@ from pathlib import Path
 
 from megatron_loop.atomic import write_atomic
 from megatron_loop.config import Config
+from megatron_loop.config.deepspeed import DeepSpeedSettings
 from megatron_loop.parallel.per_rank import tensor_parallel_figures
 from megatron_loop.plan import count_parameters, data_epochs, training_plan
 
@@ -81,17 +82,11 @@ def startup_statement(cfg: Config, summary: dict) -> str:
     return "\n".join((model, plan, parallel))
 
 
-def training_statement(cfg: Config, data_parallel_size: int, accumulation: int) -> str:
-    """:func:`startup_statement` of a starting run: the DeepSpeed JSON read by the dry run's check, and
-    a precision left to ``auto`` on both sides resolved as the engine resolves it (bf16 with CUDA)."""
-    from megatron_loop.config.deepspeed import check_deepspeed_config
-
-    files = check_deepspeed_config(cfg, accumulation, data_parallel_size)
-    if files["precision"] == "auto":
-        import torch
-
-        files["precision"] = "bf16" if torch.cuda.is_available() else "fp32"
-    return startup_statement(cfg, run_summary(cfg, data_parallel_size, accumulation, files))
+def training_statement(cfg: Config, deepspeed: DeepSpeedSettings) -> str:
+    """:func:`startup_statement` of a starting run, from the start's DeepSpeed settings (resolved once, with
+    the device known: a precision left to ``auto`` on both sides is the engine's, bf16 with CUDA)."""
+    return startup_statement(cfg, run_summary(cfg, deepspeed.data_parallel_size, deepspeed.grad_accum,
+                                              deepspeed.report()))
 
 
 RESOLVED_CONFIG = "resolved_config.json"  # in train.output_dir, rewritten at every start and resume

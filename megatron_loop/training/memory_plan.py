@@ -33,6 +33,7 @@ import dataclasses
 import os
 
 from megatron_loop.config import Config, loop_range
+from megatron_loop.config.deepspeed import DeepSpeedSettings
 from megatron_loop.errors import LoopConfigError
 from megatron_loop.flops import block_matmul_params
 from megatron_loop.model.loss_chunk import DEFAULT_CHUNK_TOKENS
@@ -155,19 +156,16 @@ def dry_run_memory(cfg: Config, data_parallel: int, zero_stage: int, precision: 
     return need, warnings
 
 
-def check_run_memory(cfg: Config, data_parallel: int, ds_config) -> dict:
-    """:func:`check_fits_device` for the run about to start: the ZeRO stage and precision its
-    DeepSpeed JSON and YAML resolve to (bf16 with CUDA under ``auto``), on this rank's GPU
+def check_run_memory(cfg: Config, deepspeed: DeepSpeedSettings) -> dict:
+    """:func:`check_fits_device` for the run about to start: the ZeRO stage and precision of its DeepSpeed
+    settings (resolved once, with the device known: bf16 with CUDA under ``auto``), on this rank's GPU
     (``LOCAL_RANK``) or on the host's CPU."""
     import torch
 
-    from megatron_loop.config.deepspeed import precision_choice, read_ds_config, zero_stage
-
-    raw = read_ds_config(ds_config)
     cuda = torch.cuda.is_available()
-    bf16, _ = precision_choice(raw, None if cfg.train.precision == "auto" else cfg.train.precision == "bf16", cuda)
     device_bytes = None
     if cuda:
         local = int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1)
         device_bytes = torch.cuda.get_device_properties(local).total_memory
-    return check_fits_device(cfg, data_parallel, zero_stage(raw), bool(bf16), cuda, device_bytes)
+    return check_fits_device(cfg, deepspeed.data_parallel_size, deepspeed.zero_stage, deepspeed.bf16, cuda,
+                             device_bytes)

@@ -17,7 +17,7 @@ from typing import Any
 
 from megatron_loop.cli import host_cores
 from megatron_loop.config import Config
-from megatron_loop.config.deepspeed import check_deepspeed_config
+from megatron_loop.config.deepspeed import DeepSpeedSettings
 from megatron_loop.data.prefix_files import prefix_file_problem
 from megatron_loop.errors import LoopConfigError, LoopDataError, os_error_text
 from megatron_loop.plan import data_epochs, prefix_tokens, total_train_steps
@@ -40,16 +40,15 @@ def check_eval_loops(cfg: Config) -> list[int]:
     return loops
 
 
-def check_input_files(cfg: Config, accumulation: int = 1, data_parallel_size: int = 1) -> dict[str, Any]:
-    """The files a run opens exist: DeepSpeed JSON (checked against the YAML,
-    :func:`megatron_loop.config.deepspeed.check_deepspeed_config`, at ``accumulation`` micro-batches
-    per rank over ``data_parallel_size`` ranks), data prefixes (P.bin and P.idx), a local tokenizer. Reads
+def check_input_files(cfg: Config, deepspeed: DeepSpeedSettings) -> dict[str, Any]:
+    """The files a run opens exist: DeepSpeed JSON (read and checked against the YAML once, by whoever made
+    ``deepspeed``: :meth:`megatron_loop.config.deepspeed.DeepSpeedSettings.of_run`), data prefixes (P.bin
+    and P.idx), a local tokenizer. Reads
     ``cfg`` only: its relative paths were made absolute once, where it was loaded
     (:func:`megatron_loop.config.load_config`); one still relative names a file that did not
     exist there, and the message gives the working directory. Returns them as ``--dry-run``
     prints them; the validation prefixes are those the run uses."""
     cwd = os.getcwd()
-    deepspeed = check_deepspeed_config(cfg, accumulation, data_parallel_size)
     cfg.data.train_blend()  # an empty train list is its own error
     valid = cfg.data.validation_prefixes() if cfg.train.eval_interval else []  # only what the run opens
     for key, prefixes in (("train_prefixes", cfg.data.train_prefixes), ("valid_prefixes", valid)):
@@ -65,7 +64,7 @@ def check_input_files(cfg: Config, accumulation: int = 1, data_parallel_size: in
         raise LoopDataError(f"data.tokenizer={tok!r}: no such tokenizer folder or file (relative to {cwd}); "
                             "expected a folder with tokenizer.json or a Hugging Face hub name such as "
                             "meta-llama/Llama-3.1-8B")
-    return {**deepspeed, "train_prefixes": list(cfg.data.train_prefixes), "valid_prefixes": valid, "tokenizer": tok}
+    return {**deepspeed.report(), "train_prefixes": list(cfg.data.train_prefixes), "valid_prefixes": valid, "tokenizer": tok}
 
 
 def check_host(cfg: Config, training: bool = True) -> list[str]:

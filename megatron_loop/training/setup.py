@@ -26,7 +26,7 @@ import torch
 from megatron_loop.checkpoint.folders import complete_tags
 from megatron_loop.checkpoint.state import TrainState
 from megatron_loop.config import Config
-from megatron_loop.config.deepspeed import read_ds_config, with_universal_load, zero_stage
+from megatron_loop.config.deepspeed import DeepSpeedSettings
 from megatron_loop.config.launch_env import launch_world_size
 from megatron_loop.data.loaders import SupervisedBatches, build_train_valid_loaders
 from megatron_loop.measure.peak_flops import peak_flops_per_device
@@ -119,13 +119,15 @@ def build_run(cfg: Config, resume: str | None,
     preflight.check_vocabulary(cfg)
     out = Path(t.output_dir)
     preflight.check_output_dir(out, t.resume or resume is not None)
-    ds_config = Path(preflight.check_input_files(cfg, accumulation, data_parallel)["deepspeed_config"])
+    # the DeepSpeed JSON read and resolved once for this start; the checks, the statement and the engine get it
+    deepspeed = DeepSpeedSettings.of_run(cfg, accumulation, data_parallel, cuda=torch.cuda.is_available())
+    preflight.check_input_files(cfg, deepspeed)
     preflight.check_data_epochs(cfg)
     total_steps = total_train_steps(cfg)
-    memory_plan.check_run_memory(cfg, data_parallel, ds_config)  # a step its device cannot hold: refused here
+    memory_plan.check_run_memory(cfg, deepspeed)  # a step its device cannot hold: refused here
 
     info = distributed.setup_distributed(t.collective_timeout_s)
-    agreement.check_ranks_agree(cfg, ds_config, info)  # every rank runs rank 0's config, data and tokenizer
+    agreement.check_ranks_agree(cfg, deepspeed, info)  # every rank runs rank 0's config, data and tokenizer
     placement = init_model_parallel(cfg.parallel.tensor_model_parallel_size, cfg.parallel.sequence_parallel,
                                      t.collective_timeout_s)
     assert placement.dp_size == data_parallel, (placement, data_parallel)  # the same world, counted twice
@@ -134,7 +136,7 @@ def build_run(cfg: Config, resume: str | None,
     source = init_from.choose_source(cfg, resuming, info, placement)
     lock = take_output_dir(out, info)  # one run per folder; writable; nothing written before this
     try:
-        return _build_locked(cfg, resume, stopper, info, lock, out, ds_config, accumulation, total_steps, source,
+        return _build_locked(cfg, resume, stopper, info, lock, out, deepspeed, accumulation, total_steps, source,
                              placement)
     except BaseException:
         if lock is not None:
@@ -143,18 +145,17 @@ def build_run(cfg: Config, resume: str | None,
 
 
 def _build_locked(cfg: Config, resume: str | None, stopper: StopController | None, info: DistInfo,
-                  lock: RunLock | None, out: Path, ds_config: Path, accumulation: int, total_steps: int,
+                  lock: RunLock | None, out: Path, deepspeed: DeepSpeedSettings, accumulation: int, total_steps: int,
                   source: init_from.InitSource | None = None, placement=None):
     t = cfg.train
     if info.is_main:  # the resolved config to a file, one line saying where (training/banner.py)
         # on stderr with the rest of the run's log (step lines, summary); stdout carries data only
         print(write_resolved_config(cfg, out), file=sys.stderr, flush=True)
         # the model and the plan, stated as --dry-run computes them (training/banner.py)
-        print(training_statement(cfg, current_placement().dp_size, accumulation), file=sys.stderr, flush=True)
+        print(training_statement(cfg, deepspeed), file=sys.stderr, flush=True)
     seed_everything(t.seed)
 
-    ds = read_ds_config(ds_config)
-    stage = zero_stage(ds)
+    stage = deepspeed.zero_stage
     root = out / preflight.CHECKPOINTS
     point = checkpoint.choose_resume_point(root, resume, t.resume, info)  # what changed: refused before any work
     cfg, divergence_note = divergence.lr_after_divergence(cfg, root)  # after a stop on non-finite values
@@ -167,16 +168,14 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
     set_aside = checkpoint.start_branch(root, point, out, info) if point is not None else None
     load_dir = checkpoint.universal_copy(root, point, info) if decision.universal else None
     if decision.universal:  # DeepSpeed re-partitions a universal checkpoint over this world
-        ds = with_universal_load(ds)
+        deepspeed = deepspeed.with_universal_load()
 
     model = build_model(cfg.model, placement)  # plain: the groups above are this run's
     kept = init_from.load_source_weights(model, source) if source is not None else []  # before the engine
     step = TrainStep(t, cfg.model, info.rank)
     step.prepare(model)  # what the objective needs before the optimizer (Ouro's Stage II: the LM frozen)
     compile_note = parallelize(model, stage)
-    parts = build_engine(model, t, micro_batch_size=t.micro_batch_size, grad_accum=accumulation,
-                         total_steps=total_steps, ds_config=ds,
-                         bf16=None if t.precision == "auto" else t.precision == "bf16")  # auto: the JSON's
+    parts = build_engine(model, t, deepspeed, total_steps=total_steps)
     engine, optimizer = parts.engine, parts.optimizer
     count_pending_memory(model, lambda: pending_training_memory(engine, optimizer))  # auto recomputation's budget
 

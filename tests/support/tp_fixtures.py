@@ -4,8 +4,13 @@ their inputs, and the TP = 1 reference (plain functions, as data_fixtures.py).""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from megatron_loop.config import build_model_config
+from megatron_loop.model.placement import tensor_parallel_group
+from megatron_loop.parallel.grads import is_tensor_parallel
+from megatron_loop.parallel.shards import whole_of
 
 SEED = 1234
 SEQ = 12  # divisible by 2 and 4 (sequence parallelism splits it over the TP group)
@@ -41,7 +46,7 @@ def forward_kwargs(model) -> dict:
         return {}
     from megatron_loop.model.shortcut import ShortcutTrajectory
 
-    return {"shortcut": ShortcutTrajectory((1, 2))}
+    return {"objective": ShortcutTrajectory((1, 2))}
 
 
 def model_config(name: str):
@@ -144,3 +149,20 @@ def first_micro_batches(loader, n: int = 3) -> list[list[list[int]]]:
         if len(batches) == n:
             break
     return batches
+
+
+def gather_whole(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` (per parameter name: the parameter's value, gradient, ... on this rank) gathered
+    over the TP group into whole tensors (collective: every TP rank calls it)."""
+    group = tensor_parallel_group()
+    size = dist.get_world_size(group)
+    out = {}
+    for name, p in model.named_parameters():
+        t = tensors[name].contiguous()
+        if not is_tensor_parallel(p) or size == 1:
+            out[name] = t
+            continue
+        shards = [torch.empty_like(t) for _ in range(size)]
+        dist.all_gather(shards, t, group=group)
+        out[name] = whole_of(shards, p)
+    return out

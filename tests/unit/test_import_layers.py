@@ -251,3 +251,32 @@ def test_the_checks_above_see_a_violation(tmp_path):
     bad = tmp_path / "m.py"
     bad.write_text("import torch.distributed as dist\n\ndef f():\n    dist.new_group([0])\n    deepspeed.initialize(x)\n")
     assert {"new_group", "dist.new_group", "deepspeed.initialize"} <= _calls(bad)
+
+
+def import_graph_figures() -> str:
+    """The line docs/ARCHITECTURE.md quotes between its ``import-graph`` markers: rooms, floors (the
+    longest chain of imports below a room, counting the room), arrows between rooms, arrows from a
+    lower floor of ``FLOORS`` up (or across one), and circles between rooms (as farm-studio counts them)."""
+    rooms = room_graph(import_graph())
+    height: dict[str, int] = {}
+
+    def floor(room: str) -> int:
+        if room not in height:
+            height[room] = 1 + max((floor(t) for t in rooms.get(room, ())), default=0)
+        return height[room]
+
+    arrows = [(room, t) for room, targets in rooms.items() for t in targets]
+    up = sum(1 for room, t in arrows if FLOORS[t][0] >= FLOORS[room][0])
+    circles = 0 if find_cycle(rooms) is None else "at least 1"
+    return (f"{len(rooms)} rooms on {max(map(floor, rooms))} floors, {len(arrows)} arrows between rooms, {up} that "
+            f"run back up, {circles} circles")
+
+
+def test_architecture_md_quotes_the_import_graph_as_measured():
+    import re
+
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    quoted = re.search(r"<!-- import-graph -->(.*?)<!-- /import-graph -->", text, re.S)
+    assert quoted, "docs/ARCHITECTURE.md: no <!-- import-graph --> ... <!-- /import-graph --> line"
+    assert " ".join(quoted.group(1).split()) == " ".join(import_graph_figures().split()), (
+        f"docs/ARCHITECTURE.md quotes {quoted.group(1)!r}; the imports give {import_graph_figures()!r}")

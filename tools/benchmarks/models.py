@@ -11,7 +11,9 @@ from typing import Callable
 import torch
 
 from megatron_loop.config import ModelConfig, build_model_config
+from megatron_loop.config.deepspeed import DeepSpeedSettings, read_ds_config
 from megatron_loop.model import build_model
+from megatron_loop.parallel.mpu import data_parallel_size
 from megatron_loop.parallel.parallelize import parallelize
 from megatron_loop.optim import OptimizerSettings, build_engine, build_optimizer
 
@@ -99,8 +101,11 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
 def deepspeed_step(cfg: ModelConfig, setup: Setup, tokens: torch.Tensor) -> Callable[[], None]:
     """A full step through the training path: a fresh model in ``build_engine``'s DeepSpeed engine
     (ZeRO-1, bf16 with fp32 master weights on CUDA, fp32 on CPU), MuonAdamW, clipping in ZeRO."""
-    engine = build_engine(build(cfg, setup, zero_stage=1), OptimizerSettings(lr=1e-4), micro_batch_size=tokens.shape[0],
-                          grad_accum=1, total_steps=10**6, bf16=setup.cuda, zero_stage=1).engine
+    settings = OptimizerSettings(lr=1e-4)
+    ds = DeepSpeedSettings.resolve(read_ds_config(zero_stage=1), micro_batch_size=tokens.shape[0], grad_accum=1,
+                                   data_parallel_size=data_parallel_size(), bf16=setup.cuda,
+                                   grad_clip=settings.grad_clip)
+    engine = build_engine(build(cfg, setup, zero_stage=1), settings, ds, total_steps=10**6).engine
 
     def step() -> None:
         loss = engine(tokens, labels=tokens, compute_logits=False).loss

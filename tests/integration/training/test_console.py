@@ -120,6 +120,7 @@ def test_data_reuse_is_samples_times_seq_length_over_prefix_tokens():
 
 def test_empty_valid_prefixes_disable_validation_despite_a_sibling():
     from megatron_loop.config import resolve_paths
+    from megatron_loop.config.deepspeed import DeepSpeedSettings
     from megatron_loop.data.loaders import build_train_valid_loaders
     from megatron_loop.training.preflight import check_input_files
 
@@ -129,8 +130,9 @@ def test_empty_valid_prefixes_disable_validation_despite_a_sibling():
     def valid_of(eval_interval=5, **data):
         cfg = config_from_dict({"train": {**base["train"], "eval_interval": eval_interval},
                                 "data": {**base["data"], **data}})
-        checked = check_input_files(resolve_paths(cfg))["valid_prefixes"]  # what --dry-run reports (load_config
-        # resolves the paths: the repository's deepspeed_configs/ from any working directory)
+        cfg = resolve_paths(cfg)  # as load_config: the repository's deepspeed_configs/ from any working directory
+        # what --dry-run reports
+        checked = check_input_files(cfg, DeepSpeedSettings.of_run(cfg, 4, 1))["valid_prefixes"]
         loaders = build_train_valid_loaders(cfg.data, seq_length=32, global_batch_size=8, micro_batch_size=2,
                                             validation=bool(cfg.train.eval_interval))
         assert loaders.valid_prefixes == checked

@@ -23,8 +23,9 @@ import deepspeed  # noqa: E402
 import optim_toy as toy  # noqa: E402
 
 from megatron_loop.optim import OptimizerSettings, build_engine  # noqa: E402
-from megatron_loop.config.deepspeed import read_ds_config  # noqa: E402
+from megatron_loop.config.deepspeed import DeepSpeedSettings, read_ds_config  # noqa: E402
 from megatron_loop.parallel.bootstrap import init_world  # noqa: E402
+from megatron_loop.parallel.mpu import data_parallel_size  # noqa: E402
 
 LR, STEPS, ACCUM, MICRO, MULTIPLIER = toy.RUN_LR, toy.RUN_STEPS, toy.RUN_ACCUM, toy.RUN_MICRO, toy.RUN_MULTIPLIER
 
@@ -35,15 +36,10 @@ def build(stage: int, seed: int):
     if stage == 3:
         # partition every tiny weight (no persistence) so the striped layout is really exercised
         config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
-    return build_engine(
-        toy.FusedToy(toy.initial_weights(seed)),
-        OptimizerSettings(lr=LR),
-        micro_batch_size=MICRO,
-        grad_accum=ACCUM,
-        total_steps=STEPS,
-        bf16=False,
-        ds_config=config,
-    )
+    settings = OptimizerSettings(lr=LR)
+    ds = DeepSpeedSettings.resolve(config, micro_batch_size=MICRO, grad_accum=ACCUM,
+                                   data_parallel_size=data_parallel_size(), bf16=False, grad_clip=settings.grad_clip)
+    return build_engine(toy.FusedToy(toy.initial_weights(seed)), settings, ds, total_steps=STEPS)
 
 
 def train_step(parts, step: int, rank: int) -> None:

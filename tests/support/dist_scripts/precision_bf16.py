@@ -31,8 +31,9 @@ from optim_zero import full_weights, partition_states, stage_arguments  # noqa: 
 from deepspeed.utils import safe_get_full_fp32_param  # noqa: E402
 
 from megatron_loop.optim import OptimizerSettings, build_engine  # noqa: E402
-from megatron_loop.config.deepspeed import read_ds_config  # noqa: E402
+from megatron_loop.config.deepspeed import DeepSpeedSettings, read_ds_config  # noqa: E402
 from megatron_loop.parallel.bootstrap import init_world  # noqa: E402
+from megatron_loop.parallel.mpu import data_parallel_size  # noqa: E402
 from megatron_loop.optim.engine import accumulation_dtype, describe_precision  # noqa: E402
 
 LR, ACCUM, MICRO, STEPS = toy.RUN_LR, 4, 2, 5
@@ -44,8 +45,10 @@ def build(stage: int, seed: int):
     config = read_ds_config(zero_stage=stage)
     if stage == 3:  # partition every tiny weight so the striped layout is really exercised
         config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
-    return build_engine(toy.FusedToy(toy.initial_weights(seed)), OptimizerSettings(lr=LR, grad_clip=NO_CLIP),
-                        micro_batch_size=MICRO, grad_accum=ACCUM, total_steps=STEPS + 1, bf16=True, ds_config=config)
+    ds = DeepSpeedSettings.resolve(config, micro_batch_size=MICRO, grad_accum=ACCUM,
+                                   data_parallel_size=data_parallel_size(), bf16=True, grad_clip=NO_CLIP)
+    return build_engine(toy.FusedToy(toy.initial_weights(seed)), OptimizerSettings(lr=LR, grad_clip=NO_CLIP), ds,
+                        total_steps=STEPS + 1)
 
 
 def reference_grads(weights: dict[str, torch.Tensor], step: int, rank: int) -> dict[str, torch.Tensor]:

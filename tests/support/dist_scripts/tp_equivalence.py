@@ -22,12 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tp_fixtures as fx  # noqa: E402
 
+from megatron_loop.config.deepspeed import DeepSpeedSettings, read_ds_config  # noqa: E402
 from megatron_loop.model import build_model  # noqa: E402
 from megatron_loop.parallel.bootstrap import init_model_parallel  # noqa: E402
 from megatron_loop.optim import OptimizerSettings, build_engine  # noqa: E402
 from megatron_loop.parallel.grads import partial_grad_parameters, register_tp_gradient_sum  # noqa: E402
 from megatron_loop.parallel.parallelize import parallelize  # noqa: E402
-from megatron_loop.parallel.shards import gather_whole  # noqa: E402
 from megatron_loop.model.placement import data_parallel_group  # noqa: E402
 from megatron_loop.training.distributed import setup_distributed  # noqa: E402
 
@@ -47,7 +47,7 @@ def main() -> None:
             torch.manual_seed(fx.SEED)
             model = build_model(fx.model_config(name),
                                 dataclasses.replace(layout, sequence_parallel=sp and args.tp > 1))
-            init = gather_whole(model, {n: p.detach().clone() for n, p in model.named_parameters()})
+            init = fx.gather_whole(model, {n: p.detach().clone() for n, p in model.named_parameters()})
             fx.perturb(model)
             partial = dict(partial_grad_parameters(model))
             seen = {}
@@ -55,8 +55,10 @@ def main() -> None:
                 p.register_hook(lambda grad, n=n: seen.__setitem__(n, grad.detach().clone()))
             parallelize(model, zero_stage=0)
             model.loss_chunk_tokens = fx.CHUNK
-            engine = build_engine(model, OptimizerSettings(lr=0.0), micro_batch_size=fx.MICRO, grad_accum=1,
-                                  total_steps=1, bf16=False, zero_stage=0).engine
+            settings = OptimizerSettings(lr=0.0)
+            ds = DeepSpeedSettings.resolve(read_ds_config(zero_stage=0), micro_batch_size=fx.MICRO, grad_accum=1,
+                                           data_parallel_size=layout.dp_size, bf16=False, grad_clip=settings.grad_clip)
+            engine = build_engine(model, settings, ds, total_steps=1).engine
             tokens, labels = fx.batch(layout.dp_rank)
             result = engine(tokens, labels=labels, **fx.forward_kwargs(model))
             engine.backward(result.loss)  # the TP sum in backward, then the engine's DP mean
@@ -66,14 +68,14 @@ def main() -> None:
                 dist.all_reduce(grad, group=data_parallel_group())
                 before[n] = grad / layout.dp_size
             grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-            before_sum = gather_whole(model, {**grads, **before})
+            before_sum = fx.gather_whole(model, {**grads, **before})
             losses = [torch.zeros_like(out["losses"]) for _ in range(layout.dp_size)]
             dist.all_gather(losses, out["losses"], group=data_parallel_group())
             logits = [torch.zeros_like(out["logits"]) for _ in range(layout.dp_size)]
             dist.all_gather(logits, out["logits"], group=data_parallel_group())
             record["cases"][(name, sp)] = {
                 "init": init, "losses": torch.cat(losses), "logits": torch.cat(logits),
-                "grads": gather_whole(model, grads),
+                "grads": fx.gather_whole(model, grads),
                 "grads_before_tp_sum": before_sum,
                 "partial": sorted(partial),
                 "params_per_rank": sum(p.numel() for p in model.parameters()),

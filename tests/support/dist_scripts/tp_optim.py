@@ -39,7 +39,8 @@ from megatron_loop.model.compat import rope_freqs, rope_inv_freq, transformer_co
 from megatron_loop.model.layers import loop_block_spec  # noqa: E402
 from megatron_loop.optim import OptimizerSettings, build_engine  # noqa: E402
 from megatron_loop.parallel.bootstrap import init_world  # noqa: E402
-from megatron_loop.config.deepspeed import read_ds_config  # noqa: E402
+from megatron_loop.parallel.mpu import data_parallel_size  # noqa: E402
+from megatron_loop.config.deepspeed import DeepSpeedSettings, read_ds_config  # noqa: E402
 from megatron_loop.optim import muon  # noqa: E402
 from megatron_loop.optim.muon import orthogonalized_update  # noqa: E402
 from megatron_loop.parallel.bootstrap import init_model_parallel  # noqa: E402
@@ -164,8 +165,10 @@ def main() -> None:
     config = read_ds_config(zero_stage=args.stage)
     if args.stage == 3:
         config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
-    parts = build_engine(model, OptimizerSettings(lr=LR), micro_batch_size=MICRO, grad_accum=accum,
-                         total_steps=STEPS, bf16=False, ds_config=config)
+    settings = OptimizerSettings(lr=LR)
+    ds = DeepSpeedSettings.resolve(config, micro_batch_size=MICRO, grad_accum=accum,
+                                   data_parallel_size=data_parallel_size(), bf16=False, grad_clip=settings.grad_clip)
+    parts = build_engine(model, settings, ds, total_steps=STEPS)
     record.update(weights=[whole_weights(parts.engine.module, tp)], grad_norms=[], losses=[])
     for step in range(STEPS):
         losses = []

@@ -34,11 +34,10 @@ from megatron_loop.model import build_model  # noqa: E402
 from megatron_loop.checkpoint.selection import select_explicit  # noqa: E402
 from megatron_loop.optim import OptimizerSettings, build_engine  # noqa: E402
 from megatron_loop.parallel.bootstrap import init_world  # noqa: E402
-from megatron_loop.config.deepspeed import read_ds_config  # noqa: E402
+from megatron_loop.config.deepspeed import DeepSpeedSettings, read_ds_config  # noqa: E402
 from megatron_loop.optim import muon  # noqa: E402
 from megatron_loop.parallel.bootstrap import init_model_parallel  # noqa: E402
 from megatron_loop.parallel.parallelize import parallelize  # noqa: E402
-from megatron_loop.parallel.shards import gather_whole  # noqa: E402
 from megatron_loop.model.placement import data_parallel_group  # noqa: E402
 from megatron_loop.training import checkpoint as C  # noqa: E402
 from megatron_loop.training.distributed import DistInfo  # noqa: E402
@@ -68,8 +67,11 @@ def build(args, layout):
     if args.stage == 3:
         config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     replicas = REPLICAS // layout.dp_size
-    return build_engine(model, OptimizerSettings(lr=LR), micro_batch_size=fx.MICRO, grad_accum=ACCUM * replicas,
-                        total_steps=args.steps, bf16=bool(args.bf16), ds_config=config)
+    settings = OptimizerSettings(lr=LR)
+    ds = DeepSpeedSettings.resolve(config, micro_batch_size=fx.MICRO, grad_accum=ACCUM * replicas,
+                                   data_parallel_size=layout.dp_size, bf16=bool(args.bf16),
+                                   grad_clip=settings.grad_clip)
+    return build_engine(model, settings, ds, total_steps=args.steps)
 
 
 def train(parts, layout, steps: range) -> tuple[list[float], list[float]]:
@@ -101,7 +103,7 @@ def whole_weights(model) -> dict[str, torch.Tensor]:
 
     params = dict(model.named_parameters())
     with deepspeed.zero.GatheredParameters(list(params.values()), enabled=hasattr(next(iter(params.values())), "ds_id")):
-        return gather_whole(model, {n: p.detach().clone() for n, p in params.items()})
+        return fx.gather_whole(model, {n: p.detach().clone() for n, p in params.items()})
 
 
 def main() -> None:

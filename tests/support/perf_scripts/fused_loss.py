@@ -68,6 +68,8 @@ def check_function() -> None:
 def check_engine_zero3() -> None:
     from megatron_loop.config import build_model_config
     from megatron_loop.model import build_model
+    from megatron_loop.config.deepspeed import DeepSpeedSettings, read_ds_config
+    from megatron_loop.parallel.mpu import data_parallel_size
     from megatron_loop.optim import OptimizerSettings, build_engine
     from megatron_loop.parallel.bootstrap import init_world
     from megatron_loop.parallel.parallelize import parallelize
@@ -85,8 +87,11 @@ def check_engine_zero3() -> None:
         torch.manual_seed(0)
         model = build_model(cfg)
         parallelize(model, zero_stage=3)  # per_loop recomputation; the tied head gathered with the root (ZeRO-3)
-        engine = build_engine(model, OptimizerSettings(lr=1e-2), micro_batch_size=2, grad_accum=1,
-                              total_steps=100, bf16=False, zero_stage=3).engine
+        settings = OptimizerSettings(lr=1e-2)
+        ds = DeepSpeedSettings.resolve(read_ds_config(zero_stage=3), micro_batch_size=2, grad_accum=1,
+                                       data_parallel_size=data_parallel_size(), bf16=False,
+                                       grad_clip=settings.grad_clip)
+        engine = build_engine(model, settings, ds, total_steps=100).engine
         from deepspeed.utils import safe_get_full_grad
 
         loss = engine(x, labels=x, compute_logits=False).loss

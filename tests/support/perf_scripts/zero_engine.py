@@ -49,6 +49,8 @@ def engines(stage: int) -> dict:
 
     from megatron_loop.config import build_model_config
     from megatron_loop.model import build_model, roles
+    from megatron_loop.config.deepspeed import DeepSpeedSettings, read_ds_config
+    from megatron_loop.parallel.mpu import data_parallel_size
     from megatron_loop.optim import OptimizerSettings, build_engine
     from megatron_loop.parallel.parallelize import apply_compile, parallelize
     from megatron_loop.optim.memory import pending_training_memory
@@ -63,8 +65,10 @@ def engines(stage: int) -> dict:
     counter = CompileCounter()
     parallelize(model, zero_stage=stage)  # as training prepares it (compile off in the config: compiled below)
     apply_compile(model, backend=counter)
-    parts = build_engine(model, OptimizerSettings(lr=1e-3), micro_batch_size=2, grad_accum=1, total_steps=10,
-                         bf16=False, zero_stage=stage)
+    settings = OptimizerSettings(lr=1e-3)
+    ds = DeepSpeedSettings.resolve(read_ds_config(zero_stage=stage), micro_batch_size=2, grad_accum=1,
+                                   data_parallel_size=data_parallel_size(), bf16=False, grad_clip=settings.grad_clip)
+    parts = build_engine(model, settings, ds, total_steps=10)
     engine = parts.engine
     before = pending_training_memory(engine, parts.optimizer)
     x = torch.randint(0, cfg.vocab_size, (2, 16))

@@ -1,6 +1,6 @@
 """``config/deepspeed.py``, the DeepSpeed JSON's one owner: where the file is (``locate``), reading it
-(``read_ds_config``), its ZeRO stage, the copy that loads a universal checkpoint, the check of a run's
-file against the YAML (``check_deepspeed_config``) and the batch arithmetic it fills in
+(``read_ds_config``), its ZeRO stage, the copy that loads a universal checkpoint, a run's settings read
+and resolved once against the YAML (``DeepSpeedSettings``) and the batch arithmetic it fills in
 (``resolve_ds_config``). The same checks through ``--dry-run``: tests/integration/cli/test_deepspeed_json.py."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import pytest
 
 from megatron_loop.config import config_from_dict
-from megatron_loop.config.deepspeed import (CONFIG_DIR, check_deepspeed_config, locate, read_ds_config,
+from megatron_loop.config.deepspeed import (CONFIG_DIR, DeepSpeedSettings, locate, read_ds_config,
                                             resolve_ds_config, with_universal_load, zero_stage)
 from megatron_loop.errors import LoopConfigError
 from testpaths import REPO
@@ -118,34 +118,55 @@ def _run(tmp_path, ds, **train):
                                        "global_batch_size": 16, "seq_length": 64, **train}})
 
 
-def test_check_deepspeed_config_reports_stage_and_who_chose_the_precision(tmp_path):
+def test_run_settings_reports_stage_and_who_chose_the_precision(tmp_path):
     shipped = json.loads((REPO / "deepspeed_configs" / "zero2.json").read_text())
-    report = check_deepspeed_config(_run(tmp_path, shipped), accumulation=4, data_parallel_size=2)
+    report = DeepSpeedSettings.of_run(_run(tmp_path, shipped), accumulation=4, data_parallel_size=2).report()
     assert report == {"deepspeed_config": str(tmp_path / "ds.json"), "zero_stage": 2, "precision": "auto",
                       "precision_from": "train.precision auto and bf16.enabled auto: bf16 with CUDA, fp32 without"}
-    yaml_decides = check_deepspeed_config(_run(tmp_path, shipped, precision="fp32"), 4, 2)
+    yaml_decides = DeepSpeedSettings.of_run(_run(tmp_path, shipped, precision="fp32"), 4, 2).report()
     assert (yaml_decides["precision"], yaml_decides["precision_from"]) == ("fp32", "train.precision")
-    json_decides = check_deepspeed_config(_run(tmp_path, {**shipped, "bf16": {"enabled": True}}), 4, 2)
+    json_decides = DeepSpeedSettings.of_run(_run(tmp_path, {**shipped, "bf16": {"enabled": True}}), 4, 2).report()
     assert (json_decides["precision"], json_decides["precision_from"]) == (
         "bf16", "bf16.enabled of train.deepspeed_config")
     # the batch arithmetic is the run's: 2 x 4 x 2 = 16, against a JSON that says otherwise
     with pytest.raises(LoopConfigError, match=r"train_batch_size=32 disagrees with micro 2 x accum 4 x "
                                               r"data-parallel 2 \(= global 16\)"):
-        check_deepspeed_config(_run(tmp_path, {**shipped, "train_batch_size": 32}), 4, 2)
+        DeepSpeedSettings.of_run(_run(tmp_path, {**shipped, "train_batch_size": 32}), 4, 2)
 
 
 @pytest.mark.parametrize("text, message", [
     ("[1, 2]", r"not a DeepSpeed JSON config \(a JSON list\); expected a JSON object"),
     ("{stage: 1", r"not a DeepSpeed JSON config \(Expecting property name"),
 ])
-def test_check_deepspeed_config_refuses_what_is_not_a_json_object(tmp_path, text, message):
+def test_run_settings_refuses_what_is_not_a_json_object(tmp_path, text, message):
     with pytest.raises(LoopConfigError, match=message):
-        check_deepspeed_config(_run(tmp_path, text), 4, 2)
+        DeepSpeedSettings.of_run(_run(tmp_path, text), 4, 2)
 
 
-def test_check_deepspeed_config_names_a_missing_file(tmp_path):
+def test_run_settings_names_a_missing_file(tmp_path):
     cfg = _run(tmp_path, {})
     os.remove(cfg.train.deepspeed_config)
     with pytest.raises(LoopConfigError, match=r"train.deepspeed_config='.*ds.json': file not found \(relative paths "
                                               r"are taken from .*, then the repository\)"):
-        check_deepspeed_config(cfg, 4, 2)
+        DeepSpeedSettings.of_run(cfg, 4, 2)
+
+
+def test_run_settings_hold_the_json_as_read_and_resolved_once_with_the_device_known(tmp_path):
+    shipped = json.loads((REPO / "deepspeed_configs" / "zero1.json").read_text())
+    cfg = _run(tmp_path, shipped)  # train.precision auto, bf16.enabled auto: the device decides
+    gpu = DeepSpeedSettings.of_run(cfg, accumulation=4, data_parallel_size=2, cuda=True)
+    assert gpu.raw == shipped and gpu.path == cfg.train.deepspeed_config
+    assert (gpu.zero_stage, gpu.precision, gpu.bf16) == (1, "bf16", True)
+    assert gpu.resolved == resolve_ds_config(shipped, micro_batch_size=2, grad_accum=4, data_parallel_size=2,
+                                             bf16=None, grad_clip=1.0, cuda=True)
+    assert gpu.resolved["train_batch_size"] == 16 and gpu.resolved["bf16"]["enabled"] is True
+    cpu = DeepSpeedSettings.of_run(cfg, 4, 2, cuda=False)
+    assert (cpu.precision, cpu.resolved["bf16"]["enabled"]) == ("fp32", False)
+    # the file changing after the start does not change the start's settings; the engine gets a copy
+    (tmp_path / "ds.json").write_text(json.dumps({**shipped, "train_batch_size": 32}))
+    config = gpu.engine_config()
+    config["train_batch_size"] = 0
+    assert gpu.resolved["train_batch_size"] == 16
+    universal = gpu.with_universal_load()
+    assert universal.resolved["checkpoint"] == {"load_universal": True} and "checkpoint" not in gpu.resolved
+    assert universal.raw == gpu.raw and universal.zero_stage == 1
