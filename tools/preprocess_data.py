@@ -13,10 +13,15 @@ from __future__ import annotations
 import sys
 
 from megatron_loop.cli import run_cli
-from megatron_loop.console import quiet_progress
+
+
+def main(argv=None) -> int:
+    # imported here, not at the top: run_cli sets TQDM_DISABLE (console.quiet_progress) before tqdm is first
+    # imported, which reads it once
+    from megatron_loop.data.preprocess import main as run
+
+    return run(argv)
+
 
 if __name__ == "__main__":
-    quiet_progress()  # no library bars in a log: before tqdm is first imported (it reads TQDM_DISABLE then)
-    from megatron_loop.data.preprocess import main
-
     sys.exit(run_cli(main))

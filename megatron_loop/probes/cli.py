@@ -124,11 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_sizes(args: argparse.Namespace, loops: list[int]) -> None:
     """The counts of the command line, before anything is read or loaded (``--batch-size 0`` was refused only
-    after the checkpoint had loaded)."""
+    after the checkpoint had loaded); a count left out (None) comes from the run and the data later."""
     for flag, value, low in (("--batch-size", args.batch_size, 1), ("--skip-batch", args.skip_batch, 1),
                              ("--num-sequences", args.num_sequences, 1), ("--seq-length", args.seq_length, 2),
                              ("--seed", args.seed, 0)):
-        if value < low:
+        if value is not None and value < low:
             raise LoopConfigError(f"{flag} {value}: expected an integer >= {low}")
     if max(loops) > MAX_LOOPS:  # a probe at r runs L(r) block applications per token: --loops 100000 ran for hours
         raise LoopConfigError(f"--loops {max(loops)}: expected loop counts of at most {MAX_LOOPS}")

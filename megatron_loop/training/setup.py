@@ -148,10 +148,8 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
                   lock: RunLock | None, out: Path, deepspeed: DeepSpeedSettings, accumulation: int, total_steps: int,
                   source: init_from.InitSource | None = None, placement=None):
     t = cfg.train
-    if info.is_main:  # the resolved config to a file, one line saying where (training/banner.py)
+    if info.is_main:  # the model and the plan, stated as --dry-run computes them (training/banner.py)
         # on stderr with the rest of the run's log (step lines, summary); stdout carries data only
-        print(write_resolved_config(cfg, out), file=sys.stderr, flush=True)
-        # the model and the plan, stated as --dry-run computes them (training/banner.py)
         print(training_statement(cfg, deepspeed), file=sys.stderr, flush=True)
     seed_everything(t.seed)
 
@@ -222,6 +220,9 @@ def _build_locked(cfg: Config, resume: str | None, stopper: StopController | Non
             stopper.add_check(signals.LAUNCHER_GONE, lambda: distributed.launcher_gone(launchers))
         if lock is not None:
             stopper.add_check(signals.OUTPUT_GONE, lambda: not lock.still_ours())
+    if info.is_main:  # the resolved config to a file, one line saying where (training/banner.py): written once
+        # every check that can refuse the run has passed (a refused start leaves its output folder as it was)
+        print(write_resolved_config(cfg, out), file=sys.stderr, flush=True)
     logger = MetricsLogger(cfg, enabled=info.is_main, start_step=state.step, total_steps=total_steps)
     logger_msgs.append(compile_note)  # compiled blocks, or why not (ZeRO-3)
     for msg in logger_msgs:

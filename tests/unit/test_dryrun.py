@@ -224,7 +224,8 @@ def test_plain_dry_run_prints_the_start_up_statement_training_prints(capsys):
 
     pretrain_loop = load_script("pretrain_loop.py")
     prefix = data_assets().prefix
-    sets = ["--set", f"data.train_prefixes=[{prefix}]", "--set", f"data.valid_prefixes=[{prefix}_valid]"]
+    sets = ["--set", f"data.train_prefixes=[{prefix}]", "--set", f"data.valid_prefixes=[{prefix}_valid]",
+            "--set", f"data.tokenizer={data_assets().tokenizer}"]  # not the demo's runs/demo/tokenizer: not made here
     config = str(ROOT / "examples" / "tiny_2x3_hist_lg.yaml")
     assert pretrain_loop.main(["--config", config, *sets, "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -39,7 +39,10 @@ def test_a_launch_variable_that_is_not_a_number(a):
                                                     r"integer >= 1 \(the number of ranks the launcher started\)$")
     refused(dry(a, training=True, env_vars={"LOCAL_RANK": "x", "WORLD_SIZE": "1"}),
             r"environment variable LOCAL_RANK='x': expected an integer >= 0")
-    refused(dry(a, env_vars={"WORLD_SIZE": "2", "RANK": "2"}), r"RANK=2: expected a rank below WORLD_SIZE=2")
+    refused(dry(a, env_vars={"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}),
+            r"RANK=2: expected a rank below WORLD_SIZE=2")
+    refused(dry(a, env_vars={"WORLD_SIZE": "2", "RANK": "1"}),  # a launcher's RANK without its rendezvous
+            r"RANK=1 without MASTER_ADDR, MASTER_PORT: expected WORLD_SIZE, MASTER_ADDR and MASTER_PORT with it")
 
 
 def test_the_fused_loss_without_cuda(a, monkeypatch):

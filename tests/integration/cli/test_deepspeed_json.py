@@ -55,8 +55,9 @@ CASES = {
 }
 
 
-def _dry_run(config: Path, *sets: str, cwd: Path) -> subprocess.CompletedProcess:
-    args = [a for s in sets for a in ("--set", s)]
+def _dry_run(config: Path, *sets: str, cwd: Path, as_json: bool = False) -> subprocess.CompletedProcess:
+    """``--dry-run`` (with ``as_json``: ``--json``, the report as one JSON line on stdout)."""
+    args = [a for s in sets for a in ("--set", s)] + (["--json"] if as_json else [])
     return subprocess.run([sys.executable, str(ROOT / "pretrain_loop.py"), "--config", str(config), *args,
                            "--dry-run"], cwd=cwd, env=env(), capture_output=True, text=True, timeout=120)
 
@@ -112,17 +113,17 @@ def test_report_names_precision_source_data_epochs_and_eval_loops(tmp_path):
     tokens = count_tokens(assets.prefix)  # megatron-core's reading of the index
     assert prefix_tokens(assets.prefix) == tokens  # the dry run's, from the .bin size and the token width
     config = tiny_config(tmp_path)  # 10 steps x 8 sequences x 32 tokens
-    ok = _dry_run(config, cwd=tmp_path)
+    ok = _dry_run(config, cwd=tmp_path, as_json=True)
     assert ok.returncode == 0 and ok.stderr == "", ok.stderr
     report = json.loads(ok.stdout)
     assert (report["precision"], report["precision_from"]) == ("fp32", "train.precision")
     assert report["data_epochs"] == {assets.prefix: pytest.approx(10 * 8 * 32 / tokens)}
     assert report["eval_loops"] == [1, 2, 4] and report["eval_interval"] == 5  # K/2, K, 2K with K = 2
-    auto = json.loads(_dry_run(config, "train.precision=auto", cwd=tmp_path).stdout)
+    auto = json.loads(_dry_run(config, "train.precision=auto", cwd=tmp_path, as_json=True).stdout)
     assert auto["precision"] == "auto" and auto["precision_from"].startswith("train.precision auto and bf16.enabled")
 
     steps = 5 * tokens // (8 * 32) + 1  # more than 4 epochs: a warning line, still exit 0
-    heavy = _dry_run(config, f"train.max_steps={steps}", cwd=tmp_path)
+    heavy = _dry_run(config, f"train.max_steps={steps}", cwd=tmp_path, as_json=True)
     report = json.loads(heavy.stdout)
     epochs = report["data_epochs"][assets.prefix]
     assert heavy.returncode == 0 and epochs > 4

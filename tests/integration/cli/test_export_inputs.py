@@ -60,14 +60,19 @@ def test_r_far_beyond_k_is_refused_before_the_model_loads(export, tmp_path):
 
     hf, prefix = export
     args = _sweep(hf, prefix, tmp_path / "out")
-    args[args.index("1,2")] = "100000"
+    args[args.index("1,2")] = "99"
     start = time.perf_counter()  # the command as a user runs it (interpreter, imports, exit status)
     r = subprocess.run([sys.executable, str(REPO / "tools" / "eval_loops.py"), *args], capture_output=True,
                        text=True, env=offline_env(), timeout=120)
     assert r.returncode == 2 and r.stdout == "" and time.perf_counter() - start < 60, r.stderr[-2000:]
     assert r.stderr.splitlines() == [
-        f"error: --loops 100000: r = 100,000 is 33,333 x the training loop count K = 3 of {hf / 'config.json'} "
-        "(each forward costs 33,333 x one at r = K); expected r <= 16 K = 48, or pass --no-loop-limit to run it anyway"]
+        f"error: --loops 99: r = 99 is 33 x the training loop count K = 3 of {hf / 'config.json'} "
+        "(each forward costs 33 x one at r = K); expected r <= 16 K = 48, or pass --no-loop-limit to run it anyway"]
+    args[args.index("99")] = "100000"  # beyond what the export runs at all (its largest num_loops, 1024)
+    r = subprocess.run([sys.executable, str(REPO / "tools" / "eval_loops.py"), *args, "--no-loop-limit"],
+                       capture_output=True, text=True, env=offline_env(), timeout=120)
+    assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith(
+        "error: --loops 100000: expected loop counts of at most 1024"), r.stderr[-2000:]
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
     config = json.loads((hf / "config.json").read_text())
     check_loop_limit(hf, config, {"--loops": 48, "--exit-max-loops": None})

@@ -272,9 +272,9 @@ def test_a_checkpoint_removed_by_retention_mid_export_is_named_and_the_newest_is
 
 def test_a_garbled_export_shard_is_refused_before_evaluation_and_probes(tmp_path):
     """RELIABILITY.md row 64. Every export records the sha256 of each weight shard; the loader of
-    eval_loops.py and probe_geometry.py (``eval.sweep.check_export``) verifies them. Before: a
+    eval_loops.py and probe_geometry.py (``export.load.check_export``) verifies them. Before: a
     same-size garbled safetensors shard was evaluated without a word."""
-    from megatron_loop.eval.sweep import check_export
+    from megatron_loop.export.load import check_export
     from megatron_loop.export.output_folder import EXPORT_RECORD
     from megatron_loop.probes.cli import check_probe_export
 

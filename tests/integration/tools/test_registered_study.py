@@ -30,8 +30,10 @@ def test_help_and_list():
     done = subprocess.run(["bash", str(REPO / "tools" / "small_study.sh"), "--list"], cwd=REPO, env=_env(),
                           capture_output=True, text=True, timeout=120)
     rows = {line.split("\t")[0]: line.split("\t")[3] for line in done.stdout.splitlines()}
-    assert rows["finding1_paired"] == "3 models x 5 seeds = 15 runs" and rows["finding1"] == "3 models x 3 seeds = 9 runs"
-    assert rows["finding2"].endswith("runs") and rows["table2"].endswith("runs")
+    assert rows["finding1_paired"] == "3 paper runs; on CPU 3 models x 5 seeds = 15 runs"
+    assert rows["finding1"] == "2 paper runs; on CPU 3 models x 3 seeds = 9 runs"
+    assert rows["finding2"] == "3 paper runs; on CPU 3 models = 24 runs"  # seeds per model: 10, 10, 4
+    assert rows["table2"] == "22 paper runs (a parameter table: nothing to train)"
 
 
 @pytest.mark.slow

@@ -145,9 +145,11 @@ def test_replot_recomputes_summaries_and_redraws_from_the_json(reports, tmp_path
 
 def test_sample_defaults_to_the_papers_100000_positions():
     parsed = cli.build_parser().parse_args(["--checkpoint", "c", "--valid-prefix", "v", "--output", "o"])
-    available = parsed.num_sequences * (parsed.seq_length - 1)
+    # the sample's sizes come from the run and the data when not given (main); at the paper's 49 x 2,048
+    assert parsed.num_sequences is None and parsed.seq_length is None
+    assert cli.PAPER_NUM_SEQUENCES == 49 and cli.PAPER_SEQ_LENGTH == 2048  # 49 x 2047 >= 100,000 (App. C.4)
+    available = cli.PAPER_NUM_SEQUENCES * (cli.PAPER_SEQ_LENGTH - 1)
     assert cli._num_positions(parsed.num_positions, available) == 100_000 == cli.PAPER_NUM_POSITIONS
-    assert parsed.num_sequences == 49 and parsed.seq_length == 2048  # 49 x 2047 >= 100,000 (App. C.4)
     assert cli._num_positions("all") is None and cli._num_positions("500", 100) == 500  # checked when sampling
 
 
