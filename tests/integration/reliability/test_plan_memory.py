@@ -59,7 +59,8 @@ def test_a_five_billion_parameter_model_is_refused_with_one_line_before_anything
         " needs about " in line and "more than this host's 24.0 GiB of memory (1 rank on it)" in line, line
     assert "Traceback" not in err and not (tmp_path / "run").exists()
 
-    code, out, err = _main("--config", str(config), *overrides, "--dry-run")  # reported and warned, not refused
+    # reported and warned, not refused
+    code, out, err = _main("--config", str(config), *overrides, "--dry-run", "--json")
     assert code == 0, err[-3000:]
     report = json.loads(out)
     assert report["memory_per_rank"]["total"] > 24 * GIB
