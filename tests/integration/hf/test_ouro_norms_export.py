@@ -136,7 +136,11 @@ def test_in_bf16_the_training_model_and_the_export_agree(models):
     training model against the export, both within bf16's resolution of the float64 reference."""
     import copy
 
-    looplm, hf = (copy.deepcopy(m).to(torch.bfloat16) for m in models)
+    # a fresh training model with the same weights, not a deepcopy: megatron-core's layers keep the process's
+    # tensor-parallel group when an earlier test of this process made one, and a group does not pickle
+    looplm = build_model(models[0].config).eval()
+    looplm.load_state_dict(models[0].state_dict())
+    looplm, hf = looplm.to(torch.bfloat16), copy.deepcopy(models[1]).to(torch.bfloat16)
     x = torch.randint(1, 600, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         _, _, logits, expected = ouro_reference(copy.deepcopy(models[1]), x, 2 * K)
